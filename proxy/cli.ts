@@ -1,0 +1,70 @@
+#!/usr/bin/env node
+import { parseArgs } from 'node:util'
+import { createProxy } from './index'
+import { parseHostPort } from './address'
+
+const HELP = `edgepg-proxy: relays WebSocket connections from edgepg (or @neondatabase/serverless) to Postgres.
+
+Usage: edgepg-proxy --upstream host:port [--listen [host:]port] [--allow host:port ...]
+
+Options (each also settable by the environment variable shown):
+  --upstream host:port        Postgres to relay to (required)               EDGEPG_UPSTREAM
+  --listen [host:]port        where to accept WebSockets                    EDGEPG_LISTEN
+                              (default 127.0.0.1:8080; use 0.0.0.0:PORT to accept remote clients)
+  --allow host:port           another upstream a client may pick with       EDGEPG_ALLOW (comma-separated)
+                              /v1?address=host:port; repeatable; exact match
+  --max-message-bytes N       largest WebSocket message accepted            EDGEPG_MAX_MESSAGE_BYTES
+                              (default 67108864)
+  -h, --help                  show this help
+
+Routes: /v2 relays to the upstream; /v1?address=host:port relays to that address if it is the
+upstream or allowed by --allow, and is refused with HTTP 403 otherwise. Never an open relay.
+Logs one JSON line per session (peer, upstream, duration, bytes, outcome) to stdout.
+`
+
+function fail(message: string): never {
+  process.stderr.write(`edgepg-proxy: ${message}\nRun edgepg-proxy --help for usage.\n`)
+  process.exit(2)
+}
+
+let values
+try {
+  ;({ values } = parseArgs({
+    options: {
+      upstream: { type: 'string' },
+      listen: { type: 'string' },
+      allow: { type: 'string', multiple: true },
+      'max-message-bytes': { type: 'string' },
+      help: { type: 'boolean', short: 'h' },
+    },
+  }))
+} catch (err) {
+  fail((err as Error).message)
+}
+if (values.help) {
+  process.stdout.write(HELP)
+  process.exit(0)
+}
+
+const env = process.env
+const upstream = values.upstream ?? env.EDGEPG_UPSTREAM ?? fail('--upstream host:port is required (or set EDGEPG_UPSTREAM)')
+const allow = values.allow ?? env.EDGEPG_ALLOW?.split(',').filter(Boolean) ?? []
+const listenText = values.listen ?? env.EDGEPG_LISTEN ?? '127.0.0.1:8080'
+const maxText = values['max-message-bytes'] ?? env.EDGEPG_MAX_MESSAGE_BYTES
+const maxMessageBytes = maxText === undefined ? undefined : Number(maxText)
+if (maxMessageBytes !== undefined && !(Number.isInteger(maxMessageBytes) && maxMessageBytes > 0)) fail(`--max-message-bytes must be a positive integer, got "${maxText}"`)
+
+let listen
+try {
+  for (const a of [upstream, ...allow]) parseHostPort(a)
+  listen = /^\d+$/.test(listenText) ? { host: '127.0.0.1', port: Number(listenText) } : parseHostPort(listenText, 8080)
+} catch (err) {
+  fail((err as Error).message)
+}
+
+const proxy = createProxy({ upstream, allow, maxMessageBytes, log: (entry) => process.stdout.write(JSON.stringify({ time: new Date().toISOString(), ...entry }) + '\n') })
+proxy.listen(listen.port, listen.host).then(
+  (addr) => process.stdout.write(JSON.stringify({ time: new Date().toISOString(), listening: `${addr.address}:${addr.port}`, upstream }) + '\n'),
+  (err) => fail(`cannot listen on ${listenText}: ${err.message}`)
+)
+for (const signal of ['SIGINT', 'SIGTERM'] as const) process.once(signal, () => proxy.close().then(() => process.exit(0)))

@@ -1,0 +1,148 @@
+import { EventEmitter } from 'events'
+import { resolveConfig, webSocketUrl, type EdgeConfig } from './config'
+
+const OPEN = 1
+
+/**
+ * A WebSocket dressed as the `net.Socket` that pg's Connection drives. Writes made in one tick
+ * leave as one WebSocket message (flushed on a microtask), so a Parse/Bind/Describe/Execute/Sync
+ * query is one message and one flight.
+ */
+export class WebSocketSocket extends EventEmitter {
+  writable = false
+  readable = false
+  /** The URL this socket opened (or tried to), for error messages. */
+  url = ''
+  private ws?: WebSocket
+  private pending: Uint8Array[] = []
+  private callbacks: Array<() => void> = []
+  private flushQueued = false
+  private ending = false
+  private closed = false
+  private opened = false
+
+  constructor(private readonly own: EdgeConfig = {}) {
+    super()
+  }
+
+  connect(port: number | string, host: string) {
+    let cfg
+    try {
+      cfg = resolveConfig(this.own)
+      this.url = webSocketUrl(host, Number(port), cfg)
+      this.coalesce = cfg.coalesceWrites
+      this.ws = new cfg.webSocketConstructor(this.url)
+    } catch (err) {
+      queueMicrotask(() => this.fail(new Error(`edgepg: cannot open a WebSocket to ${this.url || `${host}:${port}`}: ${(err as Error).message}`)))
+      return this
+    }
+    const ws = this.ws
+    this.writable = true
+    ws.binaryType = 'arraybuffer'
+    ws.addEventListener('open', () => {
+      this.opened = true
+      this.readable = true
+      this.emit('connect')
+      if (this.pending.length) this.flush()
+    })
+    ws.addEventListener('message', (event: MessageEvent) => {
+      const { data } = event
+      if (typeof data === 'string') return this.fail(new Error(`edgepg: the proxy at ${this.url} sent a text frame; expected binary Postgres protocol data`))
+      this.emit('data', Buffer.from(data as ArrayBuffer))
+    })
+    ws.addEventListener('error', (event: Event) => {
+      const detail = (event as ErrorEvent).message || (event as any).error?.message
+      const what = this.opened ? 'failed' : 'could not be opened'
+      this.fail(new Error(`edgepg: WebSocket to ${this.url} ${what}${detail ? `: ${detail}` : ''}`))
+    })
+    ws.addEventListener('close', (event: CloseEvent) => {
+      if (!this.ending && !this.closed) {
+        const reason = event.reason ? `: ${event.reason}` : ''
+        const when = this.opened ? 'was closed' : 'closed before it opened'
+        this.fail(new Error(`edgepg: WebSocket to ${this.url} ${when} (code ${event.code}${reason})`))
+      }
+      this.finish()
+    })
+    return this
+  }
+
+  private coalesce = true
+
+  write(data: Uint8Array | string, encoding?: unknown, cb?: () => void): boolean {
+    if (typeof encoding === 'function') cb = encoding as () => void
+    if (!this.writable) {
+      if (cb) queueMicrotask(cb)
+      return false
+    }
+    this.pending.push(typeof data === 'string' ? Buffer.from(data) : data)
+    if (cb) this.callbacks.push(cb)
+    if (!this.coalesce) this.flush()
+    else if (!this.flushQueued) {
+      this.flushQueued = true
+      queueMicrotask(() => this.flush())
+    }
+    return true
+  }
+
+  private flush() {
+    this.flushQueued = false
+    const ws = this.ws
+    if (!ws || ws.readyState !== OPEN || !this.pending.length) return
+    const chunks = this.pending
+    this.pending = []
+    ws.send(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks))
+    const callbacks = this.callbacks
+    this.callbacks = []
+    for (const cb of callbacks) cb()
+  }
+
+  /** Flush what is queued, then close the WebSocket; 'close' follows the close handshake. */
+  end(data?: Uint8Array | (() => void), cb?: () => void) {
+    if (typeof data === 'function') cb = data
+    else if (data) this.write(data)
+    if (cb) this.once('close', cb)
+    if (this.ending || this.closed) return this
+    this.ending = true
+    this.writable = false
+    if (!this.ws || this.ws.readyState > OPEN) this.finish()
+    else if (this.ws.readyState === OPEN) {
+      this.flush()
+      this.ws.close(1000)
+    } else this.ws.close()
+    return this
+  }
+
+  /** Close at once, like net.Socket#destroy: 'error' (if given) then 'close'. */
+  destroy(err?: Error) {
+    if (this.closed) return this
+    if (err) this.emit('error', err)
+    this.ending = true
+    this.writable = false
+    try {
+      this.ws?.close(this.opened ? 1000 : undefined)
+    } catch {}
+    this.finish()
+    return this
+  }
+
+  private fail(err: Error) {
+    if (this.closed) return
+    this.emit('error', err)
+    this.destroy()
+  }
+
+  private finish() {
+    if (this.closed) return
+    this.closed = true
+    this.writable = this.readable = false
+    this.pending = []
+    for (const cb of this.callbacks.splice(0)) cb()
+    this.emit('close', false)
+  }
+
+  // pg calls these on every connect; a WebSocket has no Nagle or keep-alive knobs to turn.
+  setNoDelay() { return this }
+  setKeepAlive() { return this }
+  ref() { return this }
+  unref() { return this }
+}

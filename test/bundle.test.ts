@@ -1,0 +1,55 @@
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { createRequire } from 'node:module'
+import { readFileSync } from 'node:fs'
+import vm from 'node:vm'
+import { webcrypto } from 'node:crypto'
+import { WebSocket } from 'ws'
+import { startProxy, pgConfig } from './helpers'
+
+// These run the built bundle (what users get); `npm test` builds it first.
+let proxy: Awaited<ReturnType<typeof startProxy>>
+before(async () => (proxy = await startProxy()))
+after(() => proxy.close())
+
+const options = () => ({ ...pgConfig('md5_user'), wsProxy: () => `ws://127.0.0.1:${proxy.port}/v2` })
+
+async function roundTrip(mod: any, extra: object = {}) {
+  const client = new mod.Client({ ...options(), webSocketConstructor: WebSocket, ...extra })
+  await client.connect()
+  const { rows } = await client.query('SELECT $1::text AS greeting, 2 + 2 AS four', ['hi'])
+  await client.end()
+  return JSON.parse(JSON.stringify(rows)) // plain objects, whichever realm made them
+}
+
+test('dist/index.mjs (ESM) connects and queries', async () => {
+  const mod = await import('../dist/index.mjs' as string)
+  assert.deepEqual(await roundTrip(mod), [{ greeting: 'hi', four: 4 }])
+})
+
+test('dist/index.cjs (CommonJS) connects and queries', async () => {
+  const mod = createRequire(import.meta.url)('../dist/index.cjs')
+  assert.deepEqual(await roundTrip(mod), [{ greeting: 'hi', four: 4 }])
+  const pool = new mod.Pool({ ...options(), webSocketConstructor: WebSocket, max: 2 })
+  const res = await pool.query('SELECT 1 AS one')
+  assert.deepEqual(res.rows, [{ one: 1 }])
+  await pool.end()
+})
+
+test('the bundle runs with no Node APIs: no process, Buffer, require or module globals', async () => {
+  // A bare V8 context holding only what a browser or Worker offers (WebSocket, WebCrypto, timers).
+  const sandbox: Record<string, unknown> = {
+    WebSocket, crypto: webcrypto, TextEncoder, TextDecoder, URL, queueMicrotask, setTimeout, clearTimeout, console,
+  }
+  const context = vm.createContext(sandbox)
+  const code = readFileSync(new URL('../dist/index.cjs', import.meta.url), 'utf8')
+  const mod: { exports: any } = { exports: {} }
+  vm.runInContext(`(function (module, exports) {${code}\n})`, context)(mod, mod.exports)
+  assert.equal(vm.runInContext('typeof process + typeof Buffer + typeof require', context), 'undefinedundefinedundefined')
+  // md5 auth exercises the bundled md5 (WebCrypto has none); SCRAM exercises WebCrypto PBKDF2.
+  assert.deepEqual(await roundTrip(mod.exports), [{ greeting: 'hi', four: 4 }])
+  const scram = new mod.exports.Client({ ...options(), ...pgConfig('scram_user'), webSocketConstructor: WebSocket })
+  await scram.connect()
+  assert.equal((await scram.query('SELECT current_user AS u')).rows[0].u, 'scram_user')
+  await scram.end()
+})

@@ -1,0 +1,48 @@
+import { WebSocket } from 'ws'
+import pg from 'pg'
+import { createProxy, type ProxyOptions } from '../proxy/index'
+import { Client, Pool, type ClientConfig } from '../src/index'
+import { pgConfig, testPostgres, type Role } from './stack'
+
+export { pgConfig, testPostgres }
+
+/** An edgepg-proxy in this process, relaying to the test Postgres. */
+export async function startProxy(options: Partial<ProxyOptions> = {}) {
+  const info = testPostgres()
+  const proxy = createProxy({ upstream: `${info.host}:${info.port}`, ...options })
+  const { port } = await proxy.listen(0, '127.0.0.1')
+  return { ...proxy, port, url: `ws://127.0.0.1:${port}/v2` }
+}
+
+/** edgepg client options that reach the test Postgres through the proxy on `proxyPort`. */
+export function edgeConfig(proxyPort: number, role: Role = 'scram_user', extra: ClientConfig = {}): ClientConfig {
+  return { ...pgConfig(role), webSocketConstructor: WebSocket as any, wsProxy: () => `ws://127.0.0.1:${proxyPort}/v2`, ...extra }
+}
+
+export const edgeClient = (proxyPort: number, role?: Role, extra?: ClientConfig) => new Client(edgeConfig(proxyPort, role, extra))
+export const edgePool = (proxyPort: number, extra: ClientConfig & pg.PoolConfig = {}) => new Pool(edgeConfig(proxyPort, 'scram_user', extra))
+
+/** Backends other than the caller's, optionally only those with a given application_name. */
+export async function backends(applicationName?: string): Promise<number> {
+  const admin = new pg.Client(pgConfig('trust_user'))
+  await admin.connect()
+  try {
+    const { rows } = await admin.query(
+      `SELECT count(*)::int AS n FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+       AND ($1::text IS NULL OR application_name = $1)`,
+      [applicationName ?? null]
+    )
+    return rows[0].n
+  } finally {
+    await admin.end()
+  }
+}
+
+/** Polls until `fn` returns true, for state that settles asynchronously (e.g. a backend exiting). */
+export async function eventually(fn: () => Promise<boolean> | boolean, what: string, ms = 5000) {
+  const deadline = Date.now() + ms
+  while (!(await fn())) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for: ${what}`)
+    await new Promise((r) => setTimeout(r, 25))
+  }
+}
