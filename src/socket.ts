@@ -115,7 +115,8 @@ export class WebSocketSocket extends EventEmitter {
   /** Close at once, like net.Socket#destroy: 'error' (if given) then 'close'. */
   destroy(err?: Error) {
     if (this.closed) return this
-    if (err) this.emit('error', err)
+    // pg destroys with a bare reason (e.g. 'timeout expired'); say which connection it was.
+    if (err) this.emit('error', new Error(`edgepg: connection to ${this.url} failed: ${err.message}`, { cause: err }))
     this.ending = true
     this.writable = false
     try {

@@ -1,0 +1,81 @@
+/**
+ * Shared pieces of the benchmark runner: the context every section receives, statistics, and
+ * the one table format all sections print.
+ */
+import type pg from 'pg'
+import type { ClientConfig } from '../src/index'
+import type { PgInfo } from '../test/stack'
+
+export interface BenchContext {
+  /** The embedded Postgres every section measures against. */
+  pg: PgInfo
+  /** The edgepg-proxy relaying to it. */
+  proxy: { port: number; url: string; mode: ProxyMode }
+  /** pg-over-TCP config straight to Postgres (role scram_user). */
+  pgConfig(): pg.ClientConfig
+  /** edgepg config reaching the same Postgres through the proxy (role scram_user). */
+  edgeConfig(): ClientConfig
+}
+
+export type ProxyMode = 'child' | 'in-process'
+
+/** One benchmark section: measures, prints its table, and reports its rows for the summary. */
+export interface Section {
+  name: string
+  run(ctx: BenchContext): Promise<Row[]>
+}
+
+export interface Row {
+  metric: string
+  edgepg: string
+  baseline: string
+  /** edgepg / baseline; undefined when the metric has no ratio. */
+  ratio?: number
+  /** Largest passing ratio; undefined when the metric has no target. */
+  target?: number
+}
+
+export const passes = (row: Row) => row.target === undefined || row.ratio === undefined || row.ratio <= row.target
+
+export function median(xs: number[]): number {
+  return percentile(xs, 50)
+}
+
+/** Nearest-rank percentile (p in 0..100). */
+export function percentile(xs: number[], p: number): number {
+  if (!xs.length) return NaN
+  const sorted = [...xs].sort((a, b) => a - b)
+  const rank = Math.ceil((p / 100) * sorted.length)
+  return sorted[Math.min(sorted.length - 1, Math.max(0, rank - 1))]
+}
+
+export const ms = (x: number, digits = x < 10 ? 3 : x < 100 ? 2 : 1) => `${x.toFixed(digits)} ms`
+
+/** Prints rows as an aligned table under a title; notes follow the table. */
+export function printTable(title: string, rows: Row[], baselineName = 'pg (TCP)', notes: string[] = []) {
+  const header = ['metric', 'edgepg', baselineName, 'ratio', 'target', 'result']
+  const cells = rows.map((r) => [
+    r.metric,
+    r.edgepg,
+    r.baseline,
+    r.ratio === undefined ? '' : `${r.ratio.toFixed(2)}x`,
+    r.target === undefined ? '' : `<= ${r.target.toFixed(2)}x`,
+    r.target === undefined ? '' : passes(r) ? 'pass' : 'MISS',
+  ])
+  const widths = header.map((h, i) => Math.max(h.length, ...cells.map((c) => c[i].length)))
+  const line = (c: string[]) => '| ' + c.map((x, i) => (i === 0 ? x.padEnd(widths[i]) : x.padStart(widths[i]))).join(' | ') + ' |'
+  const rule = '|' + widths.map((w, i) => (i === 0 ? '-'.repeat(w + 1) + '-' : '-'.repeat(w + 1) + ':')).join('|') + '|'
+  console.log(`\n## ${title}\n`)
+  console.log(line(header))
+  console.log(rule)
+  for (const c of cells) console.log(line(c))
+  for (const n of notes) console.log(`\n${n}`)
+}
+
+/** Runs `fn` for each driver in turn, alternating which goes first, for `rounds` rounds. */
+export async function interleave<K extends string>(keys: readonly [K, K], rounds: number, fn: (key: K, round: number) => Promise<void>) {
+  for (let round = 0; round < rounds; round++) {
+    const order = round % 2 === 0 ? keys : ([keys[1], keys[0]] as const)
+    for (const key of order) await fn(key, round)
+  }
+}

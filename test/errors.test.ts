@@ -1,0 +1,152 @@
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import net from 'node:net'
+import pg from 'pg'
+import { edgeClient, edgeConfig, edgePool, startProxy, pgConfig, testPostgres, backends, eventually } from './helpers'
+import { Client, Pool } from '../src/index'
+import { freePort } from './stack'
+
+const unhandled: unknown[] = []
+const onUnhandled = (reason: unknown) => unhandled.push(reason)
+let proxy: Awaited<ReturnType<typeof startProxy>>
+before(async () => {
+  process.on('unhandledRejection', onUnhandled)
+  proxy = await startProxy()
+})
+after(async () => {
+  await proxy.close()
+  process.off('unhandledRejection', onUnhandled)
+  assert.deepEqual(unhandled, [], 'no unhandled rejections')
+})
+
+/** Client options aimed at an arbitrary WebSocket URL. */
+const at = (url: string, extra = {}) => ({ ...edgeConfig(proxy.port), wsProxy: () => url, ...extra })
+
+test('proxy unreachable: the error names the URL and the cause', async () => {
+  const url = `ws://127.0.0.1:${await freePort()}/v2`
+  const client = new Client(at(url))
+  await assert.rejects(client.connect(), (err: Error) => {
+    assert.match(err.message, /^edgepg: WebSocket to ws:\/\/127\.0\.0\.1:\d+\/v2 could not be opened: .*ECONNREFUSED/)
+    assert.ok(err.message.includes(url))
+    return true
+  })
+})
+
+test('upgrade refused: the error names the URL and the HTTP status', async () => {
+  const url = `ws://127.0.0.1:${proxy.port}/v1?address=127.0.0.1:1`
+  await assert.rejects(new Client(at(url)).connect(), (err: Error) => {
+    assert.ok(err.message.includes(url), err.message)
+    assert.match(err.message, /403/)
+    return true
+  })
+  await assert.rejects(new Client(at(`ws://127.0.0.1:${proxy.port}/nope`)).connect(), /could not be opened: Unexpected server response: 404/)
+})
+
+test('Postgres down behind the proxy: the error says the upstream is unreachable', async () => {
+  const down = await startProxy({ upstream: `127.0.0.1:${await freePort()}` })
+  try {
+    await assert.rejects(edgeClient(down.port).connect(), (err: Error) => {
+      assert.match(err.message, /closed before it opened|was closed/)
+      assert.match(err.message, /code 1011: edgepg-proxy: upstream 127\.0\.0\.1:\d+ unreachable: ECONNREFUSED/)
+      return true
+    })
+  } finally {
+    await down.close()
+  }
+})
+
+test('WebSocket closed mid-query: the query rejects with the URL and close code', async () => {
+  const own = await startProxy()
+  const client = edgeClient(own.port)
+  await client.connect()
+  const errors: Error[] = []
+  client.on('error', (e) => errors.push(e))
+  const query = client.query('SELECT pg_sleep(5)')
+  await new Promise((r) => setTimeout(r, 100))
+  await own.close() // terminates every session at once
+  await assert.rejects(query, /edgepg: WebSocket to ws:\/\/127\.0\.0\.1:\d+\/v2 was closed \(code 1006\)/)
+  // As pg does over TCP after a reset: the socket's error, then 'Connection terminated unexpectedly'.
+  assert.match(errors[0].message, /was closed \(code 1006\)/)
+  await client.end()
+})
+
+test('wrong database or user: the same DatabaseError as pg over TCP', async () => {
+  for (const bad of [{ database: 'no_such_db' }, { user: 'no_such_user' }]) {
+    const viaPg = await new pg.Client({ ...pgConfig(), ...bad }).connect().catch((e) => e)
+    const viaEdge = await edgeClient(proxy.port, 'scram_user', bad).connect().catch((e) => e)
+    assert.ok(viaEdge instanceof pg.DatabaseError, String(viaEdge))
+    assert.deepEqual({ ...viaEdge, message: viaEdge.message }, { ...viaPg, message: viaPg.message })
+    assert.match(viaEdge.code, /^(3D000|28000|28P01)$/)
+  }
+})
+
+test('connectionTimeoutMillis: a proxy that never answers the upgrade times out with a clear error', async () => {
+  const held: net.Socket[] = []
+  const silent = net.createServer((s) => held.push(s))
+  await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r))
+  const url = `ws://127.0.0.1:${(silent.address() as net.AddressInfo).port}/v2`
+  try {
+    const started = Date.now()
+    await assert.rejects(new Client(at(url, { connectionTimeoutMillis: 300 })).connect(), (err: Error) => {
+      assert.equal(err.message, `edgepg: connection to ${url} failed: timeout expired`)
+      return true
+    })
+    assert.ok(Date.now() - started < 3000)
+    // and through a Pool
+    const pool = new Pool({ ...at(url), connectionTimeoutMillis: 300 })
+    await assert.rejects(pool.query('SELECT 1'), /timeout/)
+    await pool.end()
+  } finally {
+    for (const s of held) s.destroy()
+    silent.close()
+  }
+})
+
+test('a Pool evicts a broken client and serves the next request', async () => {
+  const pool = edgePool(proxy.port, { max: 1, application_name: 'edgepg-evict' })
+  const poolErrors: Error[] = []
+  pool.on('error', (e) => poolErrors.push(e))
+  const first = await pool.query('SELECT pg_backend_pid() AS pid')
+  const pid = first.rows[0].pid
+  const admin = new pg.Client(pgConfig('trust_user'))
+  await admin.connect()
+  await admin.query('SELECT pg_terminate_backend($1)', [pid])
+  await admin.end()
+  await eventually(() => poolErrors.length === 1, 'the idle client to report its broken connection')
+  assert.match(poolErrors[0].message, /terminating connection due to administrator command|terminated/)
+  const second = await pool.query('SELECT pg_backend_pid() AS pid')
+  assert.notEqual(second.rows[0].pid, pid)
+  assert.equal(pool.totalCount, 1)
+  await pool.end()
+})
+
+test('a Pool reports an unreachable proxy per request, then recovers', async () => {
+  const port = await freePort()
+  const pool = new Pool({ ...at(`ws://127.0.0.1:${port}/v2`), max: 2 })
+  await assert.rejects(pool.query('SELECT 1'), /ECONNREFUSED/)
+  assert.equal(pool.totalCount, 0)
+  const revived = await startProxy()
+  try {
+    const moved = new Pool({ ...edgeConfig(revived.port), max: 2 })
+    assert.deepEqual((await moved.query('SELECT 1 AS x')).rows, [{ x: 1 }])
+    await moved.end()
+  } finally {
+    await revived.close()
+    await pool.end()
+  }
+  assert.equal(await backends('edgepg-evict'), 0)
+})
+
+test('a proxy sending text frames is a clear error', async () => {
+  const { WebSocketServer } = await import('ws')
+  const wss = new WebSocketServer({ port: 0, host: '127.0.0.1' })
+  wss.on('connection', (ws) => ws.send('hello'))
+  await new Promise((r) => wss.once('listening', r))
+  const url = `ws://127.0.0.1:${(wss.address() as net.AddressInfo).port}/v2`
+  try {
+    await assert.rejects(new Client(at(url)).connect(), /sent a text frame; expected binary/)
+  } finally {
+    for (const c of wss.clients) c.terminate()
+    wss.close()
+  }
+})

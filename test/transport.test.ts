@@ -1,0 +1,99 @@
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { WebSocket } from 'ws'
+import { edgeConfig, startProxy, backends, eventually } from './helpers'
+import { startDelayRelay } from './delay-relay'
+import { Client, Pool, type ClientConfig } from '../src/index'
+
+/** The real `ws` WebSocket, recording every message it sends. */
+function recordingWebSocket() {
+  const sent: Buffer[] = []
+  class Recording extends WebSocket {
+    send(data: any, ...rest: any[]) {
+      sent.push(Buffer.from(data))
+      return (super.send as any)(data, ...rest)
+    }
+  }
+  return { sent, Recording }
+}
+
+let proxy: Awaited<ReturnType<typeof startProxy>>
+const sessions: { outcome: string; bytesIn: number }[] = []
+before(async () => (proxy = await startProxy({ log: (s) => sessions.push(s) })))
+after(() => proxy.close())
+
+const tags = (buf: Buffer) => {
+  const out: string[] = []
+  for (let i = 0; i < buf.length; ) {
+    out.push(String.fromCharCode(buf[i]))
+    i += 1 + buf.readInt32BE(i + 1)
+  }
+  return out.join('')
+}
+
+test('a parameterized query is one WebSocket message, with no timer', async () => {
+  const { sent, Recording } = recordingWebSocket()
+  const client = new Client(edgeConfig(proxy.port, 'trust_user', { webSocketConstructor: Recording as any }))
+  await client.connect()
+  const realSetTimeout = globalThis.setTimeout
+  let timers = 0
+  globalThis.setTimeout = ((...args: Parameters<typeof setTimeout>) => (timers++, realSetTimeout(...args))) as any
+  try {
+    sent.length = 0
+    const { rows } = await client.query('SELECT $1::int + $2::int AS sum', [40, 2])
+    assert.deepEqual(rows, [{ sum: 42 }])
+    assert.equal(sent.length, 1, 'one message per query')
+    assert.equal(tags(sent[0]), 'PBDES', 'Parse, Bind, Describe, Execute, Sync together')
+  } finally {
+    globalThis.setTimeout = realSetTimeout
+  }
+  assert.equal(timers, 0, 'no setTimeout on the query path')
+  await client.end()
+})
+
+test('coalesceWrites: false sends each write as its own message', async () => {
+  const { sent, Recording } = recordingWebSocket()
+  const client = new Client(edgeConfig(proxy.port, 'trust_user', { webSocketConstructor: Recording as any, coalesceWrites: false }))
+  await client.connect()
+  sent.length = 0
+  await client.query('SELECT $1::int AS n', [1])
+  assert.deepEqual(sent.map(tags), ['P', 'B', 'D', 'E', 'S'])
+  await client.end()
+})
+
+test('client.end() sends Terminate, closes the WebSocket itself, and resolves within one round trip', async () => {
+  const relay = await startDelayRelay({ host: '127.0.0.1', port: proxy.port }, 100)
+  const { sent, Recording } = recordingWebSocket()
+  const config: ClientConfig = { ...edgeConfig(proxy.port, 'trust_user'), application_name: 'edgepg-end', webSocketConstructor: Recording as any, wsProxy: () => `ws://127.0.0.1:${relay.port}/v2` }
+  const before = process.getActiveResourcesInfo().filter((r) => r !== 'TTYWrap').sort()
+  const client = new Client(config)
+  await client.connect()
+  await client.query('SELECT 1')
+  const started = Date.now()
+  await client.end()
+  const elapsed = Date.now() - started
+  assert.equal(tags(sent.at(-1)!), 'X', 'Terminate is the last message')
+  assert.ok(elapsed >= relay.rttMs * 0.9 && elapsed < relay.rttMs * 1.9, `end() took ${elapsed} ms; RTT is ${relay.rttMs} ms`)
+  await eventually(() => sessions.some((s) => s.outcome === 'closed by client'), 'the proxy to log a client-closed session')
+  await eventually(async () => (await backends('edgepg-end')) === 0, 'the backend to exit')
+  // The relay still holds its own sockets; everything the client opened is gone.
+  await relay.close()
+  await eventually(() => {
+    const now = process.getActiveResourcesInfo().filter((r) => r !== 'TTYWrap').sort()
+    return now.filter((r) => r === 'TCPSocketWrap').length <= before.filter((r) => r === 'TCPSocketWrap').length && !now.includes('Timeout')
+  }, 'no socket or timer left behind')
+})
+
+test('pool.end() closes every client and leaves no backend', async () => {
+  const pool = new Pool({ ...edgeConfig(proxy.port), application_name: 'edgepg-pool-end', max: 5 })
+  await Promise.all(Array.from({ length: 5 }, (_, i) => pool.query('SELECT pg_sleep(0.05), $1::int AS i', [i])))
+  assert.equal(pool.totalCount, 5)
+  assert.equal(await backends('edgepg-pool-end'), 5)
+  await pool.end()
+  assert.equal(pool.totalCount, 0)
+  await eventually(async () => (await backends('edgepg-pool-end')) === 0, 'every pool backend to exit')
+})
+
+test('end() on a client that never connected resolves at once', async () => {
+  await new Client(edgeConfig(proxy.port)).end()
+})
