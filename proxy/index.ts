@@ -1,4 +1,4 @@
-import http from 'node:http'
+import http, { type Server } from 'node:http'
 import net from 'node:net'
 import type { AddressInfo } from 'node:net'
 import { WebSocketServer, type WebSocket, type RawData } from 'ws'
@@ -25,7 +25,7 @@ export interface SessionLog {
 }
 
 export interface Proxy {
-  server: http.Server
+  server: Server
   listen(port?: number, host?: string): Promise<AddressInfo>
   close(): Promise<void>
 }

@@ -53,3 +53,12 @@ test('the bundle runs with no Node APIs: no process, Buffer, require or module g
   assert.equal((await scram.query('SELECT current_user AS u')).rows[0].u, 'scram_user')
   await scram.end()
 })
+
+test('the package bin (npx edgepg-proxy) is the built CLI and runs', async () => {
+  const { execFileSync } = await import('node:child_process')
+  const pkg = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8'))
+  const bin = new URL(`../${pkg.bin['edgepg-proxy']}`, import.meta.url)
+  assert.match(readFileSync(bin, 'utf8'), /^#!\/usr\/bin\/env node\n/)
+  const help = execFileSync(process.execPath, [bin.pathname, '--help'], { encoding: 'utf8' })
+  for (const flag of ['--upstream', '--listen', '--allow', '--max-message-bytes', '--help']) assert.ok(help.includes(flag), flag)
+})
