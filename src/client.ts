@@ -1,5 +1,5 @@
 import pg from 'pg'
-import { configKeys, type EdgeConfig } from './config'
+import { config, configKeys, type EdgeConfig } from './config'
 import { WebSocketSocket } from './socket'
 
 export type ClientConfig = pg.ClientConfig & EdgeConfig
@@ -22,10 +22,16 @@ function splitConfig(input?: string | ClientConfig): { options: pg.ClientConfig;
   return { options, own }
 }
 
+const NEON_HOST = /\.neon\.(tech|build)$/
+
 /** node-postgres's Client, connected over a WebSocket to edgepg-proxy. */
 export class Client extends pg.Client {
   /** This client's overrides of the global `config`. */
   readonly edgeConfig: EdgeConfig
+  /** Startup and password went out pipelined; Postgres has not yet said ReadyForQuery. */
+  private startupPending = false
+  private passwordPipelined = false
+  private startupError?: Error
 
   constructor(config?: string | ClientConfig) {
     const { options, own } = splitConfig(config)
@@ -36,6 +42,99 @@ export class Client extends pg.Client {
     // would need TLS inside the WebSocket, so `ssl`/`sslmode` from a connection string is set aside.
     this.ssl = false
     ;(this.connection as any).ssl = false
+  }
+
+  private get internals(): any {
+    return this
+  }
+
+  /** Whether to send the password and first queries without waiting for the server. */
+  private shouldPipelineConnect(): boolean {
+    const mode = this.edgeConfig.pipelineConnect !== undefined ? this.edgeConfig.pipelineConnect : config.pipelineConnect
+    if (mode === false || typeof this.password !== 'string') return false
+    const socket = this.connection.stream as unknown as WebSocketSocket
+    return mode === 'password' || socket.authOffload || NEON_HOST.test(this.host)
+  }
+
+  _connect(callback: (err?: Error, client?: Client) => void) {
+    const self = this.internals
+    const con = this.connection as any
+    // Runs before pg's own 'connect' listener (which writes the StartupMessage), so that the
+    // caller's next query is queued in the same tick and leaves in the same WebSocket message.
+    con.prependOnceListener('connect', () => {
+      if (!this.shouldPipelineConnect()) return
+      this.startupPending = true
+      self._connecting = false
+      self._connected = true
+      self.readyForQuery = false
+      const cb = self._connectionCallback
+      self._connectionCallback = null
+      cb?.(null, this)
+      this.emit('connect')
+    })
+    ;(pg.Client.prototype as any)._connect.call(this, callback)
+    // After pg's listener has written the StartupMessage.
+    con.once('connect', () => {
+      if (!this.startupPending) return
+      this.passwordPipelined = true
+      con.password(this.password)
+    })
+  }
+
+  _handleAuthCleartextPassword(msg: unknown) {
+    // Already sent, pipelined behind the StartupMessage.
+    if (this.passwordPipelined) return
+    return (pg.Client.prototype as any)._handleAuthCleartextPassword.call(this, msg)
+  }
+
+  _handleReadyForQuery(msg: unknown) {
+    if (this.startupPending) {
+      this.startupPending = false
+      clearTimeout(this.internals.connectionTimeoutHandle)
+    }
+    return (pg.Client.prototype as any)._handleReadyForQuery.call(this, msg)
+  }
+
+  _handleErrorMessage(msg: Error) {
+    if (this.startupPending) return this.failStartup(msg)
+    return (pg.Client.prototype as any)._handleErrorMessage.call(this, msg)
+  }
+
+  _handleErrorEvent(err: Error) {
+    if (this.startupPending) return this.failStartup(err)
+    return (pg.Client.prototype as any)._handleErrorEvent.call(this, err)
+  }
+
+  /**
+   * The server refused a pipelined startup (wrong password, unknown database...) after connect()
+   * had resolved: the queries in flight, or else the next one, reject with its error.
+   */
+  private failStartup(err: Error) {
+    const self = this.internals
+    this.startupPending = false
+    this.startupError = err
+    clearTimeout(self.connectionTimeoutHandle)
+    self._queryable = false
+    self._connectionError = true // no second 'Connection terminated unexpectedly' error
+    self._errorAllQueries(err)
+  }
+
+  _pulseQueryQueue() {
+    const self = this.internals
+    // Queries issued before the startup's ReadyForQuery go out at once, as in pg's pipeline mode,
+    // and stay in that mode until all of them are answered.
+    if (!this.pipeline && (this.startupPending || self._sentQueryQueue.length > 0)) return self._pulsePipelinedQueryQueue()
+    return (pg.Client.prototype as any)._pulseQueryQueue.call(this)
+  }
+
+  query(...args: any[]): any {
+    if (this.startupError && typeof args[0]?.submit !== 'function') {
+      const cb = [args[1], args[2]].find((a) => typeof a === 'function')
+      const err = this.startupError
+      if (cb) return void queueMicrotask(() => cb(err))
+      return Promise.reject(err)
+    }
+    return (super.query as any)(...args)
   }
 }
 

@@ -15,6 +15,14 @@ export interface EdgeConfig {
   useSecureWebSocket?: boolean
   /** Send all writes made in one tick as one WebSocket message, flushed on a microtask. Default true. */
   coalesceWrites?: boolean
+  /**
+   * Send the password (and the first queries) right behind the StartupMessage, without waiting
+   * for Postgres to ask: new connection + first query in one flight after the WebSocket opens.
+   * Safe only where the server asks for a cleartext password. `undefined` (default): on when the
+   * proxy announces auth offload (edgepg-proxy does) or for Neon hosts; `'password'`: always on;
+   * `false`: off.
+   */
+  pipelineConnect?: 'password' | false
 }
 
 /** Global defaults; any of them can be overridden per Client or Pool. */
@@ -23,12 +31,19 @@ export const config: EdgeConfig = {
   wsProxy: undefined,
   useSecureWebSocket: true,
   coalesceWrites: true,
+  pipelineConnect: undefined,
 }
 
-export const configKeys = ['webSocketConstructor', 'wsProxy', 'useSecureWebSocket', 'coalesceWrites'] as const
+export const configKeys = ['webSocketConstructor', 'wsProxy', 'useSecureWebSocket', 'coalesceWrites', 'pipelineConnect'] as const
+
+/**
+ * The WebSocket subprotocol edgepg offers. A proxy that selects it announces that it offloads
+ * auth (asks for a cleartext password, authenticates upstream itself) and handles SSLRequest.
+ */
+export const SUBPROTOCOL = 'edgepg.v1'
 
 /** Global config overlaid with the keys a client was given explicitly. */
-export function resolveConfig(own: EdgeConfig): Required<Omit<EdgeConfig, 'wsProxy'>> & Pick<EdgeConfig, 'wsProxy'> {
+export function resolveConfig(own: EdgeConfig): Required<Omit<EdgeConfig, 'wsProxy' | 'pipelineConnect'>> & Pick<EdgeConfig, 'wsProxy' | 'pipelineConnect'> {
   const merged = { ...config }
   for (const key of configKeys) if (own[key] !== undefined) (merged as any)[key] = own[key]
   const webSocketConstructor = merged.webSocketConstructor ?? (globalThis as any).WebSocket

@@ -1,7 +1,9 @@
 import { EventEmitter } from 'events'
-import { resolveConfig, webSocketUrl, type EdgeConfig } from './config'
+import { resolveConfig, webSocketUrl, SUBPROTOCOL, type EdgeConfig, type WebSocketConstructor } from './config'
 
 const OPEN = 1
+/** URLs whose server answered without a subprotocol, where `ws` needs none offered. */
+const refusesSubprotocol = new Set<string>()
 
 /**
  * A WebSocket dressed as the `net.Socket` that pg's Connection drives. Writes made in one tick
@@ -13,6 +15,8 @@ export class WebSocketSocket extends EventEmitter {
   readable = false
   /** The URL this socket opened (or tried to), for error messages. */
   url = ''
+  /** Set on open: the proxy selected edgepg's subprotocol, so it offloads auth. */
+  authOffload = false
   private ws?: WebSocket
   private pending: Uint8Array[] = []
   private callbacks: Array<() => void> = []
@@ -31,17 +35,21 @@ export class WebSocketSocket extends EventEmitter {
       cfg = resolveConfig(this.own)
       this.url = webSocketUrl(host, Number(port), cfg)
       this.coalesce = cfg.coalesceWrites
-      this.ws = new cfg.webSocketConstructor(this.url)
+      this.open(cfg.webSocketConstructor, !refusesSubprotocol.has(this.url))
     } catch (err) {
       queueMicrotask(() => this.fail(new Error(`edgepg: cannot open a WebSocket to ${this.url || `${host}:${port}`}: ${(err as Error).message}`)))
-      return this
     }
-    const ws = this.ws
+    return this
+  }
+
+  private open(WebSocketClass: WebSocketConstructor, offerSubprotocol: boolean) {
+    const ws = (this.ws = offerSubprotocol ? new WebSocketClass(this.url, SUBPROTOCOL) : new WebSocketClass(this.url))
     this.writable = true
     ws.binaryType = 'arraybuffer'
     ws.addEventListener('open', () => {
       this.opened = true
       this.readable = true
+      this.authOffload = ws.protocol === SUBPROTOCOL
       this.emit('connect')
       if (this.pending.length) this.flush()
     })
@@ -51,11 +59,19 @@ export class WebSocketSocket extends EventEmitter {
       this.emit('data', Buffer.from(data as ArrayBuffer))
     })
     ws.addEventListener('error', (event: Event) => {
-      const detail = (event as ErrorEvent).message || (event as any).error?.message
+      if (ws !== this.ws) return
+      const detail: string | undefined = (event as ErrorEvent).message || (event as any).error?.message
+      // Node's `ws` (unlike browsers) fails when a server selects no subprotocol: any server but
+      // edgepg-proxy. Open again without offering one, and remember not to offer it there.
+      if (offerSubprotocol && !this.opened && detail?.includes('Server sent no subprotocol')) {
+        refusesSubprotocol.add(this.url)
+        return this.open(WebSocketClass, false)
+      }
       const what = this.opened ? 'failed' : 'could not be opened'
       this.fail(new Error(`edgepg: WebSocket to ${this.url} ${what}${detail ? `: ${detail}` : ''}`))
     })
     ws.addEventListener('close', (event: CloseEvent) => {
+      if (ws !== this.ws) return
       if (!this.ending && !this.closed) {
         const reason = event.reason ? `: ${event.reason}` : ''
         const when = this.opened ? 'was closed' : 'closed before it opened'
@@ -63,7 +79,6 @@ export class WebSocketSocket extends EventEmitter {
       }
       this.finish()
     })
-    return this
   }
 
   private coalesce = true
@@ -138,7 +153,8 @@ export class WebSocketSocket extends EventEmitter {
     this.writable = this.readable = false
     this.pending = []
     for (const cb of this.callbacks.splice(0)) cb()
-    this.emit('close', false)
+    // Asynchronously, as net.Socket does: pg's end() destroys the socket and only then listens.
+    queueMicrotask(() => this.emit('close', false))
   }
 
   // pg calls these on every connect; a WebSocket has no Nagle or keep-alive knobs to turn.
