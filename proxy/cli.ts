@@ -47,20 +47,25 @@ if (values.help) {
 }
 
 const env = process.env
+/** Names where a setting came from (the flag or its environment variable), for error messages. */
+const source = (flag: keyof typeof values, variable: string) => (values[flag] !== undefined ? `--${flag}` : variable)
 const upstream = values.upstream ?? env.EDGEPG_UPSTREAM ?? fail('--upstream host:port is required (or set EDGEPG_UPSTREAM)')
 const allow = values.allow ?? env.EDGEPG_ALLOW?.split(',').filter(Boolean) ?? []
 const listenText = values.listen ?? env.EDGEPG_LISTEN ?? '127.0.0.1:8080'
 const maxText = values['max-message-bytes'] ?? env.EDGEPG_MAX_MESSAGE_BYTES
 const maxMessageBytes = maxText === undefined ? undefined : Number(maxText)
-if (maxMessageBytes !== undefined && !(Number.isInteger(maxMessageBytes) && maxMessageBytes > 0)) fail(`--max-message-bytes must be a positive integer, got "${maxText}"`)
+if (maxMessageBytes !== undefined && !(Number.isInteger(maxMessageBytes) && maxMessageBytes > 0)) fail(`${source('max-message-bytes', 'EDGEPG_MAX_MESSAGE_BYTES')} must be a positive integer, got "${maxText}"`)
 
-let listen
-try {
-  for (const a of [upstream, ...allow]) parseHostPort(a)
-  listen = /^\d+$/.test(listenText) ? { host: '127.0.0.1', port: Number(listenText) } : parseHostPort(listenText, 8080)
-} catch (err) {
-  fail((err as Error).message)
+function address(what: string, text: string, defaultPort?: number) {
+  try {
+    return parseHostPort(text, defaultPort)
+  } catch (err) {
+    fail(`${what}: ${(err as Error).message}`)
+  }
 }
+address(source('upstream', 'EDGEPG_UPSTREAM'), upstream)
+for (const a of allow) address(source('allow', 'EDGEPG_ALLOW'), a)
+const listen = /^\d+$/.test(listenText) ? { host: '127.0.0.1', port: Number(listenText) } : address(source('listen', 'EDGEPG_LISTEN'), listenText, 8080)
 
 const proxy = createProxy({ upstream, allow, maxMessageBytes, log: (entry) => process.stdout.write(JSON.stringify({ time: new Date().toISOString(), ...entry }) + '\n') })
 proxy.listen(listen.port, listen.host).then(

@@ -36,7 +36,9 @@ const HIGH_WATER = 1 << 20
 export function createProxy(options: ProxyOptions): Proxy {
   const upstream = parseHostPort(options.upstream)
   const allowed = new Set([upstream, ...(options.allow ?? []).map((a) => parseHostPort(a))].map(formatHostPort))
-  const wss = new WebSocketServer({ noServer: true, maxPayload: options.maxMessageBytes ?? 64 << 20, perMessageDeflate: false })
+  // handleProtocols: a plain relay speaks no subprotocol, so it selects none (ws would otherwise
+  // select the first one offered, e.g. edgepg's `edgepg.v1`, which announces auth offload).
+  const wss = new WebSocketServer({ noServer: true, maxPayload: options.maxMessageBytes ?? 64 << 20, perMessageDeflate: false, handleProtocols: () => false })
   const sessions = new Set<WebSocket>()
 
   const server = http.createServer((req, res) => {
@@ -74,9 +76,20 @@ export function createProxy(options: ProxyOptions): Proxy {
     let connected = false
     const tcp = net.connect({ host: target.host, port: target.port, noDelay: true }, () => (connected = true))
 
+    // Ends the session from our side. The client may be paused by backpressure; read (and drop)
+    // what it still sends, or its close reply would wait behind that until ws's 30 s close timeout.
+    const closeClient = (code: number, reason?: string) => {
+      ws.resume()
+      ws.close(code, reason)
+    }
+
     // Client → Postgres. Frames that arrive before the TCP connect are queued by the socket.
     ws.on('message', (data: RawData, isBinary: boolean) => {
-      if (!isBinary) return ws.close(1003, 'edgepg-proxy: expected binary frames')
+      if (ws.readyState !== ws.OPEN || tcp.destroyed) return // closing: nothing more to relay
+      if (!isBinary) {
+        outcome = 'refused a text frame'
+        return closeClient(1003, 'edgepg-proxy: expected binary frames')
+      }
       const chunk = data as Buffer
       bytesIn += chunk.length
       if (!tcp.write(chunk)) ws.pause()
@@ -94,12 +107,12 @@ export function createProxy(options: ProxyOptions): Proxy {
 
     tcp.on('error', (err: NodeJS.ErrnoException) => {
       outcome = connected ? `upstream error: ${err.code ?? err.message}` : `upstream ${upstreamName} unreachable: ${err.code ?? err.message}`
-      ws.close(1011, `edgepg-proxy: ${outcome}`.slice(0, 123))
+      closeClient(1011, `edgepg-proxy: ${outcome}`.slice(0, 123))
     })
     tcp.on('close', () => {
       if (ws.readyState === ws.OPEN) {
         if (outcome === 'closed by client') outcome = 'closed by upstream'
-        ws.close(1000)
+        closeClient(1000)
       }
     })
     ws.on('close', () => {

@@ -182,7 +182,7 @@ test('10 MB bytea round trip, byte for byte', async () => {
   const config = { text: 'SELECT $1::bytea AS b, length($1::bytea) AS n, md5($1::bytea) AS h', values: [data] }
   const fromTcp = await tcp.query(config)
   const fromEdge = await edge.query(config)
-  assert.ok(Buffer.isBuffer(fromEdge.rows[0].b))
+  assert.ok(Buffer.isBuffer(fromEdge.rows[0].b), 'bytea comes back as a Buffer')
   assert.ok(fromEdge.rows[0].b.equals(data), 'edgepg returned different bytes')
   assert.equal(fromEdge.rows[0].n, data.length)
   same(normResult(fromEdge), normResult(fromTcp), '10 MB bytea: edgepg Client')
@@ -349,7 +349,7 @@ test('query_timeout: client-side "Query read timeout" on both, client usable aft
   assert.deepEqual(fromTcp[0], timeout)
   assert.deepEqual(fromTcp[2], timeout)
   assert.deepEqual(fromTcp[3], timeout)
-  assert.ok('result' in fromTcp[1] && 'result' in fromTcp[4])
+  assert.ok('result' in fromTcp[1] && 'result' in fromTcp[4], 'the setup queries succeeded')
   same(fromEdge, fromTcp, 'query_timeout: edgepg Client')
 })
 
