@@ -1,31 +1,42 @@
 /**
  * Section "core": warm single-query latency and a 100,000-row × 5-column SELECT, for edgepg
  * through edgepg-proxy and for pg over TCP straight to the same Postgres, interleaved in rounds
- * so machine noise hits both drivers alike.
+ * so machine noise hits both drivers alike. For reference it also times pg through a bare TCP
+ * relay process: the cost of one extra hop with no WebSocket at all.
  */
 import pg from 'pg'
 import { Client } from '../src/index'
-import { interleave, median, ms, percentile, printTable, type BenchContext, type Row, type Section } from './lib'
+import { gc, interleave, median, ms, percentile, printTable, type BenchContext, type Row, type Section } from './lib'
+import { startTcpRelay } from './proxy'
 
 const LATENCY_WARMUP = 100
 const LATENCY_ROUNDS = 10
 const LATENCY_PER_ROUND = 100 // 10 × 100 = 1,000 measured queries per driver
 const ROWS = 100_000
-const ROWS_RUNS = 5
+const ROWS_RUNS = 7
 const ROWS_SQL = `SELECT g AS id, g::text AS name, g * 1.5 AS score, now() AS ts, (g % 2 = 0) AS flag FROM generate_series(1, ${ROWS}) g`
 
 const LATENCY_TARGET = 1.5
 const ROWS_TARGET = 1.15
 
-type Driver = 'edgepg' | 'pg'
+type Driver = 'edgepg' | 'pg' | 'relay'
 const DRIVERS = ['edgepg', 'pg'] as const
+const LATENCY_DRIVERS = ['edgepg', 'pg', 'relay'] as const
 
 export const core: Section = {
   name: 'core',
   async run(ctx: BenchContext): Promise<Row[]> {
+    const relay = await startTcpRelay(`${ctx.pg.host}:${ctx.pg.port}`)
     const clients: Record<Driver, pg.Client> = {
       edgepg: new Client(ctx.edgeConfig()),
       pg: new pg.Client(ctx.pgConfig()),
+      relay: new pg.Client({ ...ctx.pgConfig(), port: relay.port }),
+    }
+    // An idle client's connection error would otherwise be an uncaught 'error' event.
+    let failure: Error | undefined
+    for (const [name, c] of Object.entries(clients)) c.on('error', (err) => (failure ??= new Error(`core: ${name} client failed: ${err.message}`)))
+    const check = () => {
+      if (failure) throw failure
     }
     try {
       await Promise.all(Object.values(clients).map((c) => c.connect()))
@@ -40,25 +51,32 @@ export const core: Section = {
         if (rows[0].v !== v) throw new Error(`core: expected ${v}, got ${rows[0].v}`)
         return dt
       }
-      for (const d of DRIVERS) for (let i = 0; i < LATENCY_WARMUP; i++) await one(clients[d])
-      const lat: Record<Driver, number[]> = { edgepg: [], pg: [] }
-      await interleave(DRIVERS, LATENCY_ROUNDS, async (d) => {
+      for (const d of LATENCY_DRIVERS) for (let i = 0; i < LATENCY_WARMUP; i++) await one(clients[d])
+      const lat: Record<Driver, number[]> = { edgepg: [], pg: [], relay: [] }
+      await interleave(LATENCY_DRIVERS, LATENCY_ROUNDS, async (d) => {
+        check()
+        gc()
         for (let i = 0; i < LATENCY_PER_ROUND; i++) lat[d].push(await one(clients[d]))
       })
 
       // 100k rows × 5 columns, fully parsed into row objects by pg.
       const big = async (client: pg.Client) => {
+        gc()
         const t0 = performance.now()
         const { rows } = await client.query(ROWS_SQL)
         const dt = performance.now() - t0
         if (rows.length !== ROWS) throw new Error(`core: expected ${ROWS} rows, got ${rows.length}`)
         return dt
       }
-      for (const d of DRIVERS) await big(clients[d]) // warm-up run each
-      const bulk: Record<Driver, number[]> = { edgepg: [], pg: [] }
-      await interleave(DRIVERS, ROWS_RUNS, async (d) => void bulk[d].push(await big(clients[d])))
+      for (const d of DRIVERS) await big(clients[d]) // one warm-up run each
+      const bulk: Record<'edgepg' | 'pg', number[]> = { edgepg: [], pg: [] }
+      await interleave(DRIVERS, ROWS_RUNS, async (d) => {
+        check()
+        bulk[d].push(await big(clients[d]))
+      })
+      check()
 
-      const latMed = { edgepg: median(lat.edgepg), pg: median(lat.pg) }
+      const latMed = { edgepg: median(lat.edgepg), pg: median(lat.pg), relay: median(lat.relay) }
       const latP99 = { edgepg: percentile(lat.edgepg, 99), pg: percentile(lat.pg, 99) }
       const bulkMed = { edgepg: median(bulk.edgepg), pg: median(bulk.pg) }
       const rows: Row[] = [
@@ -83,16 +101,21 @@ export const core: Section = {
           target: ROWS_TARGET,
         },
       ]
+      const runs = (xs: number[]) => xs.map((x) => x.toFixed(0)).join(', ')
       printTable('core: edgepg via edgepg-proxy vs pg over TCP', rows, 'pg (TCP)', [
         `edgepg goes through edgepg-proxy (${ctx.proxy.mode === 'child' ? 'a separate child process, as in production' : 'in this same process'}); ` +
-          `pg connects over TCP straight to the same Postgres. Role scram_user. Drivers alternate in ` +
-          `${LATENCY_ROUNDS} rounds of ${LATENCY_PER_ROUND} queries (after ${LATENCY_WARMUP} warm-up each) and ` +
-          `${ROWS_RUNS} alternating bulk runs (after 1 warm-up each).`,
-        `100k runs (ms): edgepg [${bulk.edgepg.map((x) => x.toFixed(0)).join(', ')}]; pg [${bulk.pg.map((x) => x.toFixed(0)).join(', ')}]`,
+          `pg connects over TCP straight to the same Postgres; role scram_user. Latency: ${LATENCY_ROUNDS} rounds of ` +
+          `${LATENCY_PER_ROUND} queries per driver in alternating order, after ${LATENCY_WARMUP} warm-up each. ` +
+          `Rows: ${ROWS_RUNS} alternating runs after 1 warm-up each, a full GC before each run.`,
+        `Hop floor (reference, no target): pg through a bare Node TCP relay child process, no WebSocket: ` +
+          `median ${ms(latMed.relay)} = ${(latMed.relay / latMed.pg).toFixed(2)}x pg direct; ` +
+          `edgepg via edgepg-proxy is ${(latMed.edgepg / latMed.relay).toFixed(2)}x that relay.`,
+        `100k runs (ms): edgepg [${runs(bulk.edgepg)}]; pg [${runs(bulk.pg)}]`,
       ])
       return rows
     } finally {
       await Promise.all(Object.values(clients).map((c) => c.end().catch(() => {})))
+      await relay.stop()
     }
   },
 }

@@ -2,6 +2,8 @@
  * Shared pieces of the benchmark runner: the context every section receives, statistics, and
  * the one table format all sections print.
  */
+import v8 from 'node:v8'
+import vm from 'node:vm'
 import type pg from 'pg'
 import type { ClientConfig } from '../src/index'
 import type { PgInfo } from '../test/stack'
@@ -72,10 +74,23 @@ export function printTable(title: string, rows: Row[], baselineName = 'pg (TCP)'
   for (const n of notes) console.log(`\n${n}`)
 }
 
-/** Runs `fn` for each driver in turn, alternating which goes first, for `rounds` rounds. */
-export async function interleave<K extends string>(keys: readonly [K, K], rounds: number, fn: (key: K, round: number) => Promise<void>) {
+/** Runs `fn` for each key in turn for `rounds` rounds, rotating which goes first each round. */
+export async function interleave<K extends string>(keys: readonly K[], rounds: number, fn: (key: K, round: number) => Promise<void>) {
   for (let round = 0; round < rounds; round++) {
-    const order = round % 2 === 0 ? keys : ([keys[1], keys[0]] as const)
+    const order = round % 2 === 0 ? [...keys] : [...keys].reverse()
     for (const key of order) await fn(key, round)
   }
 }
+
+/** A full garbage collection, so one run's garbage is not collected during the next one's timing. */
+export const gc: () => void = (() => {
+  const exposed = (globalThis as any).gc
+  if (typeof exposed === 'function') return exposed
+  try {
+    // --expose-gc can be turned on at run time; the gc function then exists in new contexts.
+    v8.setFlagsFromString('--expose-gc')
+    return vm.runInNewContext('gc')
+  } catch {
+    return () => {}
+  }
+})()

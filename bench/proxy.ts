@@ -1,7 +1,8 @@
 /**
- * Starts the edgepg-proxy the benchmarks go through: by default as a child process
- * (`node --import tsx proxy/cli.ts`), as it runs in reality, so its relaying does not share the
+ * The relays the benchmarks go through. edgepg-proxy runs by default as a child process
+ * (`node --import tsx proxy/cli.ts`), as it does in reality, so its relaying does not share the
  * measuring process's event loop and CPU; `--proxy=in-process` uses createProxy() directly.
+ * A bare TCP relay child (bench/tcp-relay.ts) gives the cost of the extra hop alone.
  */
 import { spawn, type ChildProcess } from 'node:child_process'
 import { createInterface } from 'node:readline'
@@ -17,7 +18,18 @@ export interface RunningProxy {
   stop(): Promise<void>
 }
 
+export interface RunningRelay {
+  port: number
+  stop(): Promise<void>
+}
+
 const root = fileURLToPath(new URL('..', import.meta.url))
+
+/** Children still running, killed synchronously if this process exits without stopping them. */
+const live = new Set<ChildProcess>()
+process.on('exit', () => {
+  for (const child of live) child.kill('SIGKILL')
+})
 
 export async function startProxy(upstream: string, mode: ProxyMode): Promise<RunningProxy> {
   if (mode === 'in-process') {
@@ -27,17 +39,28 @@ export async function startProxy(upstream: string, mode: ProxyMode): Promise<Run
   }
   // The CLI refuses port 0, so pick a free port here (a tiny race, harmless on a bench machine).
   const listen = `127.0.0.1:${await freePort()}`
-  const child = spawn(process.execPath, ['--import', 'tsx', 'proxy/cli.ts', '--upstream', upstream, '--listen', listen], {
-    cwd: root,
-    stdio: ['ignore', 'pipe', 'pipe'],
-  })
+  const { port, stop } = await startChild(['proxy/cli.ts', '--upstream', upstream, '--listen', listen], 'edgepg-proxy')
+  return { port, url: `ws://127.0.0.1:${port}/v2`, mode, stop }
+}
+
+export function startTcpRelay(upstream: string): Promise<RunningRelay> {
+  return startChild(['bench/tcp-relay.ts', upstream], 'tcp relay')
+}
+
+/** Runs a TypeScript entry point under tsx and waits for its {"listening":"host:port"} line. */
+async function startChild(args: string[], what: string): Promise<RunningRelay> {
+  const child = spawn(process.execPath, ['--import', 'tsx', ...args], { cwd: root, stdio: ['pipe', 'pipe', 'pipe'] })
+  live.add(child)
+  child.once('exit', () => live.delete(child))
   let stderr = ''
   child.stderr!.on('data', (d) => (stderr += d))
+  const stop = () => stopChild(child)
   try {
     const port = await new Promise<number>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error('edgepg-proxy child did not report listening within 20 s')), 20_000)
+      const timer = setTimeout(() => reject(new Error(`${what} child did not report listening within 30 s`)), 30_000)
       child.once('error', reject)
-      child.once('exit', (code) => reject(new Error(`edgepg-proxy child exited (code ${code}) before listening: ${stderr.trim()}`)))
+      child.once('exit', (code) => reject(new Error(`${what} child exited (code ${code}) before listening: ${stderr.trim()}`)))
+      // Keep reading stdout for the child's whole life (edgepg-proxy logs a line per session).
       createInterface({ input: child.stdout! }).on('line', (line) => {
         try {
           const msg = JSON.parse(line)
@@ -48,9 +71,9 @@ export async function startProxy(upstream: string, mode: ProxyMode): Promise<Run
         } catch {}
       })
     })
-    return { port, url: `ws://127.0.0.1:${port}/v2`, mode, stop: () => stopChild(child) }
+    return { port, stop }
   } catch (err) {
-    await stopChild(child)
+    await stop()
     throw err
   }
 }
@@ -63,6 +86,7 @@ function stopChild(child: ChildProcess): Promise<void> {
       clearTimeout(timer)
       resolve()
     })
+    child.stdin?.end()
     child.kill('SIGTERM')
   })
 }

@@ -34,7 +34,9 @@ const sections = wanted.length ? SECTIONS.filter((s) => wanted.includes(s.name))
 const cpus = os.cpus()
 console.log('# edgepg benchmarks\n')
 console.log(`node ${process.version} on ${process.platform}/${process.arch}, ${cpus.length} CPU(s): ${cpus[0]?.model.trim() ?? '?'}`)
-console.log(`embedded PostgreSQL 18 on 127.0.0.1; edgepg-proxy ${proxyMode === 'child' ? 'in a child process' : 'in this process'}`)
+console.log(`embedded PostgreSQL 18 on 127.0.0.1; edgepg-proxy ${proxyMode === 'child' ? 'in a child process (as deployed)' : 'in this process (--proxy=in-process)'}`)
+const load = () => os.loadavg().map((x) => x.toFixed(2)).join(' ')
+console.log(`load average at start: ${load()}${os.loadavg()[0] > cpus.length / 2 ? '  (busy machine: expect noisy numbers)' : ''}`)
 
 let pgStack: Awaited<ReturnType<typeof startPostgres>> | undefined
 let proxy: RunningProxy | undefined
@@ -47,6 +49,13 @@ const stopAll = () =>
 for (const signal of ['SIGINT', 'SIGTERM'] as const) {
   process.once(signal, () => void stopAll().then(() => process.exit(130)))
 }
+// An error outside any awaited promise (e.g. a stray 'error' event) still stops Postgres and the proxy.
+const crash = (err: unknown) => {
+  console.error('\nbench crashed:', err)
+  void stopAll().then(() => process.exit(1))
+}
+process.on('uncaughtException', crash)
+process.on('unhandledRejection', crash)
 
 let exitCode = 0
 const started = performance.now()
@@ -71,6 +80,6 @@ try {
   exitCode = 1
 } finally {
   await stopAll()
-  console.log(`(${((performance.now() - started) / 1000).toFixed(1)} s)`)
+  console.log(`load average at end: ${load()}; took ${((performance.now() - started) / 1000).toFixed(1)} s`)
 }
 process.exit(exitCode)

@@ -15,6 +15,11 @@ Options (each also settable by the environment variable shown):
                               /v1?address=host:port; repeatable; exact match
   --max-message-bytes N       largest WebSocket message accepted            EDGEPG_MAX_MESSAGE_BYTES
                               (default 67108864)
+  --no-auth-offload           relay the startup untouched: clients           EDGEPG_AUTH_OFFLOAD=false
+                              authenticate with Postgres end to end (default: the proxy asks
+                              clients for a password and authenticates upstream with md5/SCRAM)
+  --allow-insecure-passwords  accept passwords over plain ws:// from         EDGEPG_ALLOW_INSECURE_PASSWORDS=true
+                              non-loopback clients (only when TLS ends in front of the proxy)
   -h, --help                  show this help
 
 Routes: /v2 relays to the upstream; /v1?address=host:port relays to that address if it is the
@@ -27,20 +32,24 @@ function fail(message: string): never {
   process.exit(2)
 }
 
-let values
-try {
-  ;({ values } = parseArgs({
-    options: {
-      upstream: { type: 'string' },
-      listen: { type: 'string' },
-      allow: { type: 'string', multiple: true },
-      'max-message-bytes': { type: 'string' },
-      help: { type: 'boolean', short: 'h' },
-    },
-  }))
-} catch (err) {
-  fail((err as Error).message)
+function parseFlags() {
+  try {
+    return parseArgs({
+      options: {
+        upstream: { type: 'string' },
+        listen: { type: 'string' },
+        allow: { type: 'string', multiple: true },
+        'max-message-bytes': { type: 'string' },
+        'no-auth-offload': { type: 'boolean' },
+        'allow-insecure-passwords': { type: 'boolean' },
+        help: { type: 'boolean', short: 'h' },
+      },
+    }).values
+  } catch (err) {
+    fail((err as Error).message)
+  }
 }
+const values = parseFlags()
 if (values.help) {
   process.stdout.write(HELP)
   process.exit(0)
@@ -67,7 +76,17 @@ address(source('upstream', 'EDGEPG_UPSTREAM'), upstream)
 for (const a of allow) address(source('allow', 'EDGEPG_ALLOW'), a)
 const listen = /^\d+$/.test(listenText) ? { host: '127.0.0.1', port: Number(listenText) } : address(source('listen', 'EDGEPG_LISTEN'), listenText, 8080)
 
-const proxy = createProxy({ upstream, allow, maxMessageBytes, log: (entry) => process.stdout.write(JSON.stringify({ time: new Date().toISOString(), ...entry }) + '\n') })
+function flag(name: 'no-auth-offload' | 'allow-insecure-passwords', variable: string, invert = false): boolean {
+  if (values[name]) return true
+  const text = env[variable]?.toLowerCase()
+  if (text === undefined || text === '') return false
+  if (!['true', 'false', '1', '0'].includes(text)) fail(`${variable} must be true or false, got "${env[variable]}"`)
+  return (text === 'true' || text === '1') !== invert
+}
+const authOffload = !flag('no-auth-offload', 'EDGEPG_AUTH_OFFLOAD', true)
+const allowInsecurePasswords = flag('allow-insecure-passwords', 'EDGEPG_ALLOW_INSECURE_PASSWORDS')
+
+const proxy = createProxy({ upstream, allow, maxMessageBytes, authOffload, allowInsecurePasswords, log: (entry) => process.stdout.write(JSON.stringify({ time: new Date().toISOString(), ...entry }) + '\n') })
 proxy.listen(listen.port, listen.host).then(
   (addr) => process.stdout.write(JSON.stringify({ time: new Date().toISOString(), listening: `${addr.address}:${addr.port}`, upstream }) + '\n'),
   (err) => fail(`cannot listen on ${listenText}: ${err.message}`)

@@ -59,25 +59,27 @@ export class Client extends pg.Client {
   _connect(callback: (err?: Error, client?: Client) => void) {
     const self = this.internals
     const con = this.connection as any
-    // Runs before pg's own 'connect' listener (which writes the StartupMessage), so that the
-    // caller's next query is queued in the same tick and leaves in the same WebSocket message.
     con.prependOnceListener('connect', () => {
       if (!this.shouldPipelineConnect()) return
       this.startupPending = true
+      con.stream.cork() // StartupMessage, password and the first queries: one message
+    })
+    ;(pg.Client.prototype as any)._connect.call(this, callback)
+    // After pg's own listener has written the StartupMessage.
+    con.once('connect', () => {
+      if (!this.startupPending) return
+      this.passwordPipelined = true
+      con.password(this.password)
+      // Report connected now, so queries go out behind the password instead of a round trip later.
       self._connecting = false
       self._connected = true
       self.readyForQuery = false
       const cb = self._connectionCallback
       self._connectionCallback = null
-      cb?.(null, this)
+      cb?.(null, this) // pool.query() writes its query right here
       this.emit('connect')
-    })
-    ;(pg.Client.prototype as any)._connect.call(this, callback)
-    // After pg's listener has written the StartupMessage.
-    con.once('connect', () => {
-      if (!this.startupPending) return
-      this.passwordPipelined = true
-      con.password(this.password)
+      // `await client.connect(); client.query(…)` resumes a microtask later; its query joins too.
+      queueMicrotask(() => queueMicrotask(() => con.stream.uncork()))
     })
   }
 
@@ -102,6 +104,7 @@ export class Client extends pg.Client {
 
   _handleErrorEvent(err: Error) {
     if (this.startupPending) return this.failStartup(err)
+    if (this.startupError) return // already failed and reported; the socket closing after it is no news
     return (pg.Client.prototype as any)._handleErrorEvent.call(this, err)
   }
 
@@ -114,27 +117,17 @@ export class Client extends pg.Client {
     this.startupPending = false
     this.startupError = err
     clearTimeout(self.connectionTimeoutHandle)
-    self._queryable = false
     self._connectionError = true // no second 'Connection terminated unexpectedly' error
     self._errorAllQueries(err)
   }
 
   _pulseQueryQueue() {
     const self = this.internals
+    if (this.startupError) return self._errorAllQueries(this.startupError)
     // Queries issued before the startup's ReadyForQuery go out at once, as in pg's pipeline mode,
     // and stay in that mode until all of them are answered.
     if (!this.pipeline && (this.startupPending || self._sentQueryQueue.length > 0)) return self._pulsePipelinedQueryQueue()
     return (pg.Client.prototype as any)._pulseQueryQueue.call(this)
-  }
-
-  query(...args: any[]): any {
-    if (this.startupError && typeof args[0]?.submit !== 'function') {
-      const cb = [args[1], args[2]].find((a) => typeof a === 'function')
-      const err = this.startupError
-      if (cb) return void queueMicrotask(() => cb(err))
-      return Promise.reject(err)
-    }
-    return (super.query as any)(...args)
   }
 }
 

@@ -21,6 +21,7 @@ export class WebSocketSocket extends EventEmitter {
   private pending: Uint8Array[] = []
   private callbacks: Array<() => void> = []
   private flushQueued = false
+  private corked = 0
   private ending = false
   private closed = false
   private opened = false
@@ -91,16 +92,30 @@ export class WebSocketSocket extends EventEmitter {
     }
     this.pending.push(typeof data === 'string' ? Buffer.from(data) : data)
     if (cb) this.callbacks.push(cb)
+    if (!this.corked) this.scheduleFlush()
+    return true
+  }
+
+  /** pg corks around each query's messages; nothing leaves until the matching uncork. */
+  cork() {
+    this.corked++
+  }
+
+  uncork() {
+    if (this.corked > 0 && --this.corked === 0 && this.pending.length) this.scheduleFlush()
+  }
+
+  private scheduleFlush() {
     if (!this.coalesce) this.flush()
     else if (!this.flushQueued) {
       this.flushQueued = true
       queueMicrotask(() => this.flush())
     }
-    return true
   }
 
   private flush() {
     this.flushQueued = false
+    if (this.corked) return
     const ws = this.ws
     if (!ws || ws.readyState !== OPEN || !this.pending.length) return
     const chunks = this.pending

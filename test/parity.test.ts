@@ -529,7 +529,8 @@ test('Pool events connect/acquire/release/remove/error fire as pg.Pool fires the
     await removed(0)
     log.push('idle client whose backend is terminated')
     const c = await p.connect()
-    const pid = (c as any).processID
+    // (not c.processID: after a pipelined connect, BackendKeyData arrives with the first answer)
+    const pid = (await c.query('SELECT pg_backend_pid() AS pid')).rows[0].pid
     c.release()
     await admin.query('SELECT pg_terminate_backend($1)', [pid])
     await removed(2)

@@ -332,7 +332,7 @@ describe('routes and the allow-list', () => {
     )
     assert.equal(other.connections, 0, 'a refused address must not even be dialled')
 
-    await withProxy({ allow: [other.address] }, async (allowed) => {
+    await withProxy({ allow: [other.address], authOffload: false }, async (allowed) => {
       const ws = await openWs(allowed.url(`/v1?address=${other.address}`))
       const reply = new Promise<Buffer>((resolve) => ws.once('message', (d: Buffer) => resolve(d)))
       ws.send(Buffer.from('ping'))
@@ -411,7 +411,7 @@ describe('frames', () => {
   test('a message over maxMessageBytes closes with 1009; one at the limit is relayed', async () => {
     const sink = await throwaway()
     try {
-      await withProxy({ upstream: sink.address, maxMessageBytes: 4096 }, async (p) => {
+      await withProxy({ upstream: sink.address, maxMessageBytes: 4096, authOffload: false }, async (p) => {
         const ok = await openWs(p.url('/v2'))
         ok.send(Buffer.alloc(4096, 1))
         await eventually(() => Buffer.concat(sink.received).length === 4096, 'a 4096-byte message to be relayed')
@@ -450,7 +450,7 @@ describe('backpressure', () => {
     const admin = new pg.Client(pgConfig('trust_user'))
     await admin.connect()
     const capture = captureUpstreams(PG.port)
-    const p = await startLocalProxy()
+    const p = await startLocalProxy({ authOffload: false })
     let sampler: NodeJS.Timeout | undefined
     let ws: WebSocket | undefined
     try {
@@ -535,7 +535,7 @@ describe('backpressure', () => {
       upstreamSide = s
     })
     const capture = captureUpstreams(slow.port)
-    const p = await startLocalProxy({ upstream: slow.address })
+    const p = await startLocalProxy({ upstream: slow.address, authOffload: false })
     let ws: WebSocket | undefined
     let sampler: NodeJS.Timeout | undefined
     try {
@@ -593,7 +593,7 @@ describe('backpressure', () => {
       s.pause()
       upstreamSide = s
     })
-    const p = await startLocalProxy({ upstream: slow.address })
+    const p = await startLocalProxy({ upstream: slow.address, authOffload: false })
     let ws: WebSocket | undefined
     try {
       ws = await openWs(p.url('/v2'))
@@ -641,7 +641,8 @@ test('the upstream socket has TCP_NODELAY on', async () => {
 
 describe('session log', () => {
   test('one entry per session with peer, upstream, duration, exact byte counts and outcome', async () => {
-    await withProxy({}, async (p) => {
+    // A plain relay, so the bytes each way are exactly what the raw client sent and received.
+    await withProxy({ authOffload: false }, async (p) => {
       // Session 1: Postgres ends it (Terminate).
       const t0 = Date.now()
       const a = await rawSession(p.url('/v2'), 'edgepg-log-a')

@@ -4,6 +4,7 @@ import { WebSocket } from 'ws'
 import { edgeConfig, startProxy, backends, eventually } from './helpers'
 import { startDelayRelay } from './delay-relay'
 import { Client, Pool, type ClientConfig } from '../src/index'
+import { WebSocketSocket } from '../src/socket'
 
 /** The real `ws` WebSocket, recording every message it sends. */
 function recordingWebSocket() {
@@ -35,6 +36,7 @@ test('a parameterized query is one WebSocket message, with no timer', async () =
   const { sent, Recording } = recordingWebSocket()
   const client = new Client(edgeConfig(proxy.port, 'trust_user', { webSocketConstructor: Recording as any }))
   await client.connect()
+  await client.query('SELECT 1') // the pipelined startup flight is sent
   const realSetTimeout = globalThis.setTimeout
   let timers = 0
   globalThis.setTimeout = ((...args: Parameters<typeof setTimeout>) => (timers++, realSetTimeout(...args))) as any
@@ -51,14 +53,40 @@ test('a parameterized query is one WebSocket message, with no timer', async () =
   await client.end()
 })
 
-test('coalesceWrites: false sends each write as its own message', async () => {
-  const { sent, Recording } = recordingWebSocket()
-  const client = new Client(edgeConfig(proxy.port, 'trust_user', { webSocketConstructor: Recording as any, coalesceWrites: false }))
-  await client.connect()
-  sent.length = 0
-  await client.query('SELECT $1::int AS n', [1])
-  assert.deepEqual(sent.map(tags), ['P', 'B', 'D', 'E', 'S'])
-  await client.end()
+test('writes in one tick are one message; coalesceWrites: false sends each at once; cork batches either way', async () => {
+  const { WebSocketServer } = await import('ws')
+  const received: string[] = []
+  const wss = new WebSocketServer({ port: 0, host: '127.0.0.1' })
+  wss.on('connection', (ws) => ws.on('message', (data) => received.push(String(data))))
+  await new Promise((r) => wss.once('listening', r))
+  const url = `ws://127.0.0.1:${(wss.address() as import('node:net').AddressInfo).port}/v2`
+  const open = async (coalesceWrites: boolean) => {
+    const socket = new WebSocketSocket({ webSocketConstructor: WebSocket as any, wsProxy: () => url, coalesceWrites })
+    await new Promise((r) => socket.connect(5432, 'db').once('connect', r))
+    return socket
+  }
+  const expect = async (n: number) => eventually(() => received.length === n, `${n} messages`)
+  try {
+    const coalescing = await open(true)
+    coalescing.write(Buffer.from('a'))
+    coalescing.write(Buffer.from('b'))
+    await expect(1)
+    const direct = await open(false)
+    direct.write(Buffer.from('c'))
+    direct.write(Buffer.from('d'))
+    await expect(3)
+    direct.cork()
+    direct.write(Buffer.from('e'))
+    direct.write(Buffer.from('f'))
+    direct.uncork()
+    await expect(4)
+    assert.deepEqual(received, ['ab', 'c', 'd', 'ef'])
+    coalescing.end()
+    direct.end()
+  } finally {
+    for (const c of wss.clients) c.terminate()
+    wss.close()
+  }
 })
 
 test('client.end() sends Terminate, closes the WebSocket itself, and resolves within one round trip', async () => {

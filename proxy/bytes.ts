@@ -1,0 +1,64 @@
+/**
+ * Bytes arriving in chunks, read back by exact length: lets the startup phase be written as
+ * straight-line async code. After the startup phase, `rest()` hands over what is left.
+ */
+export class ByteQueue {
+  private chunks: Buffer[] = []
+  private size = 0
+  private waiter?: { n: number; resolve: (b: Buffer) => void; reject: (e: Error) => void }
+  private error?: Error
+
+  get length() {
+    return this.size
+  }
+
+  push(chunk: Buffer) {
+    this.chunks.push(chunk)
+    this.size += chunk.length
+    if (this.waiter && this.size >= this.waiter.n) {
+      const { n, resolve } = this.waiter
+      this.waiter = undefined
+      resolve(this.take(n))
+    }
+  }
+
+  /** Every pending and later read rejects with `err`. */
+  fail(err: Error) {
+    this.error ??= err
+    this.waiter?.reject(err)
+    this.waiter = undefined
+  }
+
+  read(n: number): Promise<Buffer> {
+    if (this.size >= n) return Promise.resolve(this.take(n))
+    if (this.error) return Promise.reject(this.error)
+    return new Promise((resolve, reject) => (this.waiter = { n, resolve, reject }))
+  }
+
+  /** One tagged protocol message: its type byte and body (without the length). */
+  async message(maxLength: number): Promise<{ type: string; body: Buffer; raw: Buffer }> {
+    const head = await this.read(5)
+    const length = head.readInt32BE(1)
+    if (length < 4 || length > maxLength) throw new ProtocolError(`invalid message length ${length}`)
+    const body = await this.read(length - 4)
+    return { type: String.fromCharCode(head[0]), body, raw: Buffer.concat([head, body]) }
+  }
+
+  rest(): Buffer {
+    return this.take(this.size)
+  }
+
+  private take(n: number): Buffer {
+    const all = this.chunks.length === 1 ? this.chunks[0] : Buffer.concat(this.chunks, this.size)
+    this.chunks = all.length > n ? [all.subarray(n)] : []
+    this.size -= n
+    return all.subarray(0, n)
+  }
+}
+
+/** The client broke the protocol or may not go on; answered with a FATAL ErrorResponse and a close. */
+export class ProtocolError extends Error {
+  constructor(message: string, readonly code = '08P01') {
+    super(message)
+  }
+}

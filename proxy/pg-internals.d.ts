@@ -1,0 +1,13 @@
+// pg's own SCRAM and md5 code, which the proxy reuses for upstream authentication.
+declare module 'pg/lib/crypto/sasl.js' {
+  const sasl: {
+    startSession(mechanisms: string[], stream?: unknown): { mechanism: string; response: string }
+    continueSession(session: unknown, password: string, serverData: string, stream?: unknown): Promise<void>
+    finalizeSession(session: unknown, serverData: string): void
+  }
+  export default sasl
+}
+declare module 'pg/lib/crypto/utils.js' {
+  const utils: { postgresMd5PasswordHash(user: string, password: string, salt: Buffer): Promise<string> }
+  export default utils
+}

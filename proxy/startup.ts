@@ -1,0 +1,174 @@
+/// <reference path="./pg-internals.d.ts" />
+import type { TLSSocket } from 'node:tls'
+import { serialize } from 'pg-protocol'
+import sasl from 'pg/lib/crypto/sasl.js'
+import pgCrypto from 'pg/lib/crypto/utils.js'
+import { ProtocolError, type ByteQueue } from './bytes'
+
+/**
+ * The startup phase of one session, with auth offload: the client authenticates to the proxy with
+ * a cleartext password (sent pipelined right behind its StartupMessage by edgepg), and the proxy
+ * authenticates upstream with whatever Postgres asks for (trust, password, md5, SCRAM-SHA-256,
+ * SCRAM-SHA-256-PLUS over TLS). SASL never reaches the client. Anything the client sent after its
+ * password (its first queries) stays queued until upstream auth succeeds.
+ *
+ * A client that starts with SSLRequest wants TLS with Postgres itself: the proxy forwards the
+ * SSLRequest, waits for Postgres's answer (PostgreSQL ≤ 16 would hang on a ClientHello pipelined
+ * behind it), passes the answer on, and from then on only relays.
+ */
+
+const SSL_REQUEST = 80877103
+const GSSENC_REQUEST = 80877104
+const CANCEL_REQUEST = 80877102
+/** PostgreSQL's own limit for a startup packet. */
+export const MAX_STARTUP_PACKET = 10000
+/** Largest message accepted during authentication, either way. */
+const MAX_AUTH_MESSAGE = 64 * 1024
+
+export interface StartupIO {
+  client: ByteQueue
+  upstream: ByteQueue
+  toClient(data: Buffer): void
+  toUpstream(data: Buffer): void
+  /** Whether a cleartext password may cross the client's link (wss, loopback, or operator's say-so). */
+  passwordsAllowed: boolean
+  /** The upstream TLS socket, when there is one: enables SCRAM-SHA-256-PLUS. */
+  upstreamTls?: TLSSocket
+}
+
+export type StartupOutcome =
+  | { kind: 'authenticated'; user: string; database: string }
+  /** SSLRequest or CancelRequest: relay bytes as they are from now on. */
+  | { kind: 'passthrough'; what: string }
+  /** Postgres refused (e.g. wrong password); its ErrorResponse was passed to the client. */
+  | { kind: 'refused'; code: string; message: string }
+
+export async function runStartup(io: StartupIO): Promise<StartupOutcome> {
+  let params: Record<string, string>
+  let packet: Buffer
+  for (;;) {
+    const head = await io.client.read(4)
+    const length = head.readInt32BE(0)
+    if (length < 8 || length > MAX_STARTUP_PACKET) throw new ProtocolError(`invalid startup packet length ${length}`)
+    packet = Buffer.concat([head, await io.client.read(length - 4)])
+    const code = packet.readInt32BE(4)
+    if (code === GSSENC_REQUEST) {
+      io.toClient(Buffer.from('N'))
+      continue
+    }
+    if (code === CANCEL_REQUEST) {
+      io.toUpstream(packet)
+      return { kind: 'passthrough', what: 'cancel request' }
+    }
+    if (code === SSL_REQUEST) {
+      io.toUpstream(packet)
+      const answer = await io.upstream.read(1)
+      io.toClient(answer)
+      return { kind: 'passthrough', what: answer[0] === 0x53 ? 'TLS to Postgres' : 'SSLRequest refused by Postgres' }
+    }
+    if (code >> 16 !== 3) throw new ProtocolError(`unsupported frontend protocol ${code >> 16}.${code & 0xffff}`)
+    params = parseStartupParams(packet.subarray(8))
+    break
+  }
+  const user = params.user
+  if (!user) throw new ProtocolError('no PostgreSQL user name specified in startup packet', '28000')
+  if (!io.passwordsAllowed) {
+    throw new ProtocolError(
+      'edgepg-proxy refuses passwords over unencrypted ws:// from a non-loopback client; connect with wss://, ' +
+        'use TLS inside the socket, or start the proxy with --allow-insecure-passwords if TLS ends in front of it',
+      '28000'
+    )
+  }
+
+  io.toUpstream(packet)
+  io.toClient(AUTH_CLEARTEXT)
+  const reply = await io.client.message(MAX_AUTH_MESSAGE)
+  if (reply.type !== 'p') throw new ProtocolError(`expected a password message, got message type '${reply.type}'`, '28000')
+  const password = cString(reply.body)
+
+  let session: any
+  for (;;) {
+    const msg = await io.upstream.message(MAX_AUTH_MESSAGE)
+    if (msg.type === 'E') {
+      io.toClient(msg.raw)
+      const { code, message } = parseErrorFields(msg.body)
+      return { kind: 'refused', code, message }
+    }
+    if (msg.type === 'v') {
+      io.toClient(msg.raw) // NegotiateProtocolVersion is for the client to see
+      continue
+    }
+    if (msg.type !== 'R') throw new UpstreamError(`unexpected message type '${msg.type}' from Postgres during authentication`)
+    const method = msg.body.readInt32BE(0)
+    const data = msg.body.subarray(4)
+    try {
+      switch (method) {
+        case 0: // AuthenticationOk: from here on the session is a plain relay
+          io.toClient(msg.raw)
+          return { kind: 'authenticated', user, database: params.database ?? user }
+        case 3:
+          io.toUpstream(serialize.password(password))
+          break
+        case 5:
+          io.toUpstream(serialize.password(await pgCrypto.postgresMd5PasswordHash(user, password, data)))
+          break
+        case 10:
+          session = sasl.startSession(data.toString('utf8').split('\0').filter(Boolean), io.upstreamTls)
+          io.toUpstream(serialize.sendSASLInitialResponseMessage(session.mechanism, session.response))
+          break
+        case 11:
+          await sasl.continueSession(session, password, data.toString('utf8'), io.upstreamTls)
+          io.toUpstream(serialize.sendSCRAMClientFinalMessage(session.response))
+          break
+        case 12:
+          sasl.finalizeSession(session, data.toString('utf8'))
+          break
+        default:
+          throw new UpstreamError(`Postgres asked for an authentication method edgepg-proxy does not support (code ${method})`)
+      }
+    } catch (err) {
+      if (err instanceof UpstreamError) throw err
+      // pg's SCRAM rejects what cannot succeed (an empty password, a forged server signature).
+      throw new ProtocolError(`authentication failed for user "${user}": ${(err as Error).message}`, '28P01')
+    }
+  }
+}
+
+/** Postgres misbehaved or asked for what the proxy cannot do. */
+export class UpstreamError extends Error {}
+
+const AUTH_CLEARTEXT = Buffer.from([0x52, 0, 0, 0, 8, 0, 0, 0, 3])
+
+function cString(buf: Buffer): string {
+  const end = buf.indexOf(0)
+  return buf.toString('utf8', 0, end < 0 ? buf.length : end)
+}
+
+function parseStartupParams(buf: Buffer): Record<string, string> {
+  if (buf.length === 0 || buf[buf.length - 1] !== 0) throw new ProtocolError('startup packet parameters are not terminated')
+  const parts = buf.toString('utf8', 0, buf.length - 1).split('\0')
+  if (parts.at(-1) !== '' || parts.length % 2 !== 1) throw new ProtocolError('malformed startup packet parameters')
+  const params: Record<string, string> = {}
+  for (let i = 0; i + 1 < parts.length; i += 2) params[parts[i]] = parts[i + 1]
+  return params
+}
+
+function parseErrorFields(body: Buffer): { code: string; message: string } {
+  const fields: Record<string, string> = {}
+  for (let i = 0; i < body.length && body[i] !== 0; ) {
+    const end = body.indexOf(0, i + 1)
+    if (end < 0) break
+    fields[String.fromCharCode(body[i])] = body.toString('utf8', i + 1, end)
+    i = end + 1
+  }
+  return { code: fields.C ?? '', message: fields.M ?? '' }
+}
+
+/** A FATAL ErrorResponse, as Postgres would send it. */
+export function errorResponse(code: string, message: string): Buffer {
+  const fields = Buffer.from(`SFATAL\0VFATAL\0C${code}\0M${message}\0\0`, 'utf8')
+  const head = Buffer.alloc(5)
+  head[0] = 0x45
+  head.writeInt32BE(fields.length + 4, 1)
+  return Buffer.concat([head, fields])
+}
