@@ -35,7 +35,8 @@ const driver = {
 
 rmSync('dist', { recursive: true, force: true })
 const results = await Promise.all([
-  esbuild.build({ ...driver, format: 'esm', outfile: 'dist/index.mjs' }),
+  // ESM splits out what is imported lazily (subtls, for TLS inside the socket) into its own chunk.
+  esbuild.build({ ...driver, format: 'esm', splitting: true, outdir: 'dist', chunkNames: 'chunks/[name]-[hash]', outExtension: { '.js': '.mjs' } }),
   esbuild.build({ ...driver, format: 'cjs', outfile: 'dist/index.cjs' }),
   esbuild.build({
     entryPoints: { proxy: 'proxy/index.ts', cli: 'proxy/cli.ts' },

@@ -1,4 +1,5 @@
 import http, { type Server } from 'node:http'
+import https from 'node:https'
 import net from 'node:net'
 import type { AddressInfo } from 'node:net'
 import { WebSocketServer, type WebSocket, type RawData } from 'ws'
@@ -25,6 +26,8 @@ export interface ProxyOptions {
    * in front of the proxy (a load balancer); otherwise passwords would cross the network in clear.
    */
   allowInsecurePasswords?: boolean
+  /** Serve wss:// (and https://) with this certificate chain and key (PEM). */
+  tls?: { cert: string | Buffer; key: string | Buffer }
   /** Called once per ended session; never given passwords or payloads. */
   log?: (entry: SessionLog) => void
 }
@@ -65,10 +68,11 @@ export function createProxy(options: ProxyOptions): Proxy {
   })
   const sessions = new Set<WebSocket>()
 
-  const server = http.createServer((req, res) => {
+  const onRequest = (req: http.IncomingMessage, res: http.ServerResponse) => {
     res.writeHead(426, { 'content-type': 'text/plain', upgrade: 'websocket' })
     res.end('edgepg-proxy: connect with a WebSocket to /v1 or /v2\n')
-  })
+  }
+  const server: Server = options.tls ? https.createServer({ ...options.tls }, onRequest) : http.createServer(onRequest)
 
   server.on('upgrade', (req, socket, head) => {
     const refuse = (status: number, reason: string) => {
@@ -117,12 +121,14 @@ export function createProxy(options: ProxyOptions): Proxy {
       if (!tcp.write(chunk)) ws.pause()
     }
     // Postgres → client, pausing Postgres while the client is slow to read.
+    // Only the chunk that crosses the mark gets a callback: nothing is sent after it while paused,
+    // so once it is written the queue has drained.
+    const resume = () => tcp.resume()
     const toClient = (chunk: Buffer) => {
       bytesOut += chunk.length
-      ws.send(chunk, () => {
-        if (tcp.isPaused() && ws.bufferedAmount < HIGH_WATER / 2) tcp.resume()
-      })
-      if (ws.bufferedAmount > HIGH_WATER) tcp.pause()
+      const congested = ws.bufferedAmount + chunk.length > HIGH_WATER
+      ws.send(chunk, congested ? resume : undefined)
+      if (congested) tcp.pause()
     }
 
     // Client → Postgres. Frames that arrive before the TCP connect are queued by the socket.

@@ -1,6 +1,7 @@
 import pg from 'pg'
-import { config, configKeys, type EdgeConfig } from './config'
+import { configKeys, setting, type EdgeConfig } from './config'
 import { WebSocketSocket } from './socket'
+import { TlsSocket } from './tls'
 
 export type ClientConfig = pg.ClientConfig & EdgeConfig
 export type PoolConfig = pg.PoolConfig & EdgeConfig
@@ -24,6 +25,15 @@ function splitConfig(input?: string | ClientConfig): { options: pg.ClientConfig;
 
 const NEON_HOST = /\.neon\.(tech|build)$/
 
+/** The transport for one connection: a WebSocket, with TLS to Postgres inside it when asked for. */
+function openSocket(own: EdgeConfig, ssl: unknown): WebSocketSocket | TlsSocket {
+  const socket = new WebSocketSocket(own)
+  const sslOptions = typeof ssl === 'object' && ssl !== null ? (ssl as { ca?: unknown; servername?: string }) : {}
+  const rootCerts = setting(own, 'rootCerts') ?? (typeof sslOptions.ca === 'string' ? sslOptions.ca : undefined)
+  if (!ssl || !rootCerts) return socket
+  return new TlsSocket(socket, { host: sslOptions.servername, rootCerts, pipelineTLS: setting(own, 'pipelineTLS') })
+}
+
 /** node-postgres's Client, connected over a WebSocket to edgepg-proxy. */
 export class Client extends pg.Client {
   /** This client's overrides of the global `config`. */
@@ -35,11 +45,12 @@ export class Client extends pg.Client {
 
   constructor(config?: string | ClientConfig) {
     const { options, own } = splitConfig(config)
-    if (!options.stream) options.stream = () => new WebSocketSocket(own) as any
+    // pg hands the stream factory its connection config, `ssl` (from options or sslmode) included.
+    if (!options.stream) options.stream = ((conn: { ssl?: unknown }) => openSocket(own, conn.ssl)) as any
     super(options)
     this.edgeConfig = own
-    // The channel's security comes from wss:// (as with Neon's forceDisablePgSSL); pg-level TLS
-    // would need TLS inside the WebSocket, so `ssl`/`sslmode` from a connection string is set aside.
+    // pg must not negotiate TLS itself: TlsSocket does it inside the WebSocket, or wss:// secures
+    // the channel (as with Neon's forceDisablePgSSL).
     this.ssl = false
     ;(this.connection as any).ssl = false
   }
@@ -50,9 +61,9 @@ export class Client extends pg.Client {
 
   /** Whether to send the password and first queries without waiting for the server. */
   private shouldPipelineConnect(): boolean {
-    const mode = this.edgeConfig.pipelineConnect !== undefined ? this.edgeConfig.pipelineConnect : config.pipelineConnect
+    const mode = setting(this.edgeConfig, 'pipelineConnect')
     if (mode === false || typeof this.password !== 'string') return false
-    const socket = this.connection.stream as unknown as WebSocketSocket
+    const socket = this.connection.stream as unknown as WebSocketSocket | TlsSocket
     return mode === 'password' || socket.authOffload || NEON_HOST.test(this.host)
   }
 

@@ -23,6 +23,18 @@ export interface EdgeConfig {
    * `false`: off.
    */
   pipelineConnect?: 'password' | false
+  /**
+   * PEM of the CA(s) to trust for TLS to Postgres itself, inside the WebSocket (the proxy then
+   * relays only ciphertext). Used when the connection asks for TLS (`ssl`, `sslmode`); `ssl.ca`
+   * works too. Without it, `ssl`/`sslmode` is set aside and the channel relies on wss://.
+   */
+  rootCerts?: string
+  /**
+   * Send the SSLRequest and the TLS ClientHello together, one round trip fewer. Default: on when the
+   * proxy announces SSLRequest handling (edgepg-proxy does); PostgreSQL ≤ 16 behind any other relay
+   * hangs on it. PostgreSQL 17+ accepts it directly.
+   */
+  pipelineTLS?: boolean
 }
 
 /** Global defaults; any of them can be overridden per Client or Pool. */
@@ -32,9 +44,14 @@ export const config: EdgeConfig = {
   useSecureWebSocket: true,
   coalesceWrites: true,
   pipelineConnect: undefined,
+  rootCerts: undefined,
+  pipelineTLS: undefined,
 }
 
-export const configKeys = ['webSocketConstructor', 'wsProxy', 'useSecureWebSocket', 'coalesceWrites', 'pipelineConnect'] as const
+export const configKeys = ['webSocketConstructor', 'wsProxy', 'useSecureWebSocket', 'coalesceWrites', 'pipelineConnect', 'rootCerts', 'pipelineTLS'] as const
+
+/** An option's value for one client: its own if given, else the global one. */
+export const setting = <K extends keyof EdgeConfig>(own: EdgeConfig, key: K): EdgeConfig[K] => (own[key] !== undefined ? own[key] : config[key])
 
 /**
  * The WebSocket subprotocol edgepg offers. A proxy that selects it announces that it offloads
@@ -43,7 +60,7 @@ export const configKeys = ['webSocketConstructor', 'wsProxy', 'useSecureWebSocke
 export const SUBPROTOCOL = 'edgepg.v1'
 
 /** Global config overlaid with the keys a client was given explicitly. */
-export function resolveConfig(own: EdgeConfig): Required<Omit<EdgeConfig, 'wsProxy' | 'pipelineConnect'>> & Pick<EdgeConfig, 'wsProxy' | 'pipelineConnect'> {
+export function resolveConfig(own: EdgeConfig) {
   const merged = { ...config }
   for (const key of configKeys) if (own[key] !== undefined) (merged as any)[key] = own[key]
   const webSocketConstructor = merged.webSocketConstructor ?? (globalThis as any).WebSocket

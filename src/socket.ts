@@ -46,7 +46,9 @@ export class WebSocketSocket extends EventEmitter {
   private open(WebSocketClass: WebSocketConstructor, offerSubprotocol: boolean) {
     const ws = (this.ws = offerSubprotocol ? new WebSocketClass(this.url, SUBPROTOCOL) : new WebSocketClass(this.url))
     this.writable = true
-    ws.binaryType = 'arraybuffer'
+    // Node's `ws` can hand over its own Buffers (no copy); browsers ignore the unknown value.
+    ws.binaryType = 'nodebuffer' as BinaryType
+    if (ws.binaryType !== ('nodebuffer' as BinaryType)) ws.binaryType = 'arraybuffer'
     ws.addEventListener('open', () => {
       this.opened = true
       this.readable = true
@@ -57,7 +59,7 @@ export class WebSocketSocket extends EventEmitter {
     ws.addEventListener('message', (event: MessageEvent) => {
       const { data } = event
       if (typeof data === 'string') return this.fail(new Error(`edgepg: the proxy at ${this.url} sent a text frame; expected binary Postgres protocol data`))
-      this.emit('data', Buffer.from(data as ArrayBuffer))
+      this.emit('data', Buffer.isBuffer(data) ? data : Buffer.from(data as ArrayBuffer))
     })
     ws.addEventListener('error', (event: Event) => {
       if (ws !== this.ws) return

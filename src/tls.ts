@@ -12,7 +12,7 @@ export interface TlsOptions {
    * Postgres's 'S': one round trip fewer. Needs PostgreSQL 17+ or a proxy that handles SSLRequest
    * (edgepg-proxy does); PostgreSQL ≤ 16 hangs on a ClientHello pipelined behind an SSLRequest.
    */
-  pipelineTLS: boolean
+  pipelineTLS?: boolean
 }
 
 /** SSLRequest: int32 length 8, int32 code 80877103. */
@@ -77,6 +77,11 @@ export class TlsSocket extends EventEmitter {
 
   constructor(readonly inner: WebSocketSocket, private readonly options: TlsOptions) {
     super()
+  }
+
+  /** Pipelined unless told otherwise, where the proxy announced it handles SSLRequest. */
+  private get pipelined(): boolean {
+    return this.options.pipelineTLS ?? this.inner.authOffload
   }
 
   /** The WebSocket URL, for messages. */
@@ -158,7 +163,7 @@ export class TlsSocket extends EventEmitter {
     const tlsOptions: Parameters<Subtls['startTls']>[4] = { useSNI: !isIP(name) }
 
     try {
-      if (this.options.pipelineTLS) {
+      if (this.pipelined) {
         tlsOptions.writePreData = SSL_REQUEST
         tlsOptions.expectPreData = new Uint8Array([S])
       } else {
@@ -322,7 +327,7 @@ export class TlsSocket extends EventEmitter {
       // pg destroys with a bare reason (e.g. 'timeout expired'); say which connection, and when.
       const during = this.handshaking ? ' during the TLS handshake' : ''
       const hint =
-        this.handshaking && this.options.pipelineTLS
+        this.handshaking && this.pipelined
           ? " (PostgreSQL ≤ 16 hangs on a ClientHello pipelined behind an SSLRequest unless the proxy handles SSLRequest, as edgepg-proxy does; or set pipelineTLS: false)"
           : ''
       this.emit('error', new Error(`edgepg: TLS to Postgres at ${this.where} (via ${this.url}) failed: ${err.message}${during}${hint}`, { cause: err }))
