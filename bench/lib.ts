@@ -94,3 +94,18 @@ export const gc: () => void = (() => {
     return () => {}
   }
 })()
+
+/**
+ * Prints a free-form table (first column left-aligned, the rest right-aligned) under a title,
+ * for sections comparing more than two drivers; notes follow the table.
+ */
+export function printGrid(title: string, header: string[], cells: string[][], notes: string[] = []) {
+  const widths = header.map((h, i) => Math.max(h.length, ...cells.map((c) => (c[i] ?? '').length)))
+  const line = (c: string[]) => '| ' + widths.map((w, i) => (i === 0 ? (c[i] ?? '').padEnd(w) : (c[i] ?? '').padStart(w))).join(' | ') + ' |'
+  const rule = '|' + widths.map((w, i) => (i === 0 ? '-'.repeat(w + 1) + '-' : '-'.repeat(w + 1) + ':')).join('|') + '|'
+  console.log(`\n## ${title}\n`)
+  console.log(line(header))
+  console.log(rule)
+  for (const c of cells) console.log(line(c))
+  for (const n of notes) console.log(`\n${n}`)
+}

@@ -31,15 +31,21 @@ process.on('exit', () => {
   for (const child of live) child.kill('SIGKILL')
 })
 
-export async function startProxy(upstream: string, mode: ProxyMode): Promise<RunningProxy> {
+export interface ProxyStartOptions {
+  /** false: relay the startup untouched, like a plain wsproxy (clients do md5/SCRAM themselves). */
+  authOffload?: boolean
+}
+
+export async function startProxy(upstream: string, mode: ProxyMode, options: ProxyStartOptions = {}): Promise<RunningProxy> {
   if (mode === 'in-process') {
-    const proxy = createProxy({ upstream })
+    const proxy = createProxy({ upstream, authOffload: options.authOffload })
     const { port } = await proxy.listen(0, '127.0.0.1')
     return { port, url: `ws://127.0.0.1:${port}/v2`, mode, stop: () => proxy.close() }
   }
   // The CLI refuses port 0, so pick a free port here (a tiny race, harmless on a bench machine).
   const listen = `127.0.0.1:${await freePort()}`
-  const { port, stop } = await startChild(['proxy/cli.ts', '--upstream', upstream, '--listen', listen], 'edgepg-proxy')
+  const flags = options.authOffload === false ? ['--no-auth-offload'] : []
+  const { port, stop } = await startChild(['proxy/cli.ts', '--upstream', upstream, '--listen', listen, ...flags], 'edgepg-proxy')
   return { port, url: `ws://127.0.0.1:${port}/v2`, mode, stop }
 }
 

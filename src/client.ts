@@ -24,6 +24,10 @@ function splitConfig(input?: string | ClientConfig): { options: pg.ClientConfig;
 }
 
 const NEON_HOST = /\.neon\.(tech|build)$/
+const PgQuery = (pg as any).Query
+
+/** A query that is answered in one go (no portal kept open), so it can share the pipeline. */
+const isPlainQuery = (q: any) => q instanceof PgQuery && !q.rows
 
 /** The transport for one connection: a WebSocket, with TLS to Postgres inside it when asked for. */
 function openSocket(own: EdgeConfig, ssl: unknown): WebSocketSocket | TlsSocket {
@@ -42,6 +46,8 @@ export class Client extends pg.Client {
   private startupPending = false
   private passwordPipelined = false
   private startupError?: Error
+  /** Pipeline plain queries (pg's `pipeline: false` turns it off). */
+  private readonly pipelineQueries: boolean
 
   constructor(config?: string | ClientConfig) {
     const { options, own } = splitConfig(config)
@@ -49,6 +55,7 @@ export class Client extends pg.Client {
     if (!options.stream) options.stream = ((conn: { ssl?: unknown }) => openSocket(own, conn.ssl)) as any
     super(options)
     this.edgeConfig = own
+    this.pipelineQueries = options.pipeline !== false
     // pg must not negotiate TLS itself: TlsSocket does it inside the WebSocket, or wss:// secures
     // the channel (as with Neon's forceDisablePgSSL).
     this.ssl = false
@@ -132,12 +139,28 @@ export class Client extends pg.Client {
     self._errorAllQueries(err)
   }
 
+  /**
+   * pg's pipeline mode, wherever it is safe: plain queries go out back to back as they are issued
+   * (each with its own Sync, so an error fails only its query). A query that keeps a portal open
+   * across round trips (pg-cursor, query streams, COPY, the `rows` option) waits until the line is
+   * clear and runs alone, as pg would run it. `pipeline: false` turns query pipelining off;
+   * `pipeline: true` is pg's own strict mode.
+   */
   _pulseQueryQueue() {
     const self = this.internals
     if (this.startupError) return self._errorAllQueries(this.startupError)
-    // Queries issued before the startup's ReadyForQuery go out at once, as in pg's pipeline mode,
-    // and stay in that mode until all of them are answered.
-    if (!this.pipeline && (this.startupPending || self._sentQueryQueue.length > 0)) return self._pulsePipelinedQueryQueue()
+    if (this.pipeline) return self._pulsePipelinedQueryQueue()
+    if (self._activeQuery && !isPlainQuery(self._activeQuery)) return // it owns the line until answered
+    const queue: unknown[] = self._queryQueue
+    const firstAlone = this.pipelineQueries || this.startupPending ? queue.findIndex((q) => !isPlainQuery(q)) : 0
+    const sendable = firstAlone === -1 ? queue.length : firstAlone
+    if (sendable > 0 || self._sentQueryQueue.length > 0) {
+      // pg's pipelined pulse, shown only the queries that may go out now.
+      const later = queue.splice(sendable)
+      self._pulsePipelinedQueryQueue()
+      queue.push(...later)
+      return
+    }
     return (pg.Client.prototype as any)._pulseQueryQueue.call(this)
   }
 }

@@ -1,0 +1,258 @@
+/**
+ * Round trips, counted: a TCP relay (test/delay-relay.ts) holds every chunk for ONE_WAY_MS in each
+ * direction between the driver and edgepg-proxy, so a test's elapsed time divided by the RTT is the
+ * number of network round trips it took. Time runs from just before `new Client(...)` / `new Pool(...)`
+ * to the first query's result.
+ *
+ * The TCP connect is excluded naturally: the relay listens on loopback, so the driver's TCP handshake
+ * with it costs microseconds, and the relay opens its own connection to the proxy when it accepts,
+ * without delay. Only data is delayed; the first thing that pays an RTT is the first byte the driver
+ * sends (the TLS ClientHello for wss://, else the HTTP upgrade request). The proxy ↔ Postgres leg is
+ * loopback too, so upstream auth (md5, SCRAM) costs no RTT.
+ *
+ * Tolerances are one-sided wide enough for scheduling noise and tight enough that adjacent counts
+ * cannot be confused: a count of N passes for N - 0.1 ≤ rounds < N + 0.5 (setTimeout never fires
+ * early, so a round trip cannot take less than the RTT).
+ */
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { WebSocket } from 'ws'
+import { createProxy } from '../proxy/index'
+import { Client, Pool, type ClientConfig } from '../src/index'
+import { generateCerts, type TestCerts } from './certs'
+import { startDelayRelay } from './delay-relay'
+import { startTlsPostgres, type TlsPostgres } from './tls-postgres'
+import { edgeConfig, startProxy } from './helpers'
+import { PASSWORD, type Role } from './stack'
+
+const ONE_WAY_MS = 100
+const RTT_MS = 2 * ONE_WAY_MS
+
+type Closer = { close(): Promise<void> | void }
+const closers: Closer[] = []
+const relay = async (port: number) => {
+  const r = await startDelayRelay({ host: '127.0.0.1', port }, ONE_WAY_MS)
+  closers.push(r)
+  return r
+}
+
+let certs: TestCerts
+let pg18: TlsPostgres | undefined
+let pg16: TlsPostgres | undefined
+/** ws:// proxy to the suite's Postgres (roles per auth method), direct and behind the delay. */
+let plainProxy: number
+let plainDelayed: number
+/** wss:// proxy (test certificate for localhost) to the suite's Postgres, behind the delay. */
+let tlsProxy: number
+let tlsDelayed: number
+/** ws:// proxies to TLS-enabled PostgreSQL 18 and 16, direct and behind the delay. */
+let proxy18: number
+let delayed18: number
+let proxy16: number
+let delayed16: number
+
+before(async () => {
+  certs = await generateCerts()
+  const pgs = Promise.all([
+    startTlsPostgres(18, certs.server.certFile, certs.server.keyFile),
+    startTlsPostgres(16, certs.server.certFile, certs.server.keyFile),
+  ])
+
+  const plain = await startProxy()
+  closers.push(plain)
+  plainProxy = plain.port
+  plainDelayed = (await relay(plainProxy)).port
+
+  const secure = await startProxy({ tls: { cert: certs.server.cert, key: certs.server.key } })
+  closers.push(secure)
+  tlsProxy = secure.port
+  tlsDelayed = (await relay(tlsProxy)).port
+
+  ;[pg18, pg16] = await pgs
+  const proxyTo = async (db: TlsPostgres) => {
+    const proxy = createProxy({ upstream: `${db.host}:${db.port}` })
+    closers.push(proxy)
+    return (await proxy.listen(0, '127.0.0.1')).port
+  }
+  proxy18 = await proxyTo(pg18)
+  delayed18 = (await relay(proxy18)).port
+  proxy16 = await proxyTo(pg16)
+  delayed16 = (await relay(proxy16)).port
+})
+
+after(async () => {
+  for (const c of closers.reverse()) await c.close()
+  await Promise.all([pg18?.stop(), pg16?.stop()])
+  await certs?.cleanup()
+})
+
+/** Round trips that `fn` took: elapsed / RTT. */
+async function rounds(fn: () => Promise<unknown>): Promise<number> {
+  const started = performance.now()
+  await fn()
+  return (performance.now() - started) / RTT_MS
+}
+
+/** Asserts `measured` is `expected` round trips (expected - 0.1 ≤ measured < expected + 0.5). */
+function assertRounds(measured: number, expected: number, what: string) {
+  assert.ok(
+    measured >= expected - 0.1 && measured < expected + 0.5,
+    `${what}: ${measured.toFixed(2)} round trips, expected ${expected}`
+  )
+}
+
+/** Client options through the ws:// proxy on `port` (the delay relay, or the proxy itself to warm up). */
+const wsConfig = (port: number, role: Role, extra: ClientConfig = {}): ClientConfig =>
+  edgeConfig(port, role, { connectionTimeoutMillis: 5000, ...extra })
+
+/** A `ws` WebSocket that trusts the test CA, for the wss:// proxy. */
+const TrustingWebSocket = () =>
+  class extends WebSocket {
+    constructor(url: string, protocols?: string | string[]) {
+      super(url, protocols, { ca: certs.ca.cert })
+    }
+  }
+
+/** Connect + first query + end, untimed: JIT, subtls's import and the roots database warm up. */
+async function warmUp(config: ClientConfig) {
+  const client = new Client(config)
+  try {
+    await client.connect()
+    await client.query('SELECT 1')
+  } finally {
+    await client.end().catch(() => {})
+  }
+}
+
+/** Times `new Client(config)` → `await client.connect()` → `await client.query(…)`; checks the result. */
+async function connectAndQuery(config: ClientConfig, check?: (row: any) => void): Promise<number> {
+  let client: Client | undefined
+  try {
+    let row: any
+    const measured = await rounds(async () => {
+      client = new Client(config)
+      await client.connect()
+      row = (await client.query('SELECT current_user AS u, 1 AS one')).rows[0]
+    })
+    assert.equal(row.u, config.user)
+    check?.(row)
+    return measured
+  } finally {
+    await client?.end().catch(() => {})
+  }
+}
+
+const AUTH: Array<[Role, string]> = [
+  ['password_user', 'password'],
+  ['md5_user', 'md5'],
+  ['scram_user', 'scram-sha-256'],
+]
+
+for (const [role, method] of AUTH) {
+  test(`ws://, ${method} upstream: new Client + connect() + first query = 2 round trips (upgrade + one pipelined flight)`, async (t) => {
+    await warmUp(wsConfig(plainProxy, role))
+    const measured = await connectAndQuery(wsConfig(plainDelayed, role))
+    t.diagnostic(`ws:// ${method}, client.connect() + query: ${measured.toFixed(2)} round trips (expected 2)`)
+    assertRounds(measured, 2, `ws:// ${method}, client.connect() + query`)
+  })
+
+  test(`ws://, ${method} upstream: pool.query() on a fresh Pool = 2 round trips`, async (t) => {
+    await warmUp(wsConfig(plainProxy, role))
+    let pool: Pool | undefined
+    try {
+      let row: any
+      const measured = await rounds(async () => {
+        pool = new Pool(wsConfig(plainDelayed, role))
+        row = (await pool.query('SELECT current_user AS u')).rows[0]
+      })
+      assert.equal(row.u, role)
+      t.diagnostic(`ws:// ${method}, pool.query(): ${measured.toFixed(2)} round trips (expected 2)`)
+      assertRounds(measured, 2, `ws:// ${method}, pool.query()`)
+    } finally {
+      await pool?.end()
+    }
+  })
+
+  test(`ws://, ${method} upstream, pipelineConnect: false: at least 4 round trips (the saving is real)`, async (t) => {
+    await warmUp(wsConfig(plainProxy, role, { pipelineConnect: false }))
+    const measured = await connectAndQuery(wsConfig(plainDelayed, role, { pipelineConnect: false }))
+    t.diagnostic(`ws:// ${method}, pipelineConnect: false: ${measured.toFixed(2)} round trips (expected ≥ 4)`)
+    // upgrade + StartupMessage → password request + password → ReadyForQuery + query → result
+    assert.ok(measured >= 3.5, `ws:// ${method} without pipelining: ${measured.toFixed(2)} round trips, expected ≥ 4`)
+  })
+}
+
+test('wss:// (the proxy terminates TLS): new Client + connect() + first query = 3 round trips', async (t) => {
+  const config = (port: number) =>
+    wsConfig(port, 'scram_user', { webSocketConstructor: TrustingWebSocket() as any, wsProxy: () => `wss://localhost:${port}/v2` })
+  await warmUp(config(tlsProxy))
+  const measured = await connectAndQuery(config(tlsDelayed))
+  t.diagnostic(`wss://: ${measured.toFixed(2)} round trips (expected 3: TLS handshake + upgrade + pipelined flight)`)
+  assertRounds(measured, 3, 'wss://')
+})
+
+/** TLS to Postgres itself inside the WebSocket, as a user configures it: `ssl` + `rootCerts`. */
+const subtlsConfig = (port: number): ClientConfig => ({
+  host: 'localhost', // the name in the certificate; wsProxy picks the actual address
+  port: 5432,
+  database: 'postgres',
+  user: 'password_user', // hostssl … password: Postgres asks for a cleartext password, so it can be pipelined
+  password: PASSWORD,
+  ssl: true,
+  rootCerts: certs.ca.cert,
+  pipelineTLS: true,
+  pipelineConnect: 'password',
+  connectionTimeoutMillis: 5000,
+  webSocketConstructor: WebSocket as any,
+  wsProxy: () => `ws://127.0.0.1:${port}/v2`,
+})
+
+const SSL_CHECK = `SELECT current_user AS u, ssl, version, current_setting('server_version_num') AS v
+  FROM pg_stat_ssl WHERE pid = pg_backend_pid()`
+
+for (const version of [18, 16] as const) {
+  test(`TLS inside the socket (subtls, pipelineTLS), PostgreSQL ${version} via the proxy: 3 round trips`, async (t) => {
+    const [direct, delayed] = version === 18 ? [proxy18, delayed18] : [proxy16, delayed16]
+    await warmUp(subtlsConfig(direct))
+    let client: Client | undefined
+    try {
+      const measured = await rounds(async () => {
+        client = new Client(subtlsConfig(delayed))
+        await client.connect()
+        await client.query('SELECT 1')
+      })
+      // It really was TLS to that Postgres (checked after the clock stopped).
+      const { rows } = await client!.query(SSL_CHECK)
+      assert.deepEqual(rows[0], { u: 'password_user', ssl: true, version: 'TLSv1.3', v: rows[0].v })
+      assert.match(rows[0].v, new RegExp(`^${version}`))
+      t.diagnostic(`subtls + pipelineTLS, PG ${version}: ${measured.toFixed(2)} round trips (expected 3)`)
+      // upgrade + (SSLRequest + ClientHello → 'S' + ServerHello … Finished) + (Finished + startup + password + query → result)
+      assertRounds(measured, 3, `subtls + pipelineTLS, PG ${version}`)
+    } finally {
+      await client?.end().catch(() => {})
+    }
+  })
+}
+
+test('warm client: 10 concurrent queries = 1 round trip; 10 sequential = 10', async (t) => {
+  const client = new Client(wsConfig(plainDelayed, 'scram_user'))
+  try {
+    await client.connect()
+    await client.query('SELECT 1')
+
+    let results: any[] = []
+    const concurrent = await rounds(async () => {
+      results = await Promise.all(Array.from({ length: 10 }, (_, i) => client.query('SELECT $1::int AS i', [i])))
+    })
+    assert.deepEqual(results.map((r) => r.rows[0].i), Array.from({ length: 10 }, (_, i) => i))
+
+    const sequential = await rounds(async () => {
+      for (let i = 0; i < 10; i++) assert.equal((await client.query('SELECT $1::int AS i', [i])).rows[0].i, i)
+    })
+    t.diagnostic(`warm client: ${concurrent.toFixed(2)} round trips for 10 concurrent queries (expected 1), ${sequential.toFixed(2)} for 10 sequential (expected 10)`)
+    assertRounds(concurrent, 1, '10 concurrent queries')
+    assertRounds(sequential, 10, '10 sequential queries')
+  } finally {
+    await client.end().catch(() => {})
+  }
+})
