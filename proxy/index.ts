@@ -1,11 +1,9 @@
 import http, { type Server } from 'node:http'
 import https from 'node:https'
-import net from 'node:net'
 import type { AddressInfo } from 'node:net'
-import { WebSocketServer, type WebSocket, type RawData } from 'ws'
+import { WebSocketServer, type WebSocket } from 'ws'
 import { formatHostPort, parseHostPort, type HostPort } from './address'
-import { ByteQueue, ProtocolError } from './bytes'
-import { errorResponse, runStartup, UpstreamError } from './startup'
+import { runSession, type SessionLog, type UpstreamTls } from './session'
 import { SUBPROTOCOL } from '../src/config'
 
 export interface ProxyOptions {
@@ -28,29 +26,19 @@ export interface ProxyOptions {
   allowInsecurePasswords?: boolean
   /** Serve wss:// (and https://) with this certificate chain and key (PEM). */
   tls?: { cert: string | Buffer; key: string | Buffer }
+  /** TLS from the proxy to Postgres (sslmode require / verify-ca / verify-full). Default: none. */
+  upstreamTls?: UpstreamTls
   /** Called once per ended session; never given passwords or payloads. */
   log?: (entry: SessionLog) => void
 }
 
-export interface SessionLog {
-  peer: string
-  upstream: string
-  durationMs: number
-  bytesIn: number
-  bytesOut: number
-  outcome: string
-}
+export type { SessionLog, UpstreamTls }
 
 export interface Proxy {
   server: Server
   listen(port?: number, host?: string): Promise<AddressInfo>
   close(): Promise<void>
 }
-
-/** Bytes queued on a client's WebSocket past which we stop reading from Postgres. */
-const HIGH_WATER = 1 << 20
-/** Bytes a client may pipeline behind its password before we stop reading until auth is done. */
-const MAX_HELD_BYTES = 1 << 20
 
 const isLoopback = (address: string) => /^(127\.|::1$|::ffff:127\.)/.test(address)
 
@@ -93,106 +81,12 @@ export function createProxy(options: ProxyOptions): Proxy {
     }
     const peer = req.socket.remoteAddress ?? '?'
     const passwordsAllowed = 'encrypted' in req.socket || isLoopback(peer) || options.allowInsecurePasswords === true
-    wss.handleUpgrade(req, socket, head, (ws) => relay(ws, target, peer, passwordsAllowed))
+    wss.handleUpgrade(req, socket, head, (ws) => {
+      sessions.add(ws)
+      ws.once('close', () => sessions.delete(ws))
+      runSession(ws, { target, peer, offload, passwordsAllowed, upstreamTls: options.upstreamTls, log: options.log })
+    })
   })
-
-  function relay(ws: WebSocket, target: HostPort, peer: string, passwordsAllowed: boolean) {
-    sessions.add(ws)
-    const started = Date.now()
-    const upstreamName = formatHostPort(target)
-    let bytesIn = 0
-    let bytesOut = 0
-    let outcome = 'closed by client'
-    let connected = false
-    /** Startup is over (or left to Postgres): bytes flow straight through. */
-    let relaying = !offload
-    let refused = false
-    const fromClient = new ByteQueue()
-    const fromUpstream = new ByteQueue()
-    const tcp = net.connect({ host: target.host, port: target.port, noDelay: true }, () => (connected = true))
-
-    // Ends the session from our side. The client may be paused by backpressure; read (and drop)
-    // what it still sends, or its close reply would wait behind that until ws's 30 s close timeout.
-    const closeClient = (code: number, reason?: string) => {
-      ws.resume()
-      ws.close(code, reason)
-    }
-    const toUpstream = (chunk: Buffer) => {
-      if (!tcp.write(chunk)) ws.pause()
-    }
-    // Postgres → client, pausing Postgres while the client is slow to read.
-    // Only the chunk that crosses the mark gets a callback: nothing is sent after it while paused,
-    // so once it is written the queue has drained.
-    const resume = () => tcp.resume()
-    const toClient = (chunk: Buffer) => {
-      bytesOut += chunk.length
-      const congested = ws.bufferedAmount + chunk.length > HIGH_WATER
-      ws.send(chunk, congested ? resume : undefined)
-      if (congested) tcp.pause()
-    }
-
-    // Client → Postgres. Frames that arrive before the TCP connect are queued by the socket.
-    ws.on('message', (data: RawData, isBinary: boolean) => {
-      if (ws.readyState !== ws.OPEN || tcp.destroyed) return // closing: nothing more to relay
-      if (!isBinary) {
-        outcome = 'refused a text frame'
-        return closeClient(1003, 'edgepg-proxy: expected binary frames')
-      }
-      const chunk = data as Buffer
-      bytesIn += chunk.length
-      if (relaying) return toUpstream(chunk)
-      if (refused) return // Postgres said no; it is closing, and gets nothing more
-      fromClient.push(chunk)
-      if (fromClient.length > MAX_HELD_BYTES) ws.pause() // pipelined queries wait for upstream auth
-    })
-    tcp.on('drain', () => ws.resume())
-    tcp.on('data', (chunk) => (relaying ? toClient(chunk) : fromUpstream.push(chunk)))
-
-    if (offload) runStartup({ client: fromClient, upstream: fromUpstream, toClient, toUpstream, passwordsAllowed }).then(
-      (result) => {
-        if (result.kind === 'refused') {
-          outcome = `refused by Postgres: ${result.code} ${result.message}`
-          refused = true
-          fromClient.rest() // queries held for a session that will not be: dropped
-          return
-        }
-        relaying = true
-        const held = fromClient.rest()
-        if (held.length) toUpstream(held)
-        const early = fromUpstream.rest()
-        if (early.length) toClient(early)
-        ws.resume()
-      },
-      (err: Error) => {
-        if (!(err instanceof ProtocolError || err instanceof UpstreamError)) return // the session closed first
-        outcome = `startup refused: ${err.message}`
-        toClient(errorResponse(err instanceof ProtocolError ? err.code : '08P01', err.message))
-        closeClient(1000)
-      }
-    )
-
-    tcp.on('error', (err: NodeJS.ErrnoException) => {
-      outcome = connected ? `upstream error: ${err.code ?? err.message}` : `upstream ${upstreamName} unreachable: ${err.code ?? err.message}`
-      closeClient(1011, `edgepg-proxy: ${outcome}`.slice(0, 123))
-    })
-    tcp.on('close', () => {
-      fromUpstream.fail(new Error('upstream closed'))
-      if (ws.readyState === ws.OPEN) {
-        if (outcome === 'closed by client') outcome = 'closed by upstream'
-        closeClient(1000)
-      }
-    })
-    ws.on('close', () => {
-      fromClient.fail(new Error('client closed'))
-      tcp.destroy()
-      sessions.delete(ws)
-      options.log?.({ peer, upstream: upstreamName, durationMs: Date.now() - started, bytesIn, bytesOut, outcome })
-    })
-    ws.on('error', (err) => {
-      outcome = `client error: ${err.message}`
-      tcp.destroy()
-    })
-  }
 
   return {
     server,

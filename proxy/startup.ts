@@ -32,8 +32,8 @@ export interface StartupIO {
   toUpstream(data: Buffer): void
   /** Whether a cleartext password may cross the client's link (wss, loopback, or operator's say-so). */
   passwordsAllowed: boolean
-  /** The upstream TLS socket, when there is one: enables SCRAM-SHA-256-PLUS. */
-  upstreamTls?: TLSSocket
+  /** Set when the proxy speaks TLS to Postgres: negotiates it (before the startup is forwarded). */
+  secureUpstream?: () => Promise<TLSSocket>
 }
 
 export type StartupOutcome =
@@ -80,6 +80,8 @@ export async function runStartup(io: StartupIO): Promise<StartupOutcome> {
     )
   }
 
+  // Over TLS, SCRAM binds to the channel (SCRAM-SHA-256-PLUS) when Postgres offers it.
+  const upstreamTls = await io.secureUpstream?.()
   io.toUpstream(packet)
   io.toClient(AUTH_CLEARTEXT)
   const reply = await io.client.message(MAX_AUTH_MESSAGE)
@@ -113,11 +115,11 @@ export async function runStartup(io: StartupIO): Promise<StartupOutcome> {
           io.toUpstream(serialize.password(await pgCrypto.postgresMd5PasswordHash(user, password, data)))
           break
         case 10:
-          session = sasl.startSession(data.toString('utf8').split('\0').filter(Boolean), io.upstreamTls)
+          session = sasl.startSession(data.toString('utf8').split('\0').filter(Boolean), upstreamTls)
           io.toUpstream(serialize.sendSASLInitialResponseMessage(session.mechanism, session.response))
           break
         case 11:
-          await sasl.continueSession(session, password, data.toString('utf8'), io.upstreamTls)
+          await sasl.continueSession(session, password, data.toString('utf8'), upstreamTls)
           io.toUpstream(serialize.sendSCRAMClientFinalMessage(session.response))
           break
         case 12:
