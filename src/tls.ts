@@ -141,12 +141,10 @@ export class TlsSocket extends EventEmitter {
     this.early = []
     this.readable = true
     this.emit('connect')
-    // pg writes its StartupMessage in the 'connect' handler; that write's flush (queued first)
-    // sends the client Finished with it. Only then start reading, or the read would send Finished alone.
-    queueMicrotask(() => {
-      if (this.pending.length) this.flush()
-      this.readLoop()
-    })
+    // subtls sends the client Finished with the first write, or alone on the first read: so the
+    // first flush (of pg's StartupMessage, and whatever a corked pipelined connect adds) starts
+    // the reading. Nothing to write: read at once.
+    queueMicrotask(() => (this.pending.length || this.corked ? this.flush() : this.readLoop()))
   }
 
   /** SSLRequest, 'S', then the TLS handshake; sets `this.tls` unless the socket closed meanwhile. */
@@ -290,7 +288,9 @@ export class TlsSocket extends EventEmitter {
     this.pending = []
     this.callbacks = []
     try {
-      await this.tls.write(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks))
+      const written = this.tls.write(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks))
+      this.readLoop() // no-op once reading
+      await written
     } catch (err) {
       this.writing = false
       for (const cb of callbacks) cb()

@@ -12,7 +12,8 @@
  *
  * Tolerances are one-sided wide enough for scheduling noise and tight enough that adjacent counts
  * cannot be confused: a count of N passes for N - 0.1 ≤ rounds < N + 0.5 (setTimeout never fires
- * early, so a round trip cannot take less than the RTT).
+ * early, so a round trip cannot take less than the RTT). Each connect case is measured twice, after an
+ * untimed warm-up straight to the proxy, and the better run counts; both are in the diagnostics.
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
@@ -93,6 +94,15 @@ async function rounds(fn: () => Promise<unknown>): Promise<number> {
   return (performance.now() - started) / RTT_MS
 }
 
+/**
+ * Best of two runs of a connect measurement, against a busy machine's noise (a real extra round
+ * trip shows in both). Returns the best and a description of both runs, for diagnostics.
+ */
+async function bestOfTwo(measure: () => Promise<number>): Promise<{ best: number; runs: string }> {
+  const all = [await measure(), await measure()]
+  return { best: Math.min(...all), runs: all.map((r) => r.toFixed(2)).join(', ') }
+}
+
 /** Asserts `measured` is `expected` round trips (expected - 0.1 ≤ measured < expected + 0.5). */
 function assertRounds(measured: number, expected: number, what: string) {
   assert.ok(
@@ -125,17 +135,16 @@ async function warmUp(config: ClientConfig) {
 }
 
 /** Times `new Client(config)` → `await client.connect()` → `await client.query(…)`; checks the result. */
-async function connectAndQuery(config: ClientConfig, check?: (row: any) => void): Promise<number> {
+async function connectAndQuery(config: ClientConfig): Promise<number> {
   let client: Client | undefined
   try {
     let row: any
     const measured = await rounds(async () => {
       client = new Client(config)
       await client.connect()
-      row = (await client.query('SELECT current_user AS u, 1 AS one')).rows[0]
+      row = (await client.query('SELECT current_user AS u')).rows[0]
     })
     assert.equal(row.u, config.user)
-    check?.(row)
     return measured
   } finally {
     await client?.end().catch(() => {})
@@ -151,34 +160,38 @@ const AUTH: Array<[Role, string]> = [
 for (const [role, method] of AUTH) {
   test(`ws://, ${method} upstream: new Client + connect() + first query = 2 round trips (upgrade + one pipelined flight)`, async (t) => {
     await warmUp(wsConfig(plainProxy, role))
-    const measured = await connectAndQuery(wsConfig(plainDelayed, role))
-    t.diagnostic(`ws:// ${method}, client.connect() + query: ${measured.toFixed(2)} round trips (expected 2)`)
-    assertRounds(measured, 2, `ws:// ${method}, client.connect() + query`)
+    const { best, runs } = await bestOfTwo(() => connectAndQuery(wsConfig(plainDelayed, role)))
+    t.diagnostic(`ws:// ${method}, client.connect() + query: ${best.toFixed(2)} round trips (expected 2; runs: ${runs})`)
+    assertRounds(best, 2, `ws:// ${method}, client.connect() + query`)
   })
 
   test(`ws://, ${method} upstream: pool.query() on a fresh Pool = 2 round trips`, async (t) => {
     await warmUp(wsConfig(plainProxy, role))
-    let pool: Pool | undefined
-    try {
-      let row: any
-      const measured = await rounds(async () => {
-        pool = new Pool(wsConfig(plainDelayed, role))
-        row = (await pool.query('SELECT current_user AS u')).rows[0]
-      })
-      assert.equal(row.u, role)
-      t.diagnostic(`ws:// ${method}, pool.query(): ${measured.toFixed(2)} round trips (expected 2)`)
-      assertRounds(measured, 2, `ws:// ${method}, pool.query()`)
-    } finally {
-      await pool?.end()
+    const poolQuery = async () => {
+      let pool: Pool | undefined
+      try {
+        let row: any
+        const measured = await rounds(async () => {
+          pool = new Pool(wsConfig(plainDelayed, role))
+          row = (await pool.query('SELECT current_user AS u')).rows[0]
+        })
+        assert.equal(row.u, role)
+        return measured
+      } finally {
+        await pool?.end()
+      }
     }
+    const { best, runs } = await bestOfTwo(poolQuery)
+    t.diagnostic(`ws:// ${method}, pool.query(): ${best.toFixed(2)} round trips (expected 2; runs: ${runs})`)
+    assertRounds(best, 2, `ws:// ${method}, pool.query()`)
   })
 
   test(`ws://, ${method} upstream, pipelineConnect: false: at least 4 round trips (the saving is real)`, async (t) => {
     await warmUp(wsConfig(plainProxy, role, { pipelineConnect: false }))
-    const measured = await connectAndQuery(wsConfig(plainDelayed, role, { pipelineConnect: false }))
-    t.diagnostic(`ws:// ${method}, pipelineConnect: false: ${measured.toFixed(2)} round trips (expected ≥ 4)`)
+    const { best, runs } = await bestOfTwo(() => connectAndQuery(wsConfig(plainDelayed, role, { pipelineConnect: false })))
+    t.diagnostic(`ws:// ${method}, pipelineConnect: false: ${best.toFixed(2)} round trips (expected ≥ 4; runs: ${runs})`)
     // upgrade + StartupMessage → password request + password → ReadyForQuery + query → result
-    assert.ok(measured >= 3.5, `ws:// ${method} without pipelining: ${measured.toFixed(2)} round trips, expected ≥ 4`)
+    assert.ok(best >= 3.5, `ws:// ${method} without pipelining: ${best.toFixed(2)} round trips, expected ≥ 4`)
   })
 }
 
@@ -186,9 +199,9 @@ test('wss:// (the proxy terminates TLS): new Client + connect() + first query = 
   const config = (port: number) =>
     wsConfig(port, 'scram_user', { webSocketConstructor: TrustingWebSocket() as any, wsProxy: () => `wss://localhost:${port}/v2` })
   await warmUp(config(tlsProxy))
-  const measured = await connectAndQuery(config(tlsDelayed))
-  t.diagnostic(`wss://: ${measured.toFixed(2)} round trips (expected 3: TLS handshake + upgrade + pipelined flight)`)
-  assertRounds(measured, 3, 'wss://')
+  const { best, runs } = await bestOfTwo(() => connectAndQuery(config(tlsDelayed)))
+  t.diagnostic(`wss://: ${best.toFixed(2)} round trips (expected 3: TLS handshake + upgrade + pipelined flight; runs: ${runs})`)
+  assertRounds(best, 3, 'wss://')
 })
 
 /** TLS to Postgres itself inside the WebSocket, as a user configures it: `ssl` + `rootCerts`. */
@@ -213,24 +226,38 @@ const SSL_CHECK = `SELECT current_user AS u, ssl, version, current_setting('serv
 for (const version of [18, 16] as const) {
   test(`TLS inside the socket (subtls, pipelineTLS), PostgreSQL ${version} via the proxy: 3 round trips`, async (t) => {
     const [direct, delayed] = version === 18 ? [proxy18, delayed18] : [proxy16, delayed16]
-    await warmUp(subtlsConfig(direct))
-    let client: Client | undefined
+    // Warm up (subtls's import, the roots database) through the other path to `ssl`: sslmode in a
+    // connection string, which pg parses into `ssl`; edgepg's stream factory then picks TlsSocket.
+    const { ssl: _, ...rest } = subtlsConfig(direct)
+    const warm = new Client({ ...rest, connectionString: `postgresql://password_user:${PASSWORD}@localhost:5432/postgres?sslmode=verify-full` })
     try {
-      const measured = await rounds(async () => {
-        client = new Client(subtlsConfig(delayed))
-        await client.connect()
-        await client.query('SELECT 1')
-      })
-      // It really was TLS to that Postgres (checked after the clock stopped).
-      const { rows } = await client!.query(SSL_CHECK)
-      assert.deepEqual(rows[0], { u: 'password_user', ssl: true, version: 'TLSv1.3', v: rows[0].v })
-      assert.match(rows[0].v, new RegExp(`^${version}`))
-      t.diagnostic(`subtls + pipelineTLS, PG ${version}: ${measured.toFixed(2)} round trips (expected 3)`)
-      // upgrade + (SSLRequest + ClientHello → 'S' + ServerHello … Finished) + (Finished + startup + password + query → result)
-      assertRounds(measured, 3, `subtls + pipelineTLS, PG ${version}`)
+      await warm.connect()
+      assert.equal((await warm.query(SSL_CHECK)).rows[0].ssl, true)
     } finally {
-      await client?.end().catch(() => {})
+      await warm.end().catch(() => {})
     }
+
+    const measure = async () => {
+      let client: Client | undefined
+      try {
+        const measured = await rounds(async () => {
+          client = new Client(subtlsConfig(delayed))
+          await client.connect()
+          await client.query('SELECT 1')
+        })
+        // It really was TLS 1.3 to that Postgres (checked after the clock stopped).
+        const { rows } = await client!.query(SSL_CHECK)
+        assert.deepEqual(rows[0], { u: 'password_user', ssl: true, version: 'TLSv1.3', v: rows[0].v })
+        assert.match(rows[0].v, new RegExp(`^${version}`))
+        return measured
+      } finally {
+        await client?.end().catch(() => {})
+      }
+    }
+    const { best, runs } = await bestOfTwo(measure)
+    t.diagnostic(`subtls + pipelineTLS, PG ${version}: ${best.toFixed(2)} round trips (expected 3; runs: ${runs})`)
+    // upgrade + (SSLRequest + ClientHello → 'S' + ServerHello … Finished) + (Finished + startup + password + query → result)
+    assertRounds(best, 3, `subtls + pipelineTLS, PG ${version}`)
   })
 }
 
