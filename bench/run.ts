@@ -10,11 +10,12 @@
 import os from 'node:os'
 import { WebSocket } from 'ws'
 import { PASSWORD, startPostgres } from '../test/stack'
+import { connect } from './connect'
 import { core } from './core'
 import { passes, type BenchContext, type ProxyMode, type Row, type Section } from './lib'
 import { startProxy, type RunningProxy } from './proxy'
 
-const SECTIONS: Section[] = [core]
+const SECTIONS: Section[] = [core, connect]
 
 const args = process.argv.slice(2)
 const proxyArg = args.find((a) => a.startsWith('--proxy='))?.slice('--proxy='.length) ?? 'child'
