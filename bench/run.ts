@@ -12,10 +12,11 @@ import { WebSocket } from 'ws'
 import { PASSWORD, startPostgres } from '../test/stack'
 import { connect } from './connect'
 import { core } from './core'
+import { proxycost } from './proxycost'
 import { passes, type BenchContext, type ProxyMode, type Row, type Section } from './lib'
 import { startProxy, type RunningProxy } from './proxy'
 
-const SECTIONS: Section[] = [core, connect]
+const SECTIONS: Section[] = [core, connect, proxycost]
 
 const args = process.argv.slice(2)
 const proxyArg = args.find((a) => a.startsWith('--proxy='))?.slice('--proxy='.length) ?? 'child'

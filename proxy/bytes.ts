@@ -13,8 +13,13 @@ export class ByteQueue {
   }
 
   push(chunk: Buffer) {
+    if (chunk.length === 0) return // an empty frame: nothing to hold (it would cost a slot per frame)
     this.chunks.push(chunk)
     this.size += chunk.length
+    // Tiny chunks (one-byte frames) cost far more than their bytes, and each pins the socket read it
+    // was cut from: once they are many and under 256 bytes on average, merge them (a merge copies
+    // at most ~256 bytes per chunk pushed since the last one).
+    if (this.chunks.length > 64 && this.chunks.length * 256 > this.size) this.chunks = [Buffer.concat(this.chunks, this.size)]
     if (this.waiter && this.size >= this.waiter.n) {
       const { n, resolve } = this.waiter
       this.waiter = undefined

@@ -1,9 +1,12 @@
 import http, { type Server } from 'node:http'
 import https from 'node:https'
 import type { AddressInfo } from 'node:net'
+import type { Duplex } from 'node:stream'
 import { WebSocketServer, type WebSocket } from 'ws'
 import { formatHostPort, parseHostPort, type HostPort } from './address'
 import { runSession, type SessionLog, type UpstreamTls } from './session'
+import { createMetrics, type Metrics, type RefusalReason } from './metrics'
+import { healthHandler } from './health'
 import { SUBPROTOCOL } from '../src/config'
 
 export interface ProxyOptions {
@@ -28,6 +31,16 @@ export interface ProxyOptions {
   tls?: { cert: string | Buffer; key: string | Buffer }
   /** TLS from the proxy to Postgres (sslmode require / verify-ca / verify-full). Default: none. */
   upstreamTls?: UpstreamTls
+  /** Browser Origins allowed to open sessions (`*`: any). Requests without Origin are allowed. Default: none. */
+  allowedOrigins?: string[]
+  /** Concurrent sessions in all (default 1000); more are refused with HTTP 503. */
+  maxSessions?: number
+  /** Concurrent sessions from one client address (default 100); more are refused with HTTP 429. */
+  maxSessionsPerIp?: number
+  /** Time from the upgrade to a finished Postgres startup (default 10 s). */
+  handshakeTimeoutMs?: number
+  /** Close a session with no traffic either way for this long (default 15 min; 0: never). */
+  idleTimeoutMs?: number
   /** Called once per ended session; never given passwords or payloads. */
   log?: (entry: SessionLog) => void
 }
@@ -37,8 +50,21 @@ export type { SessionLog, UpstreamTls }
 export interface Proxy {
   server: Server
   listen(port?: number, host?: string): Promise<AddressInfo>
-  close(): Promise<void>
+  /**
+   * Stops accepting, lets sessions end by themselves for up to `graceMs`, then closes the rest with
+   * WebSocket code 1001 (their clients see "edgepg-proxy is shutting down").
+   */
+  close(graceMs?: number): Promise<void>
+  /** Serves a new certificate and key from now on; running sessions keep theirs. */
+  setTls(tls: { cert: string | Buffer; key: string | Buffer }): void
+  /** Sessions open right now. */
+  readonly sessionCount: number
+  /** Prometheus metrics, also served at GET /metrics. */
+  readonly metrics: Metrics
 }
+
+/** Sent to clients whose session is cut by a shutdown. */
+const SHUTDOWN_REASON = 'edgepg-proxy is shutting down'
 
 const isLoopback = (address: string) => /^(127\.|::1$|::ffff:127\.)/.test(address)
 
@@ -52,39 +78,103 @@ export function createProxy(options: ProxyOptions): Proxy {
     noServer: true,
     maxPayload: options.maxMessageBytes ?? 64 << 20,
     perMessageDeflate: false,
-    handleProtocols: (offered) => (offload && offered.has(SUBPROTOCOL) ? SUBPROTOCOL : false),
+    // Only where the password may come: otherwise the driver would send it before hearing no.
+    handleProtocols: (offered, req) => (offload && passwordsAllowed(req) && offered.has(SUBPROTOCOL) ? SUBPROTOCOL : false),
   })
   const sessions = new Set<WebSocket>()
+  /** Whether a cleartext password may cross this client's link: TLS, loopback, or the operator says so. */
+  const passwordsAllowed = (req: http.IncomingMessage) =>
+    'encrypted' in req.socket || isLoopback(req.socket.remoteAddress ?? '') || options.allowInsecurePasswords === true
+  /** Upgrades under way: they count against the limits too. */
+  const upgrading = new Set<Duplex>()
+  const perIp = new Map<string, number>()
+  const maxSessions = options.maxSessions ?? 1000
+  const maxPerIp = options.maxSessionsPerIp ?? 100
+  const origins = new Set(options.allowedOrigins ?? [])
+  let closing = false
 
+  const metrics = createMetrics()
+  const health = healthHandler(upstream)
   const onRequest = (req: http.IncomingMessage, res: http.ServerResponse) => {
+    const path = new URL(req.url ?? '/', 'http://proxy').pathname
+    if (path === '/healthz') return health(req, res)
+    if (path === '/metrics') return void metrics.handle(req, res)
     res.writeHead(426, { 'content-type': 'text/plain', upgrade: 'websocket' })
     res.end('edgepg-proxy: connect with a WebSocket to /v1 or /v2\n')
   }
+  const handshakeMs = options.handshakeTimeoutMs ?? 10_000
   const server: Server = options.tls ? https.createServer({ ...options.tls }, onRequest) : http.createServer(onRequest)
+  // A client that never finishes its HTTP request (or TLS handshake) is dropped on the same clock.
+  const unanswered = new WeakMap<Duplex, NodeJS.Timeout>()
+  const answered = (socket: Duplex) => clearTimeout(unanswered.get(socket))
+  server.on(options.tls ? 'secureConnection' : 'connection', (socket: Duplex) => {
+    unanswered.set(socket, setTimeout(() => socket.destroy(), handshakeMs).unref())
+    socket.once('close', () => answered(socket))
+  })
+  server.on('request', (req) => answered(req.socket))
 
   server.on('upgrade', (req, socket, head) => {
-    const refuse = (status: number, reason: string) => {
+    answered(socket)
+    const refuse = (status: number, reason: string, why: RefusalReason) => {
+      metrics.refused(why)
       socket.end(`HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n${reason}\n`)
     }
     socket.on('error', () => socket.destroy())
     const url = new URL(req.url ?? '/', 'http://proxy')
-    if (url.pathname !== '/v1' && url.pathname !== '/v2') return refuse(404, `no WebSocket route at ${url.pathname}; use /v1 or /v2`)
+    const peer = req.socket.remoteAddress ?? '?'
+    if (closing) return refuse(503, SHUTDOWN_REASON, 'shutting_down')
+    if (url.pathname !== '/v1' && url.pathname !== '/v2') return refuse(404, `no WebSocket route at ${url.pathname}; use /v1 or /v2`, 'not_found')
+    const origin = req.headers.origin
+    if (origin !== undefined && !origins.has('*') && !origins.has(origin)) return refuse(403, `origin ${origin} is not allowed (--allow-origin)`, 'origin')
+    if (sessions.size + upgrading.size >= maxSessions) return refuse(503, `too many sessions (${maxSessions}); try again later`, 'too_many_sessions')
+    if ((perIp.get(peer) ?? 0) >= maxPerIp) return refuse(429, `too many sessions from ${peer} (${maxPerIp})`, 'too_many_sessions_per_ip')
     let target: HostPort = upstream
     const address = url.searchParams.get('address')
     if (address) {
       try {
         target = parseHostPort(address)
       } catch (err) {
-        return refuse(400, (err as Error).message)
+        return refuse(400, (err as Error).message, 'bad_address')
       }
-      if (!allowed.has(formatHostPort(target))) return refuse(403, `address ${address} is not an allowed upstream`)
+      if (!allowed.has(formatHostPort(target))) return refuse(403, `address ${address} is not an allowed upstream`, 'forbidden_address')
     }
-    const peer = req.socket.remoteAddress ?? '?'
-    const passwordsAllowed = 'encrypted' in req.socket || isLoopback(peer) || options.allowInsecurePasswords === true
-    wss.handleUpgrade(req, socket, head, (ws) => {
-      sessions.add(ws)
-      ws.once('close', () => sessions.delete(ws))
-      runSession(ws, { target, peer, offload, passwordsAllowed, upstreamTls: options.upstreamTls, log: options.log })
+    upgrading.add(socket)
+    perIp.set(peer, (perIp.get(peer) ?? 0) + 1)
+    const release = () => {
+      const n = (perIp.get(peer) ?? 1) - 1
+      n ? perIp.set(peer, n) : perIp.delete(peer)
+    }
+    // Until the Postgres startup is done: a stalled upgrade is dropped, a stalled session closed.
+    let ws: WebSocket | undefined
+    const handshake = timer(handshakeMs, () =>
+      ws ? ws.close(1008, 'edgepg-proxy: startup not finished in time') : socket.destroy()
+    )
+    socket.once('close', () => {
+      if (upgrading.delete(socket)) release()
+      handshake.stop()
+    })
+    wss.handleUpgrade(req, socket, head, (session) => {
+      ws = session
+      upgrading.delete(socket)
+      sessions.add(session)
+      metrics.sessionOpened()
+      const idle = timer(options.idleTimeoutMs ?? 900_000, () => session.close(1000, 'edgepg-proxy: idle timeout'))
+      session.once('close', () => {
+        sessions.delete(session)
+        release()
+        handshake.stop()
+        idle.stop()
+      })
+      runSession(session, {
+        target, peer, offload, passwordsAllowed: passwordsAllowed(req), upstreamTls: options.upstreamTls,
+        log: (entry) => {
+          metrics.sessionClosed(entry)
+          options.log?.(entry)
+        },
+        onUpstreamConnect: (seconds) => metrics.upstreamConnected(seconds),
+        onEstablished: () => handshake.stop(),
+        onActivity: idle.touch,
+      })
     })
   })
 
@@ -99,11 +189,47 @@ export function createProxy(options: ProxyOptions): Proxy {
         })
       })
     },
-    close() {
-      for (const ws of sessions) ws.terminate()
-      const closed = new Promise<void>((resolve) => server.close(() => resolve()))
-      server.closeAllConnections()
-      return closed
+    metrics,
+    get sessionCount() {
+      return sessions.size + upgrading.size
     },
+    setTls(tls) {
+      ;(server as https.Server).setSecureContext({ ...tls })
+    },
+    async close(graceMs = 0) {
+      closing = true
+      const stopped = new Promise<void>((resolve) => server.close(() => resolve()))
+      const deadline = Date.now() + graceMs
+      while (sessions.size && Date.now() < deadline) await new Promise((r) => setTimeout(r, Math.min(50, deadline - Date.now())))
+      for (const socket of upgrading) socket.destroy()
+      for (const ws of sessions) ws.close(1001, SHUTDOWN_REASON)
+      // Clients that do not answer the close handshake promptly are cut.
+      const cut = setTimeout(() => sessions.forEach((ws) => ws.terminate()), 2000)
+      while (sessions.size) await new Promise((r) => setTimeout(r, 20))
+      clearTimeout(cut)
+      server.closeAllConnections()
+      await stopped
+    },
+  }
+}
+
+/**
+ * Fires `ms` after the last touch (0 ms: never). Touching only records the time, so it costs
+ * nothing per message; when the timer comes due early it re-arms for what is left.
+ */
+function timer(ms: number, fire: () => void) {
+  let handle: NodeJS.Timeout | undefined
+  let last = Date.now()
+  const arm = (delay: number) => {
+    if (ms > 0) (handle = setTimeout(check, delay)).unref()
+  }
+  const check = () => {
+    const left = last + ms - Date.now()
+    left > 0 ? arm(left) : fire()
+  }
+  arm(ms)
+  return {
+    touch: () => void (last = Date.now()),
+    stop: () => clearTimeout(handle),
   }
 }

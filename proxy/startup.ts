@@ -38,33 +38,41 @@ export interface StartupIO {
 
 export type StartupOutcome =
   | { kind: 'authenticated'; user: string; database: string }
-  /** SSLRequest or CancelRequest: relay bytes as they are from now on. */
-  | { kind: 'passthrough'; what: string }
+  /**
+   * SSLRequest or CancelRequest: relay bytes as they are from now on. `plaintext`: Postgres's
+   * replies stay readable protocol messages (an SSLRequest it refused; the client goes on in clear).
+   */
+  | { kind: 'passthrough'; what: string; plaintext: boolean }
   /** Postgres refused (e.g. wrong password); its ErrorResponse was passed to the client. */
   | { kind: 'refused'; code: string; message: string }
 
 export async function runStartup(io: StartupIO): Promise<StartupOutcome> {
   let params: Record<string, string>
   let packet: Buffer
+  let gssencRefused = false
   for (;;) {
     const head = await io.client.read(4)
     const length = head.readInt32BE(0)
     if (length < 8 || length > MAX_STARTUP_PACKET) throw new ProtocolError(`invalid startup packet length ${length}`)
     packet = Buffer.concat([head, await io.client.read(length - 4)])
     const code = packet.readInt32BE(4)
-    if (code === GSSENC_REQUEST) {
+    // Once, as Postgres does: a second is an unsupported protocol (and N of them cannot make the
+    // proxy send N answers in one synchronous loop).
+    if (code === GSSENC_REQUEST && !gssencRefused) {
+      gssencRefused = true
       io.toClient(Buffer.from('N'))
       continue
     }
     if (code === CANCEL_REQUEST) {
       io.toUpstream(packet)
-      return { kind: 'passthrough', what: 'cancel request' }
+      return { kind: 'passthrough', what: 'cancel request', plaintext: false }
     }
     if (code === SSL_REQUEST) {
       io.toUpstream(packet)
       const answer = await io.upstream.read(1)
       io.toClient(answer)
-      return { kind: 'passthrough', what: answer[0] === 0x53 ? 'TLS to Postgres' : 'SSLRequest refused by Postgres' }
+      const tls = answer[0] === 0x53
+      return { kind: 'passthrough', what: tls ? 'TLS to Postgres' : 'SSLRequest refused by Postgres', plaintext: !tls }
     }
     if (code >> 16 !== 3) throw new ProtocolError(`unsupported frontend protocol ${code >> 16}.${code & 0xffff}`)
     params = parseStartupParams(packet.subarray(8))
@@ -85,7 +93,11 @@ export async function runStartup(io: StartupIO): Promise<StartupOutcome> {
   io.toUpstream(packet)
   io.toClient(AUTH_CLEARTEXT)
   const reply = await io.client.message(MAX_AUTH_MESSAGE)
-  if (reply.type !== 'p') throw new ProtocolError(`expected a password message, got message type '${reply.type}'`, '28000')
+  if (reply.type !== 'p') {
+    // Any byte may come here; a NUL inside the ErrorResponse's message field would cut it short.
+    const shown = /^[\x21-\x7e]$/.test(reply.type) ? `'${reply.type}'` : `0x${reply.type.charCodeAt(0).toString(16).padStart(2, '0')}`
+    throw new ProtocolError(`expected a password message, got message type ${shown}`, '28000')
+  }
   const password = cString(reply.body)
 
   let session: any
@@ -134,6 +146,61 @@ export async function runStartup(io: StartupIO): Promise<StartupOutcome> {
       throw new ProtocolError(`authentication failed for user "${user}": ${(err as Error).message}`, '28P01')
     }
   }
+}
+
+/** What a CancelRequest for one backend needs: its BackendKeyData. */
+export interface BackendKey {
+  pid: number
+  /** 4 bytes with protocol 3.0; up to 256 with 3.2 (PostgreSQL 18). */
+  secret: Buffer
+}
+
+/** PostgreSQL 18's limit on a cancel key (protocol 3.2). */
+const MAX_CANCEL_KEY = 256
+
+/**
+ * Watches the messages Postgres sends at the start of a session, as they are relayed (it is shown
+ * each chunk and holds nothing back), for BackendKeyData ('K', which comes before the first
+ * ReadyForQuery). It stops at 'K', ReadyForQuery, an ErrorResponse, or at anything that does not
+ * frame as protocol messages (TLS records, a lone SSLRequest answer): then `key` is what it found.
+ */
+export class BackendKeyWatch {
+  key?: BackendKey
+  /** A message not yet complete: at most one, kept as a copy (chunks go on to the client). */
+  private partial?: Buffer
+
+  /** Looks at the next bytes from Postgres; true once it is done looking. */
+  feed(chunk: Buffer): boolean {
+    const buf = this.partial ? Buffer.concat([this.partial, chunk]) : chunk
+    this.partial = undefined
+    let at = 0
+    while (buf.length - at >= 5) {
+      const type = buf[at]
+      const length = buf.readInt32BE(at + 1)
+      if (length < 4 || length > MAX_AUTH_MESSAGE) return true // not protocol messages after all
+      if (buf.length - at < 1 + length) break
+      if (type === 0x4b) {
+        // BackendKeyData: process ID, then the secret key, which is the rest of the message.
+        const secret = buf.subarray(at + 9, at + 1 + length)
+        if (secret.length >= 4 && secret.length <= MAX_CANCEL_KEY) this.key = { pid: buf.readInt32BE(at + 5), secret: Buffer.from(secret) }
+        return true
+      }
+      if (type === 0x5a || type === 0x45) return true // ReadyForQuery or ErrorResponse: no key coming
+      at += 1 + length
+    }
+    if (at < buf.length) this.partial = Buffer.from(buf.subarray(at))
+    return false
+  }
+}
+
+/** A CancelRequest for `key`, as libpq sends it on a connection of its own. */
+export function cancelRequest(key: BackendKey): Buffer {
+  const packet = Buffer.alloc(12 + key.secret.length)
+  packet.writeInt32BE(packet.length, 0)
+  packet.writeInt32BE(CANCEL_REQUEST, 4)
+  packet.writeInt32BE(key.pid, 8)
+  key.secret.copy(packet, 12)
+  return packet
 }
 
 /** Postgres misbehaved or asked for what the proxy cannot do. */

@@ -65,10 +65,11 @@ test('WebSocket closed mid-query: the query rejects with the URL and close code'
   client.on('error', (e) => errors.push(e))
   const query = client.query('SELECT pg_sleep(5)')
   await new Promise((r) => setTimeout(r, 100))
-  await own.close() // terminates every session at once
-  await assert.rejects(query, /edgepg: WebSocket to ws:\/\/127\.0\.0\.1:\d+\/v2 was closed \(code 1006\)/)
+  const rejected = assert.rejects(query, /edgepg: WebSocket to ws:\/\/127\.0\.0\.1:\d+\/v2 was closed \(code 1001: edgepg-proxy is shutting down\)/)
+  await own.close() // no grace period: every session is closed at once, with code 1001
+  await rejected
   // As pg does over TCP after a reset: the socket's error, then 'Connection terminated unexpectedly'.
-  assert.match(errors[0].message, /was closed \(code 1006\)/)
+  assert.match(errors[0].message, /was closed \(code 1001/)
   await client.end()
 })
 

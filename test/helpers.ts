@@ -11,7 +11,7 @@ export async function startProxy(options: Partial<ProxyOptions> = {}) {
   const info = testPostgres()
   const proxy = createProxy({ upstream: `${info.host}:${info.port}`, ...options })
   const { port } = await proxy.listen(0, '127.0.0.1')
-  return { ...proxy, port, url: `ws://127.0.0.1:${port}/v2` }
+  return Object.assign(proxy, { port, url: `ws://127.0.0.1:${port}/v2` }) // (a spread would freeze sessionCount)
 }
 
 /** edgepg client options that reach the test Postgres through the proxy on `proxyPort`. */
@@ -46,3 +46,25 @@ export async function eventually(fn: () => Promise<boolean> | boolean, what: str
     await new Promise((r) => setTimeout(r, 25))
   }
 }
+
+/** Tries a WebSocket upgrade: the HTTP status and body when refused, or the open socket (status 101). */
+export function tryUpgrade(url: string, options: { headers?: Record<string, string>; protocols?: string[]; ca?: string } = {}): Promise<{ status: number; body: string; ws?: WebSocket }> {
+  return new Promise((resolve, reject) => {
+    const ws = new WebSocket(url, options.protocols ?? [], { headers: options.headers, ca: options.ca })
+    ws.once('open', () => resolve({ status: 101, body: '', ws }))
+    ws.once('unexpected-response', (req, res) => {
+      let body = ''
+      res.setEncoding('utf8')
+      res.on('data', (c: string) => (body += c))
+      res.on('end', () => {
+        req.destroy()
+        resolve({ status: res.statusCode ?? 0, body })
+      })
+    })
+    ws.once('error', reject)
+  })
+}
+
+/** Resolves with the close code and reason once the WebSocket closes. */
+export const closeOf = (ws: WebSocket) =>
+  new Promise<{ code: number; reason: string }>((resolve) => ws.once('close', (code, reason) => resolve({ code, reason: String(reason) })))

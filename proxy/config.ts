@@ -1,0 +1,168 @@
+import { readFileSync } from 'node:fs'
+import { parseArgs } from 'node:util'
+import { parseHostPort, type HostPort } from './address'
+import type { ProxyOptions } from './index'
+
+/**
+ * edgepg-proxy's settings: one table gives each its flag, environment variable, default and help,
+ * so parsing, validation and `--help` cannot drift apart.
+ */
+interface Setting {
+  flag: string
+  env: string
+  arg?: string
+  kind: 'address' | 'listen' | 'addresses' | 'list' | 'count' | 'ms' | 'bytes' | 'file' | 'sslmode' | 'switch'
+  default?: string
+  help: string
+}
+
+const SETTINGS = {
+  upstream: { flag: 'upstream', env: 'EDGEPG_UPSTREAM', arg: 'host:port', kind: 'address', help: 'Postgres to relay to (required)' },
+  listen: { flag: 'listen', env: 'EDGEPG_LISTEN', arg: '[host:]port', kind: 'listen', default: '127.0.0.1:8080', help: 'where to accept WebSockets (0.0.0.0:PORT for remote clients)' },
+  allow: { flag: 'allow', env: 'EDGEPG_ALLOW', arg: 'host:port', kind: 'addresses', help: 'another upstream clients may pick with /v1?address= (repeatable; env: comma-separated)' },
+  cert: { flag: 'cert', env: 'EDGEPG_CERT', arg: 'file', kind: 'file', help: 'TLS certificate chain (PEM): serve wss:// and https://; reloaded on SIGHUP' },
+  key: { flag: 'key', env: 'EDGEPG_KEY', arg: 'file', kind: 'file', help: 'TLS private key (PEM), with --cert' },
+  upstreamSslmode: { flag: 'upstream-sslmode', env: 'EDGEPG_UPSTREAM_SSLMODE', arg: 'mode', kind: 'sslmode', default: 'disable', help: 'TLS to Postgres: disable, require, verify-ca or verify-full' },
+  upstreamCa: { flag: 'upstream-ca', env: 'EDGEPG_UPSTREAM_CA', arg: 'file', kind: 'file', help: "CA (PEM) for Postgres's certificate, for verify-ca / verify-full" },
+  allowOrigin: { flag: 'allow-origin', env: 'EDGEPG_ALLOW_ORIGIN', arg: 'origin', kind: 'list', help: 'browser Origin allowed to connect (repeatable; * for any); requests without Origin are always allowed' },
+  maxSessions: { flag: 'max-sessions', env: 'EDGEPG_MAX_SESSIONS', arg: 'n', kind: 'count', default: '1000', help: 'concurrent sessions in all; more are refused with HTTP 503' },
+  maxSessionsPerIp: { flag: 'max-sessions-per-ip', env: 'EDGEPG_MAX_SESSIONS_PER_IP', arg: 'n', kind: 'count', default: '100', help: 'concurrent sessions from one client address; more get HTTP 429' },
+  handshakeTimeout: { flag: 'handshake-timeout', env: 'EDGEPG_HANDSHAKE_TIMEOUT', arg: 'ms', kind: 'ms', default: '10000', help: 'time a client has from connecting to finishing its Postgres startup' },
+  idleTimeout: { flag: 'idle-timeout', env: 'EDGEPG_IDLE_TIMEOUT', arg: 'ms', kind: 'ms', default: '900000', help: 'close a session with no traffic either way for this long (0: never)' },
+  maxMessageBytes: { flag: 'max-message-bytes', env: 'EDGEPG_MAX_MESSAGE_BYTES', arg: 'n', kind: 'bytes', default: '67108864', help: 'largest WebSocket message accepted from a client' },
+  shutdownGrace: { flag: 'shutdown-grace', env: 'EDGEPG_SHUTDOWN_GRACE', arg: 'ms', kind: 'ms', default: '10000', help: 'on SIGTERM, time running sessions get to finish before close code 1001' },
+  noAuthOffload: { flag: 'no-auth-offload', env: 'EDGEPG_NO_AUTH_OFFLOAD', kind: 'switch', help: 'relay the startup untouched: clients authenticate with Postgres end to end' },
+  allowInsecurePasswords: { flag: 'allow-insecure-passwords', env: 'EDGEPG_ALLOW_INSECURE_PASSWORDS', kind: 'switch', help: 'accept passwords over plain ws:// from non-loopback clients (TLS ends in front)' },
+} satisfies Record<string, Setting>
+
+type Key = keyof typeof SETTINGS
+
+export const HELP = `edgepg-proxy: relays WebSocket connections from edgepg (or @neondatabase/serverless) to Postgres.
+
+Usage: edgepg-proxy --upstream host:port [--listen [host:]port] [options]
+
+Options (each also settable by the environment variable shown; switches take true/false there):
+${(Object.values(SETTINGS) as Setting[])
+  .map((s) => {
+    const head = `  --${s.flag}${s.arg ? ` ${s.arg}` : ''}`.padEnd(30)
+    return `${head}${s.help}${s.default ? ` (default ${s.default})` : ''}  [${s.env}]`
+  })
+  .join('\n')}
+  -h, --help                  show this help
+
+Routes: /v2 relays to the upstream; /v1?address=host:port relays to that address if it is the
+upstream or allowed by --allow, and is refused with HTTP 403 otherwise. Never an open relay.
+GET /healthz checks the upstream is reachable; GET /metrics serves Prometheus metrics.
+Logs one JSON line per session (peer, upstream, duration, bytes, outcome) to stdout.
+Signals: SIGTERM/SIGINT shut down gracefully; SIGHUP reloads --cert and --key.
+`
+
+export class ConfigError extends Error {}
+
+export interface CliConfig {
+  options: ProxyOptions
+  listen: HostPort
+  shutdownGraceMs: number
+  /** Rereads the certificate files (for SIGHUP); undefined without --cert. */
+  readTls?: () => { cert: Buffer; key: Buffer }
+}
+
+/** Parses flags, then environment variables, then defaults; throws ConfigError naming the culprit. */
+export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig | 'help' {
+  const flags = parseFlags(argv)
+  if (flags.help) return 'help'
+  const raw = (key: Key): { text?: string; texts?: string[]; source: string } => {
+    const s: Setting = SETTINGS[key]
+    const given = flags[s.flag]
+    if (given !== undefined) return { text: Array.isArray(given) ? undefined : String(given), texts: Array.isArray(given) ? given : undefined, source: `--${s.flag}` }
+    const fromEnv = env[s.env]
+    if (fromEnv !== undefined && fromEnv !== '') return { text: fromEnv, source: s.env }
+    return { text: s.default, source: `--${s.flag}` }
+  }
+  const value = <T>(key: Key, read: (text: string, source: string) => T): T | undefined => {
+    const { text, source } = raw(key)
+    return text === undefined ? undefined : read(text, source)
+  }
+  const list = (key: Key): string[] => {
+    const { text, texts } = raw(key)
+    return texts ?? (text ? text.split(',').map((t) => t.trim()).filter(Boolean) : [])
+  }
+  const address = (text: string, source: string, defaultPort?: number) => {
+    try {
+      return parseHostPort(text, defaultPort)
+    } catch (err) {
+      throw new ConfigError(`${source}: ${(err as Error).message}`)
+    }
+  }
+  const number = (min: number) => (text: string, source: string) => {
+    const n = Number(text)
+    if (!/^\d+$/.test(text.trim()) || n < min) throw new ConfigError(`${source} must be an integer ≥ ${min}, got "${text}"`)
+    return n
+  }
+  const file = (text: string, source: string) => {
+    try {
+      return readFileSync(text)
+    } catch (err) {
+      throw new ConfigError(`${source}: cannot read "${text}": ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`)
+    }
+  }
+  const on = (key: Key) => {
+    const s: Setting = SETTINGS[key]
+    if (flags[s.flag]) return true
+    const text = env[s.env]?.toLowerCase()
+    if (!text) return false
+    if (!['true', 'false', '1', '0'].includes(text)) throw new ConfigError(`${s.env} must be true or false, got "${env[s.env]}"`)
+    return text === 'true' || text === '1'
+  }
+
+  const upstreamText = value('upstream', (t) => t)
+  if (!upstreamText) throw new ConfigError('--upstream host:port is required (or set EDGEPG_UPSTREAM)')
+  value('upstream', (t, s) => address(t, s))
+  const allow = list('allow')
+  for (const a of allow) address(a, raw('allow').source)
+  const listen = value('listen', (t, s) => (/^\d+$/.test(t) ? address(`127.0.0.1:${t}`, s) : address(t, s, 8080)))!
+
+  const certPath = raw('cert').text
+  const keyPath = raw('key').text
+  if (!certPath !== !keyPath) throw new ConfigError('--cert and --key go together (or EDGEPG_CERT and EDGEPG_KEY)')
+  const readTls = certPath && keyPath ? () => ({ cert: file(certPath, raw('cert').source), key: file(keyPath, raw('key').source) }) : undefined
+
+  const sslmode = value('upstreamSslmode', (t, s) => {
+    if (!['disable', 'require', 'verify-ca', 'verify-full'].includes(t)) throw new ConfigError(`${s} must be disable, require, verify-ca or verify-full, got "${t}"`)
+    return t as 'disable' | 'require' | 'verify-ca' | 'verify-full'
+  })!
+  const ca = value('upstreamCa', file)
+  if ((sslmode === 'verify-ca' || sslmode === 'verify-full') && !ca) throw new ConfigError(`--upstream-sslmode ${sslmode} needs --upstream-ca (the CA that signed Postgres's certificate)`)
+
+  return {
+    listen,
+    shutdownGraceMs: value('shutdownGrace', number(0))!,
+    readTls,
+    options: {
+      upstream: upstreamText,
+      allow,
+      tls: readTls?.(),
+      upstreamTls: sslmode === 'disable' ? undefined : { mode: sslmode, ca },
+      allowedOrigins: list('allowOrigin'),
+      maxSessions: value('maxSessions', number(1)),
+      maxSessionsPerIp: value('maxSessionsPerIp', number(1)),
+      handshakeTimeoutMs: value('handshakeTimeout', number(1)),
+      idleTimeoutMs: value('idleTimeout', number(0)),
+      maxMessageBytes: value('maxMessageBytes', number(1)),
+      authOffload: !on('noAuthOffload'),
+      allowInsecurePasswords: on('allowInsecurePasswords'),
+    },
+  }
+}
+
+function parseFlags(argv: string[]): Record<string, string | string[] | boolean | undefined> {
+  const options: Record<string, { type: 'string' | 'boolean'; multiple?: boolean; short?: string }> = { help: { type: 'boolean', short: 'h' } }
+  for (const s of Object.values(SETTINGS) as Setting[]) {
+    options[s.flag] = { type: s.kind === 'switch' ? 'boolean' : 'string', multiple: s.kind === 'addresses' || s.kind === 'list' }
+  }
+  try {
+    return parseArgs({ args: argv, options, strict: true }).values as Record<string, string | string[] | boolean | undefined>
+  } catch (err) {
+    throw new ConfigError((err as Error).message)
+  }
+}

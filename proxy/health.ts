@@ -1,0 +1,57 @@
+/**
+ * GET /healthz for edgepg-proxy: opens a TCP connection to the upstream Postgres and closes it
+ * (no startup, no login: nothing shows up in Postgres's logs beyond a dropped connection), and
+ * answers JSON:
+ *
+ *   200 {"status":"ok","upstream":"127.0.0.1:5432","latencyMs":0.42}
+ *   503 {"status":"unavailable","upstream":"127.0.0.1:5432","error":"ECONNREFUSED","latencyMs":0.3}
+ *
+ * It never takes longer than `timeoutMs` (the error is then "ETIMEDOUT").
+ */
+import net from 'node:net'
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import { formatHostPort, type HostPort } from './address'
+
+export interface HealthResult {
+  status: 'ok' | 'unavailable'
+  upstream: string
+  latencyMs: number
+  error?: string
+}
+
+/** One reachability check of `upstream`, settled within `timeoutMs`. */
+export function checkUpstream(upstream: HostPort, timeoutMs = 2000): Promise<HealthResult> {
+  const name = formatHostPort(upstream)
+  const started = process.hrtime.bigint()
+  const elapsed = () => Math.round(Number(process.hrtime.bigint() - started) / 1e4) / 100 // ms, 2 decimals
+  return new Promise((resolve) => {
+    let done = false
+    const socket = net.connect({ host: upstream.host, port: upstream.port })
+    const finish = (error?: string) => {
+      if (done) return
+      done = true
+      clearTimeout(timer)
+      socket.destroy()
+      resolve(error === undefined ? { status: 'ok', upstream: name, latencyMs: elapsed() } : { status: 'unavailable', upstream: name, error, latencyMs: elapsed() })
+    }
+    const timer = setTimeout(() => finish('ETIMEDOUT'), timeoutMs)
+    socket.once('connect', () => finish())
+    socket.on('error', (err: NodeJS.ErrnoException) => finish(err.code ?? err.message))
+  })
+}
+
+/** An HTTP handler for GET/HEAD /healthz that checks `upstream` on each request. */
+export function healthHandler(upstream: HostPort, timeoutMs = 2000) {
+  return (req: IncomingMessage, res: ServerResponse): void => {
+    if (req.method !== 'GET' && req.method !== 'HEAD') {
+      res.writeHead(405, { allow: 'GET, HEAD', 'content-type': 'text/plain' })
+      res.end('method not allowed\n')
+      return
+    }
+    checkUpstream(upstream, timeoutMs).then((result) => {
+      if (res.destroyed || res.writableEnded) return // the caller gave up
+      res.writeHead(result.status === 'ok' ? 200 : 503, { 'content-type': 'application/json', 'cache-control': 'no-store' })
+      res.end(req.method === 'HEAD' ? undefined : JSON.stringify(result) + '\n')
+    })
+  }
+}

