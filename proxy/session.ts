@@ -252,6 +252,15 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
   tcp.on('end', () => (upstreamGone = true))
   tcp.on('close', () => {
     upstreamGone = true
+    // Postgres may refuse (e.g. no such database) and hang up before the client sent its password:
+    // pass its ErrorResponse on rather than a bare close.
+    if (o.offload && !relaying && !refused && ws.readyState === ws.OPEN) {
+      const error = firstErrorResponse(fromUpstream.rest())
+      if (error) {
+        toClient(error)
+        outcome = 'refused by Postgres before the password'
+      }
+    }
     fromUpstream.fail(new Error('upstream closed'))
     if (ws.readyState === ws.OPEN) {
       if (outcome === 'closed by client') outcome = 'closed by upstream'
@@ -267,4 +276,14 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
     outcome = `client error: ${err.message}`
     abandonUpstream()
   })
+}
+
+/** The first complete ErrorResponse among whole backend messages, if any. */
+function firstErrorResponse(bytes: Buffer): Buffer | undefined {
+  for (let at = 0; at + 5 <= bytes.length; ) {
+    const end = at + 1 + bytes.readInt32BE(at + 1)
+    if (end <= at + 4 || end > bytes.length) return
+    if (bytes[at] === 0x45) return bytes.subarray(at, end)
+    at = end
+  }
 }

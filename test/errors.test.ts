@@ -160,3 +160,14 @@ test('a proxy sending text frames is a clear error', async () => {
     wss.close()
   }
 })
+
+test("Postgres's refusal before the password still reaches a client that waits to be asked (3D000, not a bare close)", async () => {
+  // trust: Postgres checks the database right after the startup, answers FATAL and hangs up
+  // while the proxy is still waiting for this client's password.
+  const client = edgeClient(proxy.port, 'trust_user', { database: 'no_such_db', pipelineConnect: false })
+  await assert.rejects(client.connect(), (err: any) => {
+    assert.equal(err.code, '3D000', err.message)
+    assert.match(err.message, /database "no_such_db" does not exist/)
+    return true
+  })
+})
