@@ -2,6 +2,8 @@
 export interface HostPort {
   host: string
   port: number
+  /** The IP to connect to, when `host` is a name the proxy has already resolved and checked. */
+  address?: string
 }
 
 export function parseHostPort(text: string, defaultPort = 5432): HostPort {

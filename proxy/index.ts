@@ -1,6 +1,7 @@
 import http, { type Server } from 'node:http'
 import https from 'node:https'
-import type { AddressInfo } from 'node:net'
+import net, { type AddressInfo } from 'node:net'
+import dns from 'node:dns/promises'
 import type { Duplex } from 'node:stream'
 import { WebSocketServer, type WebSocket } from 'ws'
 import { formatHostPort, parseHostPort, type HostPort } from './address'
@@ -41,6 +42,8 @@ export interface ProxyOptions {
   handshakeTimeoutMs?: number
   /** Close a session with no traffic either way for this long (default 15 min; 0: never). */
   idleTimeoutMs?: number
+  /** Resolves a host name to its addresses (default: the system resolver). */
+  lookup?: (host: string) => Promise<string[]>
   /** Called once per ended session; never given passwords or payloads. */
   log?: (entry: SessionLog) => void
 }
@@ -71,6 +74,18 @@ const isLoopback = (address: string) => /^(127\.|::1$|::ffff:127\.)/.test(addres
 export function createProxy(options: ProxyOptions): Proxy {
   const upstream = parseHostPort(options.upstream)
   const offload = options.authOffload !== false
+  const lookup = options.lookup ?? (async (host: string) => (await dns.lookup(host, { all: true })).map((a) => a.address))
+  /**
+   * A name on the allow-list stands for the addresses it had when first used: a client's session
+   * goes to one of those, never to wherever the name points later (DNS rebinding).
+   */
+  const pinned = new Map<string, Promise<Set<string>>>()
+  const pinnedAddress = async (target: HostPort): Promise<string | undefined> => {
+    const key = formatHostPort(target)
+    if (!pinned.has(key)) pinned.set(key, lookup(target.host).then((ips) => new Set(ips)))
+    const [known, now] = await Promise.all([pinned.get(key)!, lookup(target.host)])
+    return now.find((ip) => known.has(ip))
+  }
   const allowed = new Set([upstream, ...(options.allow ?? []).map((a) => parseHostPort(a))].map(formatHostPort))
   // Selecting edgepg's subprotocol announces auth offload and SSLRequest handling. Any other
   // offered subprotocol is declined (ws would otherwise select the first one offered).
@@ -137,45 +152,57 @@ export function createProxy(options: ProxyOptions): Proxy {
         return refuse(400, (err as Error).message, 'bad_address')
       }
       if (!allowed.has(formatHostPort(target))) return refuse(403, `address ${address} is not an allowed upstream`, 'forbidden_address')
+      if (!net.isIP(target.host)) {
+        const named = target
+        return void pinnedAddress(named).then(
+          (ip) => (ip ? accept({ ...named, address: ip }) : refuse(403, `address ${address} no longer resolves to an address the allow-list had`, 'forbidden_address')),
+          (err: Error) => refuse(502, `cannot resolve ${named.host}: ${err.message}`, 'bad_address')
+        )
+      }
     }
-    upgrading.add(socket)
-    perIp.set(peer, (perIp.get(peer) ?? 0) + 1)
-    const release = () => {
-      const n = (perIp.get(peer) ?? 1) - 1
-      n ? perIp.set(peer, n) : perIp.delete(peer)
-    }
-    // Until the Postgres startup is done: a stalled upgrade is dropped, a stalled session closed.
-    let ws: WebSocket | undefined
-    const handshake = timer(handshakeMs, () =>
-      ws ? ws.close(1008, 'edgepg-proxy: startup not finished in time') : socket.destroy()
-    )
-    socket.once('close', () => {
-      if (upgrading.delete(socket)) release()
-      handshake.stop()
-    })
-    wss.handleUpgrade(req, socket, head, (session) => {
-      ws = session
-      upgrading.delete(socket)
-      sessions.add(session)
-      metrics.sessionOpened()
-      const idle = timer(options.idleTimeoutMs ?? 900_000, () => session.close(1000, 'edgepg-proxy: idle timeout'))
-      session.once('close', () => {
-        sessions.delete(session)
-        release()
+    accept(target)
+
+    function accept(target: HostPort) {
+      if (socket.destroyed) return
+      upgrading.add(socket)
+      perIp.set(peer, (perIp.get(peer) ?? 0) + 1)
+      const release = () => {
+        const n = (perIp.get(peer) ?? 1) - 1
+        n ? perIp.set(peer, n) : perIp.delete(peer)
+      }
+      // Until the Postgres startup is done: a stalled upgrade is dropped, a stalled session closed.
+      let ws: WebSocket | undefined
+      const handshake = timer(handshakeMs, () =>
+        ws ? ws.close(1008, 'edgepg-proxy: startup not finished in time') : socket.destroy()
+      )
+      socket.once('close', () => {
+        if (upgrading.delete(socket)) release()
         handshake.stop()
-        idle.stop()
       })
-      runSession(session, {
-        target, peer, offload, passwordsAllowed: passwordsAllowed(req), upstreamTls: options.upstreamTls,
-        log: (entry) => {
-          metrics.sessionClosed(entry)
-          options.log?.(entry)
-        },
-        onUpstreamConnect: (seconds) => metrics.upstreamConnected(seconds),
-        onEstablished: () => handshake.stop(),
-        onActivity: idle.touch,
+      wss.handleUpgrade(req, socket, head, (session) => {
+        ws = session
+        upgrading.delete(socket)
+        sessions.add(session)
+        metrics.sessionOpened()
+        const idle = timer(options.idleTimeoutMs ?? 900_000, () => session.close(1000, 'edgepg-proxy: idle timeout'))
+        session.once('close', () => {
+          sessions.delete(session)
+          release()
+          handshake.stop()
+          idle.stop()
+        })
+        runSession(session, {
+          target, peer, offload, passwordsAllowed: passwordsAllowed(req), upstreamTls: options.upstreamTls,
+          log: (entry) => {
+            metrics.sessionClosed(entry)
+            options.log?.(entry)
+          },
+          onUpstreamConnect: (seconds) => metrics.upstreamConnected(seconds),
+          onEstablished: () => handshake.stop(),
+          onActivity: idle.touch,
+        })
       })
-    })
+    }
   })
 
   return {

@@ -74,7 +74,7 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
   const fromClient = new ByteQueue()
   const fromUpstream = new ByteQueue()
   const connectStarted = performance.now()
-  const tcp = net.connect({ host: o.target.host, port: o.target.port, noDelay: true }, () => {
+  const tcp = net.connect({ host: o.target.address ?? o.target.host, port: o.target.port, noDelay: true }, () => {
     connected = true
     o.onUpstreamConnect?.((performance.now() - connectStarted) / 1000)
   })
@@ -176,7 +176,7 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
    */
   function sendCancel(key: BackendKey) {
     const packet = cancelRequest(key)
-    const socket = net.connect({ host: o.target.host, port: o.target.port, noDelay: true })
+    const socket = net.connect({ host: o.target.address ?? o.target.host, port: o.target.port, noDelay: true })
     const timeout = setTimeout(() => socket.destroy(), CANCEL_TIMEOUT_MS).unref()
     socket.on('close', () => clearTimeout(timeout))
     socket.on('error', () => socket.destroy())

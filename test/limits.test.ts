@@ -125,3 +125,22 @@ test('graceful shutdown: new sessions refused, running ones may finish, the rest
   assert.match(lingeringErrors[0]?.message ?? '', /was closed \(code 1001: edgepg-proxy is shutting down\)/)
   await eventually(async () => (await backends('edgepg-linger')) === 0, 'the cut session to leave no backend')
 })
+
+test('an allow-listed host name is pinned to the addresses it had: re-pointed elsewhere, it is refused', async () => {
+  const { port } = (await import('./helpers')).testPostgres()
+  let answer = ['127.0.0.1']
+  const proxy = await startProxy({ allow: [`db.internal:${port}`], lookup: async () => answer })
+  try {
+    const via = `ws://127.0.0.1:${proxy.port}/v1?address=db.internal:${port}`
+    const client = edgeClient(proxy.port, 'scram_user', { wsProxy: () => via })
+    await client.connect()
+    assert.deepEqual((await client.query('SELECT 1 AS one')).rows, [{ one: 1 }], 'relayed to the address the name had')
+    await client.end()
+    answer = ['127.0.0.2'] // DNS now points the name somewhere the allow-list never had
+    const refused = await tryUpgrade(via)
+    assert.equal(refused.status, 403)
+    assert.match(refused.body, /no longer resolves to an address the allow-list had/)
+  } finally {
+    await proxy.close()
+  }
+})
