@@ -1,0 +1,95 @@
+import { test, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { spawn, type ChildProcess } from 'node:child_process'
+import { copyFile } from 'node:fs/promises'
+import { X509Certificate } from 'node:crypto'
+import tls from 'node:tls'
+import { WebSocket } from 'ws'
+import { Client } from '../src/index'
+import { generateCerts } from './certs'
+import { freePort, PASSWORD, testPostgres } from './stack'
+import { eventually } from './helpers'
+
+// edgepg-proxy as operators run it: the CLI, serving wss:// with --cert/--key, reloading them on
+// SIGHUP without dropping sessions; and its refusal of bad settings.
+const children = new Set<ChildProcess>()
+after(() => children.forEach((c) => c.kill('SIGKILL')))
+
+function cli(args: string[], env: Record<string, string> = {}) {
+  const child = spawn(process.execPath, ['--import', 'tsx', 'proxy/cli.ts', ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
+  children.add(child)
+  const out = { stdout: '', stderr: '' }
+  child.stdout!.setEncoding('utf8').on('data', (c) => (out.stdout += c))
+  child.stderr!.setEncoding('utf8').on('data', (c) => (out.stderr += c))
+  const exit = new Promise<number | null>((resolve) => child.once('exit', (code) => (children.delete(child), resolve(code))))
+  return { child, out, exit }
+}
+
+/** The certificate a TLS server presents right now. */
+const presented = (port: number, ca: string) =>
+  new Promise<string>((resolve, reject) => {
+    const s = tls.connect({ host: '127.0.0.1', port, ca, servername: 'localhost' }, () => {
+      resolve(new X509Certificate(s.getPeerCertificate(true).raw).fingerprint256)
+      s.end()
+    })
+    s.once('error', reject)
+  })
+
+test('wss:// with --cert/--key; SIGHUP swaps the certificate without dropping sessions', async () => {
+  const [a, b] = await Promise.all([generateCerts(), generateCerts()])
+  const pg = testPostgres()
+  const port = await freePort()
+  // The proxy reads the files named here; SIGHUP makes it read them again.
+  const certFile = `${a.dir}/live-cert.pem`
+  const keyFile = `${a.dir}/live-key.pem`
+  await copyFile(a.server.certFile, certFile)
+  await copyFile(a.server.keyFile, keyFile)
+  const proxy = cli(['--upstream', `${pg.host}:${pg.port}`, '--listen', `127.0.0.1:${port}`, '--cert', certFile, '--key', keyFile])
+  try {
+    await eventually(() => proxy.out.stdout.includes('"listening"'), 'the proxy to listen', 20000)
+    const both = a.ca.cert + b.ca.cert
+    const client = new Client({
+      host: 'localhost', port: pg.port, user: 'scram_user', password: PASSWORD, database: pg.database,
+      webSocketConstructor: class extends WebSocket { constructor(url: string, p?: string | string[]) { super(url, p, { ca: both }) } } as any,
+      wsProxy: () => `wss://localhost:${port}/v2`,
+    })
+    await client.connect()
+    assert.deepEqual((await client.query('SELECT 1 AS one')).rows, [{ one: 1 }])
+    const before = await presented(port, a.ca.cert)
+
+    await copyFile(b.server.certFile, certFile)
+    await copyFile(b.server.keyFile, keyFile)
+    proxy.child.kill('SIGHUP')
+    await eventually(() => proxy.out.stdout.includes('certificate reloaded'), 'the reload to be logged')
+    const after = await presented(port, b.ca.cert)
+    assert.notEqual(after, before, 'new connections get the new certificate')
+    const second = await client.query("SELECT 2 AS two").catch((e) => { console.log(proxy.out.stdout, proxy.out.stderr); throw e })
+    assert.deepEqual(second.rows, [{ two: 2 }], "the running session kept going")
+    await client.end()
+
+    proxy.child.kill('SIGTERM')
+    assert.equal(await proxy.exit, 0)
+  } finally {
+    proxy.child.kill('SIGKILL')
+    await Promise.all([a.cleanup(), b.cleanup()])
+  }
+})
+
+test('bad settings: exit 2 with a message naming the flag or variable', async () => {
+  const up = ['--upstream', '127.0.0.1:5432']
+  const cases: Array<[string[], Record<string, string>, RegExp]> = [
+    [[...up, '--upstream-sslmode', 'sometimes'], {}, /--upstream-sslmode must be disable, require, verify-ca or verify-full, got "sometimes"/],
+    [[...up, '--upstream-sslmode', 'verify-full'], {}, /verify-full needs --upstream-ca/],
+    [[...up, '--cert', '/nonexistent.pem'], {}, /--cert and --key go together/],
+    [[...up, '--cert', '/nonexistent.pem', '--key', '/nonexistent.pem'], {}, /--cert: cannot read "\/nonexistent.pem": ENOENT/],
+    [[...up, '--max-sessions', '0'], {}, /--max-sessions must be an integer ≥ 1, got "0"/],
+    [[...up], { EDGEPG_IDLE_TIMEOUT: 'soon' }, /EDGEPG_IDLE_TIMEOUT must be an integer ≥ 0, got "soon"/],
+    [[...up], { EDGEPG_NO_AUTH_OFFLOAD: 'maybe' }, /EDGEPG_NO_AUTH_OFFLOAD must be true or false/],
+    [[...up, '--handshake-timeout', '-5'], {}, /handshake-timeout/],
+  ]
+  const runs = cases.map(([args, env]) => cli(args, env))
+  for (const [i, run] of runs.entries()) {
+    assert.equal(await run.exit, 2, `${cases[i][0].join(' ')}: ${run.out.stderr}`)
+    assert.match(run.out.stderr, cases[i][2])
+  }
+})
