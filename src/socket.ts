@@ -1,4 +1,4 @@
-import { EventEmitter } from 'events'
+import { QueuedSocket } from './queued-socket'
 import { resolveConfig, webSocketUrl, SUBPROTOCOL, type EdgeConfig, type WebSocketConstructor } from './config'
 
 const OPEN = 1
@@ -10,18 +10,12 @@ const refusesSubprotocol = new Set<string>()
  * leave as one WebSocket message (flushed on a microtask), so a Parse/Bind/Describe/Execute/Sync
  * query is one message and one flight.
  */
-export class WebSocketSocket extends EventEmitter {
-  writable = false
-  readable = false
+export class WebSocketSocket extends QueuedSocket {
   /** The URL this socket opened (or tried to), for error messages. */
   url = ''
   /** Set on open: the proxy selected edgepg's subprotocol, so it offloads auth. */
   authOffload = false
   private ws?: WebSocket
-  private pending: Uint8Array[] = []
-  private callbacks: Array<() => void> = []
-  private flushQueued = false
-  private corked = 0
   private ending = false
   private closed = false
   private opened = false
@@ -86,28 +80,7 @@ export class WebSocketSocket extends EventEmitter {
 
   private coalesce = true
 
-  write(data: Uint8Array | string, encoding?: unknown, cb?: () => void): boolean {
-    if (typeof encoding === 'function') cb = encoding as () => void
-    if (!this.writable) {
-      if (cb) queueMicrotask(cb)
-      return false
-    }
-    this.pending.push(typeof data === 'string' ? Buffer.from(data) : data)
-    if (cb) this.callbacks.push(cb)
-    if (!this.corked) this.scheduleFlush()
-    return true
-  }
-
-  /** pg corks around each query's messages; nothing leaves until the matching uncork. */
-  cork() {
-    this.corked++
-  }
-
-  uncork() {
-    if (this.corked > 0 && --this.corked === 0 && this.pending.length) this.scheduleFlush()
-  }
-
-  private scheduleFlush() {
+  protected scheduleFlush() {
     if (!this.coalesce) this.flush()
     else if (!this.flushQueued) {
       this.flushQueued = true
@@ -120,11 +93,8 @@ export class WebSocketSocket extends EventEmitter {
     if (this.corked) return
     const ws = this.ws
     if (!ws || ws.readyState !== OPEN || !this.pending.length) return
-    const chunks = this.pending
-    this.pending = []
-    ws.send(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks))
-    const callbacks = this.callbacks
-    this.callbacks = []
+    const { data, callbacks } = this.takePending()
+    ws.send(data)
     for (const cb of callbacks) cb()
   }
 
@@ -173,10 +143,4 @@ export class WebSocketSocket extends EventEmitter {
     // Asynchronously, as net.Socket does: pg's end() destroys the socket and only then listens.
     queueMicrotask(() => this.emit('close', false))
   }
-
-  // pg calls these on every connect; a WebSocket has no Nagle or keep-alive knobs to turn.
-  setNoDelay() { return this }
-  setKeepAlive() { return this }
-  ref() { return this }
-  unref() { return this }
 }

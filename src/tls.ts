@@ -1,4 +1,4 @@
-import { EventEmitter } from 'events'
+import { QueuedSocket } from './queued-socket'
 import type { RootCertsDatabase, ReadQueue as SubtlsReadQueue } from 'subtls'
 import type { WebSocketSocket } from './socket'
 
@@ -52,17 +52,11 @@ const isIP = (host: string) => /^\d{1,3}(\.\d{1,3}){3}$/.test(host) || host.incl
  * 'connect' is emitted once the TLS handshake (and certificate verification) has succeeded, 'data'
  * carries decrypted bytes, and writes are encrypted in order, those of one tick in one record.
  */
-export class TlsSocket extends EventEmitter {
-  writable = false
-  readable = false
+export class TlsSocket extends QueuedSocket {
   /** The proxy sees only ciphertext, so it cannot offload auth. */
   readonly authOffload = false
   private queue?: SubtlsReadQueue
   private tls?: { read(): Promise<Uint8Array | undefined>; write(data: Uint8Array): Promise<void> }
-  private pending: Uint8Array[] = []
-  private callbacks: Array<() => void> = []
-  private flushQueued = false
-  private corked = 0
   private writing = false
   private reading = false
   private ending = false
@@ -247,28 +241,7 @@ export class TlsSocket extends EventEmitter {
     }
   }
 
-  write(data: Uint8Array | string, encoding?: unknown, cb?: () => void): boolean {
-    if (typeof encoding === 'function') cb = encoding as () => void
-    if (!this.writable) {
-      if (cb) queueMicrotask(cb)
-      return false
-    }
-    this.pending.push(typeof data === 'string' ? Buffer.from(data) : data)
-    if (cb) this.callbacks.push(cb)
-    if (!this.corked) this.scheduleFlush()
-    return true
-  }
-
-  /** As WebSocketSocket#cork: nothing is encrypted until the matching uncork. */
-  cork() {
-    this.corked++
-  }
-
-  uncork() {
-    if (this.corked > 0 && --this.corked === 0) this.scheduleFlush()
-  }
-
-  private scheduleFlush() {
+  protected scheduleFlush() {
     if (this.tls && this.pending.length && !this.flushQueued && !this.writing) {
       this.flushQueued = true
       queueMicrotask(() => this.flush())
@@ -283,12 +256,9 @@ export class TlsSocket extends EventEmitter {
     this.flushQueued = false
     if (!this.tls || this.writing || this.corked || !this.pending.length || this.innerClosed) return
     this.writing = true
-    const chunks = this.pending
-    const callbacks = this.callbacks
-    this.pending = []
-    this.callbacks = []
+    const { data, callbacks } = this.takePending()
     try {
-      const written = this.tls.write(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks))
+      const written = this.tls.write(data)
       this.readLoop() // no-op once reading
       await written
     } catch (err) {
@@ -342,9 +312,4 @@ export class TlsSocket extends EventEmitter {
     this.emit('error', err)
     this.destroy()
   }
-
-  setNoDelay() { return this }
-  setKeepAlive() { return this }
-  ref() { return this }
-  unref() { return this }
 }
