@@ -118,7 +118,7 @@ export function createProxy(options: ProxyOptions): Proxy {
     res.end('edgepg-proxy: connect with a WebSocket to /v1 or /v2\n')
   }
   const handshakeMs = options.handshakeTimeoutMs ?? 10_000
-  const server: Server = options.tls ? https.createServer({ ...options.tls }, onRequest) : http.createServer(onRequest)
+  const server: Server = options.tls ? https.createServer({ ...options.tls, handshakeTimeout: handshakeMs }, onRequest) : http.createServer(onRequest)
   // A client that never finishes its HTTP request (or TLS handshake) is dropped on the same clock.
   const unanswered = new WeakMap<Duplex, NodeJS.Timeout>()
   const answered = (socket: Duplex) => clearTimeout(unanswered.get(socket))
