@@ -13,10 +13,12 @@ import { PASSWORD, startPostgres } from '../test/stack'
 import { connect } from './connect'
 import { core } from './core'
 import { proxycost } from './proxycost'
+import { httpBench } from './http'
 import { passes, type BenchContext, type ProxyMode, type Row, type Section } from './lib'
 import { startProxy, type RunningProxy } from './proxy'
 
 const SECTIONS: Section[] = [core, connect, proxycost]
+SECTIONS.push(httpBench)
 
 const args = process.argv.slice(2)
 const proxyArg = args.find((a) => a.startsWith('--proxy='))?.slice('--proxy='.length) ?? 'child'

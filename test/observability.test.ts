@@ -22,7 +22,7 @@ import { createMetrics, outcomeKind, isAuthFailure, REFUSAL_REASONS, OUTCOME_KIN
 import { healthHandler } from '../proxy/health'
 import { Client } from '../src/index'
 import { PASSWORD, freePort, type Role } from './stack'
-import { edgeConfig, testPostgres, eventually } from './helpers'
+import { edgeConfig, testPostgres, eventually, within } from './helpers'
 
 const PG = testPostgres()
 const UPSTREAM = `${PG.host}:${PG.port}`
@@ -30,16 +30,6 @@ const P = 'edgepg_proxy_'
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-/** Races `promise` against a timer, so no wait in this file is unbounded. */
-async function within<T>(ms: number, what: string, promise: Promise<T>): Promise<T> {
-  let timer: NodeJS.Timeout | undefined
-  try {
-    return await Promise.race([promise, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms)))])
-  } finally {
-    clearTimeout(timer)
-  }
-}
 
 interface Reply {
   status: number

@@ -27,7 +27,7 @@ import { createProxy, type ProxyOptions, type SessionLog } from '../proxy/index'
 import { Client, Pool, type ClientConfig } from '../src/index'
 import { SUBPROTOCOL } from '../src/config'
 import { PASSWORD, type Role } from './stack'
-import { edgeConfig, pgConfig, testPostgres } from './helpers'
+import { edgeConfig, pgConfig, testPostgres, within } from './helpers'
 import { generateCerts, type TestCerts } from './certs'
 
 const PG = testPostgres()
@@ -235,16 +235,6 @@ function upstreamSession(relay: Relay, from: number) {
 }
 
 // ---------------------------------------------------------------------------------------------
-
-/** Races `promise` against a timer, so no wait in this file is unbounded. */
-async function within<T>(ms: number, what: string, promise: Promise<T>): Promise<T> {
-  let timer: NodeJS.Timeout | undefined
-  try {
-    return await Promise.race([promise, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms)))])
-  } finally {
-    clearTimeout(timer)
-  }
-}
 
 async function startProxy(options: Partial<ProxyOptions> & { upstream: string }, host = '127.0.0.1') {
   const logs: SessionLog[] = []

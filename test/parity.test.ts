@@ -8,7 +8,7 @@ import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
 import pg from 'pg'
 import { Client, Pool } from '../src/index'
-import { edgeClient, edgePool, startProxy, pgConfig, backends, eventually } from './helpers'
+import { edgeClient, edgePool, startProxy, pgConfig, backends, eventually, within } from './helpers'
 import { buildCorpus, setupSql, teardownSql, uniqueSchema, type CorpusEntry } from './corpus'
 
 const schema = uniqueSchema()
@@ -46,7 +46,7 @@ before(async () => {
 })
 
 after(async () => {
-  for (const x of opened.splice(0).reverse()) await withTimeout(x.end(), 2000, 'end()').catch(() => {})
+  for (const x of opened.splice(0).reverse()) await within(2000, 'end()', x.end()).catch(() => {})
   if (admin) {
     await admin.query(teardownSql(schema)).catch(() => {})
     await admin.end().catch(() => {})
@@ -86,13 +86,6 @@ async function outcome(q: Queryable, config: any): Promise<Outcome> {
   } catch (err) {
     return { error: normError(err) }
   }
-}
-
-/** Rejects if `promise` has not settled within `ms` (so a hang fails the test instead of stalling the file). */
-function withTimeout<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout
-  const timeout = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what} did not settle within ${ms} ms`)), ms)))
-  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer))
 }
 
 /** deepStrictEqual, with a label in front of the diff (a `message` argument would replace the diff). */
@@ -338,7 +331,7 @@ test('query_timeout: client-side "Query read timeout" on both, client usable aft
       await outcome(c, { text: 'SELECT 2 AS queued_behind_the_sleep' }), // the sleep is still running: times out too
       (await pause(400), await outcome(c, { text: 'SELECT 3 AS again' })),
     ]
-    await withTimeout(endAll(c), 3000, 'client.end()')
+    await within(3000, 'client.end()', endAll(c))
     return log
   }
   const [fromEdge, fromTcp] = await Promise.all([
@@ -358,7 +351,7 @@ test('client.end() while a query is still running (e.g. after query_timeout) res
     await c.connect()
     const timedOut = await outcome(c, { text: 'SELECT pg_sleep(2) AS slept', query_timeout: 100 })
     // pg destroys the socket when a query is active and resolves end() on the connection's 'end'
-    const ended = await withTimeout(endAll(c).then(() => 'ended'), 3000, 'client.end() with an active query').catch((err) => err.message)
+    const ended = await within(3000, 'client.end() with an active query', endAll(c).then(() => 'ended')).catch((err) => err.message)
     return { timedOut, ended }
   }
   const [fromEdge, fromTcp] = await Promise.all([run(track(edgeClient(proxy.port))), run(track(new pg.Client(pgConfig())))])

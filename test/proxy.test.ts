@@ -24,7 +24,8 @@ import { Client as NeonClient, Pool as NeonPool, neonConfig } from '@neondatabas
 import { createProxy, type ProxyOptions, type SessionLog } from '../proxy/index'
 import { Client } from '../src/index'
 import { PASSWORD, freePort } from './stack'
-import { pgConfig, testPostgres, eventually } from './helpers'
+import { pgConfig, testPostgres, eventually, tryUpgrade, within } from './helpers'
+import { TERMINATE, backendReader, bigResultQuery, bigResultRowError, queryMessage, startupMessage } from './protocol'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const PG = testPostgres()
@@ -54,32 +55,9 @@ async function withProxy<T>(options: Partial<ProxyOptions>, fn: (p: LocalProxy) 
   }
 }
 
-/** Races `promise` against a timer, so no wait in this file is unbounded. */
-async function within<T>(ms: number, what: string, promise: Promise<T>): Promise<T> {
-  let timer: NodeJS.Timeout | undefined
-  try {
-    return await Promise.race([promise, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms)))])
-  } finally {
-    clearTimeout(timer)
-  }
-}
-
 /** Opens a WebSocket; resolves with its HTTP status (101 when it opened) and, on refusal, the body. */
-function upgrade(url: string, headers?: Record<string, string>): Promise<{ status: number; body: string; ws?: WebSocket }> {
-  return within(5000, `upgrade ${url}`, new Promise((resolve, reject) => {
-    const ws = new WebSocket(url, { headers })
-    ws.once('open', () => resolve({ status: 101, body: '', ws }))
-    ws.once('unexpected-response', (req, res) => {
-      let body = ''
-      res.setEncoding('utf8')
-      res.on('data', (c: string) => (body += c))
-      res.on('end', () => {
-        req.destroy()
-        resolve({ status: res.statusCode ?? 0, body })
-      })
-    })
-    ws.once('error', reject)
-  }))
+function upgrade(url: string, headers?: Record<string, string>) {
+  return within(5000, `upgrade ${url}`, tryUpgrade(url, { headers }))
 }
 
 /** Status of an upgrade attempt; closes the WebSocket if it opened. */
@@ -184,39 +162,10 @@ async function queryVia(url: string | ((host: string, port: number) => string), 
   }
 }
 
-// --- The Postgres wire protocol by hand, for clients that must control their own reading.
+// --- The Postgres wire protocol by hand (test/protocol.ts), for clients that must control their own reading.
 
-function startupMessage(user: string, appName: string) {
-  const params = Buffer.from(`user\0${user}\0database\0${PG.database}\0application_name\0${appName}\0\0`)
-  const head = Buffer.alloc(8)
-  head.writeInt32BE(8 + params.length, 0)
-  head.writeInt32BE(196608, 4)
-  return Buffer.concat([head, params])
-}
-function queryMessage(sql: string) {
-  const text = Buffer.from(sql + '\0')
-  const head = Buffer.alloc(5)
-  head[0] = 0x51 // 'Q'
-  head.writeInt32BE(4 + text.length, 1)
-  return Buffer.concat([head, text])
-}
-const TERMINATE = Buffer.from([0x58, 0, 0, 0, 4])
-
-/** Splits a byte stream into backend messages. */
-function backendReader(onMessage: (type: string, body: Buffer) => void) {
-  let pending: Buffer = Buffer.alloc(0)
-  return (chunk: Buffer) => {
-    const buf = pending.length ? Buffer.concat([pending, chunk]) : chunk
-    let off = 0
-    while (buf.length - off >= 5) {
-      const len = buf.readInt32BE(off + 1)
-      if (buf.length - off < 1 + len) break
-      onMessage(String.fromCharCode(buf[off]), buf.subarray(off + 5, off + 1 + len))
-      off += 1 + len
-    }
-    pending = buf.subarray(off)
-  }
-}
+/** A StartupMessage for the test Postgres's database. */
+const startup = (user: string, appName: string) => startupMessage({ user, database: PG.database, application_name: appName })
 
 /** A raw WebSocket session speaking the protocol as trust_user, counting bytes both ways. */
 async function rawSession(url: string, appName: string) {
@@ -460,14 +409,10 @@ describe('backpressure', () => {
       let firstBad = ''
       let tag = ''
       let ready = 0
-      const tail = Buffer.alloc(990, 'x')
       const read = backendReader((type, body) => {
         if (type === 'D') {
           rows++
-          if (!firstBad) {
-            const ok = body.readInt16BE(0) === 1 && body.readInt32BE(2) === 1000 && body.toString('latin1', 6, 16) === String(rows).padStart(10, '0') && body.subarray(16).equals(tail)
-            if (!ok) firstBad = `row ${rows}: ${body.subarray(0, 40).toString('latin1')}`
-          }
+          if (!firstBad) firstBad = bigResultRowError(body, rows)
         } else if (type === 'C') tag = body.toString('latin1', 0, body.length - 1)
         else if (type === 'Z') ready++
         else if (type === 'E') firstBad ||= `error: ${body.toString('latin1')}`
@@ -476,7 +421,7 @@ describe('backpressure', () => {
         received += d.length
         read(d)
       })
-      ws.send(Buffer.concat([startupMessage('trust_user', appName), queryMessage(`SELECT lpad(i::text, 10, '0') || repeat('x', 990) FROM generate_series(1, ${ROWS}) i`)]))
+      ws.send(Buffer.concat([startup('trust_user', appName), queryMessage(bigResultQuery(ROWS))]))
       ws.pause() // stop reading: the kernel buffers fill, then the proxy's send queue
 
       const tcp = await capture.socket()
@@ -646,7 +591,7 @@ describe('session log', () => {
       // Session 1: Postgres ends it (Terminate).
       const t0 = Date.now()
       const a = await rawSession(p.url('/v2'), 'edgepg-log-a')
-      a.send(startupMessage('trust_user', 'edgepg-log-a'))
+      a.send(startup('trust_user', 'edgepg-log-a'))
       await a.readyCount(1)
       a.send(queryMessage('SELECT 1'))
       await a.readyCount(2)
@@ -658,7 +603,7 @@ describe('session log', () => {
 
       // Session 2: the client ends it.
       const b = await rawSession(p.url(`/v1?address=${UPSTREAM}`), 'edgepg-log-b')
-      b.send(startupMessage('trust_user', 'edgepg-log-b'))
+      b.send(startup('trust_user', 'edgepg-log-b'))
       await b.readyCount(1)
       await closeWs(b.ws)
       await eventually(() => p.logs.length === 2, 'the second session log entry')

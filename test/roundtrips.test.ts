@@ -22,9 +22,8 @@ import { createProxy } from '../proxy/index'
 import { Client, Pool, type ClientConfig } from '../src/index'
 import { generateCerts, type TestCerts } from './certs'
 import { startDelayRelay } from './delay-relay'
-import { startTlsPostgres, type TlsPostgres } from './tls-postgres'
 import { edgeConfig, startProxy } from './helpers'
-import { PASSWORD, type Role } from './stack'
+import { PASSWORD, startPostgres, tlsOnly, type Postgres, type Role } from './stack'
 
 const ONE_WAY_MS = 100
 const RTT_MS = 2 * ONE_WAY_MS
@@ -38,8 +37,8 @@ const relay = async (port: number) => {
 }
 
 let certs: TestCerts
-let pg18: TlsPostgres | undefined
-let pg16: TlsPostgres | undefined
+let pg18: Postgres | undefined
+let pg16: Postgres | undefined
 /** ws:// proxy to the suite's Postgres (roles per auth method), direct and behind the delay. */
 let plainProxy: number
 let plainDelayed: number
@@ -55,8 +54,8 @@ let delayed16: number
 before(async () => {
   certs = await generateCerts()
   const pgs = Promise.all([
-    startTlsPostgres(18, certs.server.certFile, certs.server.keyFile),
-    startTlsPostgres(16, certs.server.certFile, certs.server.keyFile),
+    startPostgres(tlsOnly(18, certs.server)),
+    startPostgres(tlsOnly(16, certs.server)),
   ])
 
   const plain = await startProxy()
@@ -70,7 +69,7 @@ before(async () => {
   tlsDelayed = (await relay(tlsProxy)).port
 
   ;[pg18, pg16] = await pgs
-  const proxyTo = async (db: TlsPostgres) => {
+  const proxyTo = async (db: Postgres) => {
     const proxy = createProxy({ upstream: `${db.host}:${db.port}` })
     closers.push(proxy)
     return (await proxy.listen(0, '127.0.0.1')).port

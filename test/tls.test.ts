@@ -15,9 +15,8 @@ import { Client } from '../src/index'
 import { WebSocketSocket } from '../src/socket'
 import { TlsSocket } from '../src/tls'
 import { generateCerts, type TestCerts } from './certs'
-import { startTlsPostgres, type TlsPostgres } from './tls-postgres'
 import { startDelayRelay } from './delay-relay'
-import { PASSWORD, testPostgres } from './stack'
+import { PASSWORD, startPostgres, testPostgres, tlsOnly, type Postgres } from './stack'
 
 const unhandled: unknown[] = []
 process.on('unhandledRejection', (err) => unhandled.push(err))
@@ -26,8 +25,8 @@ type Closer = { close(): Promise<void> | void }
 const closers: Closer[] = []
 
 let certs: TestCerts
-let pg18: TlsPostgres
-let pg16: TlsPostgres
+let pg18: Postgres
+let pg16: Postgres
 /** Records what the proxy relays to and from PostgreSQL 18. */
 let recorder: Awaited<ReturnType<typeof startRecordingRelay>>
 let proxy18: number
@@ -36,8 +35,8 @@ let proxy16: number
 before(async () => {
   certs = await generateCerts()
   ;[pg18, pg16] = await Promise.all([
-    startTlsPostgres(18, certs.server.certFile, certs.server.keyFile),
-    startTlsPostgres(16, certs.server.certFile, certs.server.keyFile),
+    startPostgres(tlsOnly(18, certs.server)),
+    startPostgres(tlsOnly(16, certs.server)),
   ])
   recorder = await startRecordingRelay({ host: pg18.host, port: pg18.port })
   closers.push(recorder)

@@ -5,16 +5,15 @@ import { WebSocket } from 'ws'
 import { createProxy, type ProxyOptions } from '../proxy/index'
 import { Client } from '../src/index'
 import { generateCerts, type TestCerts } from './certs'
-import { startTlsPostgres, type TlsPostgres } from './tls-postgres'
-import { PASSWORD, testPostgres } from './stack'
+import { PASSWORD, startPostgres, testPostgres, tlsOnly, type Postgres } from './stack'
 
 // The proxy's own link to Postgres over TLS (sslmode require / verify-full), where SCRAM binds to
 // the channel (SCRAM-SHA-256-PLUS). The roles here may log in only over TLS (hostssl).
 let certs: TestCerts
-let pg18: TlsPostgres
+let pg18: Postgres
 before(async () => {
   certs = await generateCerts()
-  pg18 = await startTlsPostgres(18, certs.server.certFile, certs.server.keyFile)
+  pg18 = await startPostgres(tlsOnly(18, certs.server))
 })
 after(async () => {
   await pg18?.stop()

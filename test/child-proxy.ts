@@ -1,0 +1,108 @@
+/**
+ * edgepg-proxy as deployed, for the load and memory tests: `node --import tsx proxy/cli.ts` in a
+ * child process, so that the test process (the load generator) does not share its event loop. Its
+ * CPU time and resident set are read from /proc; every child is killed when this process exits.
+ */
+import { spawn, type ChildProcess } from 'node:child_process'
+import { readFileSync } from 'node:fs'
+import { createInterface } from 'node:readline'
+import { fileURLToPath } from 'node:url'
+import { freePort } from './stack'
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url))
+
+/** For sessions that all come from 127.0.0.1: lift the proxy's default limits (1,000 in all, 100 per address). */
+export const LIFTED_LIMITS = ['--max-sessions', '5000', '--max-sessions-per-ip', '5000', '--shutdown-grace', '0']
+
+export interface ChildProxyOptions {
+  /** Node flags, before `--import tsx` (e.g. --expose-gc and a preload). */
+  nodeArgs?: string[]
+  /** edgepg-proxy flags, after --upstream and --listen. */
+  flags?: string[]
+  /** Sees each line the child writes to stderr first; returning true keeps it out of the error text. */
+  onStderrLine?: (line: string) => boolean
+}
+
+export interface ChildProxy {
+  child: ChildProcess
+  pid: number
+  port: number
+  url: string
+  /** The session log lines the proxy has printed so far. */
+  logs: Array<{ outcome: string; [key: string]: unknown }>
+  /** CPU seconds (user + system) the child has used so far, from /proc. */
+  cpuSeconds(): number
+  /** The child's resident set now, from /proc (bytes). */
+  rss(): number
+  /** SIGTERM, then SIGKILL after 3 s; resolves once the child has exited. */
+  stop(): Promise<void>
+}
+
+const children = new Set<ChildProcess>()
+process.on('exit', () => {
+  for (const child of children) child.kill('SIGKILL')
+})
+
+export async function startChildProxy(upstream: string, options: ChildProxyOptions = {}): Promise<ChildProxy> {
+  const listen = `127.0.0.1:${await freePort()}`
+  const child = spawn(process.execPath, [...(options.nodeArgs ?? []), '--import', 'tsx', 'proxy/cli.ts', '--upstream', upstream, '--listen', listen, ...(options.flags ?? [])], {
+    cwd: ROOT,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  })
+  children.add(child)
+  child.once('exit', () => children.delete(child))
+  let stderr = ''
+  createInterface({ input: child.stderr! }).on('line', (line) => {
+    if (!options.onStderrLine?.(line)) stderr += line + '\n'
+  })
+  const logs: ChildProxy['logs'] = []
+  const port = await new Promise<number>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`the proxy child did not report listening within 30 s: ${stderr}`)), 30_000)
+    child.once('exit', (code) => reject(new Error(`the proxy child exited (code ${code}) before listening: ${stderr}`)))
+    // Keep draining stdout for the child's whole life: it logs one line per session.
+    createInterface({ input: child.stdout! }).on('line', (line) => {
+      let msg: any
+      try {
+        msg = JSON.parse(line)
+      } catch {
+        return
+      }
+      if (typeof msg.outcome === 'string') logs.push(msg)
+      if (msg.listening) {
+        clearTimeout(timer)
+        resolve(Number(String(msg.listening).split(':').pop()))
+      }
+    })
+  })
+  const ticks = 100 // USER_HZ on Linux
+  return {
+    child,
+    pid: child.pid!,
+    port,
+    url: `ws://127.0.0.1:${port}/v2`,
+    logs,
+    cpuSeconds() {
+      // Fields after the command name: state is #3; utime #14, stime #15.
+      const stat = readFileSync(`/proc/${child.pid}/stat`, 'utf8')
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+      return (Number(fields[11]) + Number(fields[12])) / ticks
+    },
+    rss() {
+      const status = readFileSync(`/proc/${child.pid}/status`, 'utf8')
+      const kb = /^VmRSS:\s+(\d+) kB$/m.exec(status)
+      if (!kb) throw new Error(`no VmRSS in /proc/${child.pid}/status`)
+      return Number(kb[1]) * 1024
+    },
+    stop() {
+      if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve()
+      return new Promise((resolve) => {
+        const timer = setTimeout(() => child.kill('SIGKILL'), 3000)
+        child.once('exit', () => {
+          clearTimeout(timer)
+          resolve()
+        })
+        child.kill('SIGTERM')
+      })
+    },
+  }
+}
