@@ -23,7 +23,7 @@ if (config === 'help') {
 }
 
 const { options, listen, shutdownGraceMs, readTls } = config
-const proxy = createProxy({ ...options, log: line })
+const proxy = createProxy({ ...options, log: line, sqlLog: (entry) => line({ route: '/sql', ...entry }) })
 proxy.listen(listen.port, listen.host).then(
   (addr) => line({ listening: `${addr.address}:${addr.port}`, upstream: options.upstream, tls: Boolean(options.tls) }),
   (err) => fail(`cannot listen on ${formatHostPort(listen)}: ${err.message}`)

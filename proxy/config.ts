@@ -31,6 +31,13 @@ const SETTINGS = {
   idleTimeout: { flag: 'idle-timeout', env: 'EDGEPG_IDLE_TIMEOUT', arg: 'ms', kind: 'ms', default: '900000', help: 'close a session with no traffic either way for this long (0: never)' },
   maxMessageBytes: { flag: 'max-message-bytes', env: 'EDGEPG_MAX_MESSAGE_BYTES', arg: 'n', kind: 'bytes', default: '67108864', help: 'largest WebSocket message accepted from a client' },
   shutdownGrace: { flag: 'shutdown-grace', env: 'EDGEPG_SHUTDOWN_GRACE', arg: 'ms', kind: 'ms', default: '10000', help: 'on SIGTERM, time running sessions get to finish before close code 1001' },
+  sqlMaxBody: { flag: 'sql-max-body', env: 'EDGEPG_SQL_MAX_BODY', arg: 'n', kind: 'bytes', default: '10485760', help: 'POST /sql: largest request body (HTTP 413)' },
+  sqlMaxResponse: { flag: 'sql-max-response', env: 'EDGEPG_SQL_MAX_RESPONSE', arg: 'n', kind: 'bytes', default: '10485760', help: 'POST /sql: largest response (HTTP 507)' },
+  sqlStatementTimeout: { flag: 'sql-statement-timeout', env: 'EDGEPG_SQL_STATEMENT_TIMEOUT', arg: 'ms', kind: 'ms', default: '60000', help: 'POST /sql: statement timeout (0: none)' },
+  sqlMaxRequests: { flag: 'sql-max-requests', env: 'EDGEPG_SQL_MAX_REQUESTS', arg: 'n', kind: 'count', default: '500', help: 'POST /sql: requests at once; more get HTTP 503' },
+  sqlPoolMax: { flag: 'sql-pool-max', env: 'EDGEPG_SQL_POOL_MAX', arg: 'n', kind: 'count', default: '10', help: 'POST /sql: pooled connections per user, database and password' },
+  sqlPoolIdleTimeout: { flag: 'sql-pool-idle-timeout', env: 'EDGEPG_SQL_POOL_IDLE_TIMEOUT', arg: 'ms', kind: 'ms', default: '30000', help: 'POST /sql: close pooled connections idle this long' },
+  noSql: { flag: 'no-sql', env: 'EDGEPG_NO_SQL', kind: 'switch', help: 'turn off POST /sql' },
   noAuthOffload: { flag: 'no-auth-offload', env: 'EDGEPG_NO_AUTH_OFFLOAD', kind: 'switch', help: 'relay the startup untouched: clients authenticate with Postgres end to end' },
   allowInsecurePasswords: { flag: 'allow-insecure-passwords', env: 'EDGEPG_ALLOW_INSECURE_PASSWORDS', kind: 'switch', help: 'accept passwords over plain ws:// from non-loopback clients (TLS ends in front)' },
 } satisfies Record<string, Setting>
@@ -52,7 +59,8 @@ ${(Object.values(SETTINGS) as Setting[])
 
 Routes: /v2 relays to the upstream; /v1?address=host:port relays to that address if it is the
 upstream or allowed by --allow, and is refused with HTTP 403 otherwise. Never an open relay.
-GET /healthz checks the upstream is reachable; GET /metrics serves Prometheus metrics.
+POST /sql speaks Neon's SQL-over-HTTP protocol (edgepg's httpSql; neon() with fetchEndpoint
+https://<proxy>/sql). GET /healthz checks the upstream is reachable; GET /metrics serves metrics.
 Logs one JSON line per session (peer, upstream, duration, bytes, outcome) to stdout.
 Signals: SIGTERM/SIGINT shut down gracefully; SIGHUP reloads --cert and --key.
 `
@@ -150,6 +158,15 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
       idleTimeoutMs: value('idleTimeout', number(0)),
       maxMessageBytes: value('maxMessageBytes', number(1)),
       authOffload: !on('noAuthOffload'),
+      sql: on('noSql')
+        ? false
+        : {
+            maxBodyBytes: value('sqlMaxBody', number(1)),
+            maxResponseBytes: value('sqlMaxResponse', number(1)),
+            statementTimeoutMs: value('sqlStatementTimeout', number(0)),
+            maxRequests: value('sqlMaxRequests', number(1)),
+            pool: { max: value('sqlPoolMax', number(1)), idleTimeoutMs: value('sqlPoolIdleTimeout', number(1)) },
+          },
       allowInsecurePasswords: on('allowInsecurePasswords'),
     },
   }

@@ -8,6 +8,7 @@ import { formatHostPort, parseHostPort, type HostPort } from './address'
 import { runSession, type SessionLog, type UpstreamTls } from './session'
 import { createMetrics, type Metrics, type RefusalReason } from './metrics'
 import { healthHandler } from './health'
+import { sqlHandler, type SqlOptions, type SqlPoolOptions, type SqlLog } from './sql'
 import { SUBPROTOCOL } from '../src/config'
 
 export interface ProxyOptions {
@@ -44,11 +45,15 @@ export interface ProxyOptions {
   idleTimeoutMs?: number
   /** Resolves a host name to its addresses (default: the system resolver). */
   lookup?: (host: string) => Promise<string[]>
+  /** POST /sql: Neon's SQL-over-HTTP protocol, on pooled connections (default on); false: off. */
+  sql?: false | Pick<SqlOptions, 'maxBodyBytes' | 'maxResponseBytes' | 'statementTimeoutMs' | 'maxRequests' | 'authToken'> & { pool?: SqlPoolOptions }
+  /** Called once per /sql request; never given passwords, queries or parameters. */
+  sqlLog?: (entry: SqlLog) => void
   /** Called once per ended session; never given passwords or payloads. */
   log?: (entry: SessionLog) => void
 }
 
-export type { SessionLog, UpstreamTls }
+export type { SessionLog, UpstreamTls, SqlLog }
 
 export interface Proxy {
   server: Server
@@ -110,10 +115,29 @@ export function createProxy(options: ProxyOptions): Proxy {
 
   const metrics = createMetrics()
   const health = healthHandler(upstream)
+  const sql =
+    options.sql === false
+      ? undefined
+      : sqlHandler({
+          upstream,
+          // The same rules as /v1?address=: exact allow-list, names pinned to their addresses.
+          isAllowed: async (named) => {
+            if (!allowed.has(formatHostPort(named))) return false
+            if (net.isIP(named.host) || formatHostPort(named) === formatHostPort(upstream)) return true
+            const ip = await pinnedAddress(named)
+            return ip ? { ...named, address: ip } : false
+          },
+          allowedOrigins: options.allowedOrigins,
+          upstreamTls: options.upstreamTls,
+          allowInsecurePasswords: options.allowInsecurePasswords,
+          log: options.sqlLog,
+          ...options.sql,
+        })
   const onRequest = (req: http.IncomingMessage, res: http.ServerResponse) => {
     const path = new URL(req.url ?? '/', 'http://proxy').pathname
     if (path === '/healthz') return health(req, res)
     if (path === '/metrics') return void metrics.handle(req, res)
+    if (path === '/sql' && sql) return sql.handle(req, res)
     res.writeHead(426, { 'content-type': 'text/plain', upgrade: 'websocket' })
     res.end('edgepg-proxy: connect with a WebSocket to /v1 or /v2\n')
   }
@@ -225,6 +249,7 @@ export function createProxy(options: ProxyOptions): Proxy {
     },
     async close(graceMs = 0) {
       closing = true
+      const sqlClosed = sql?.close(graceMs)
       const stopped = new Promise<void>((resolve) => server.close(() => resolve()))
       const deadline = Date.now() + graceMs
       while (sessions.size && Date.now() < deadline) await new Promise((r) => setTimeout(r, Math.min(50, deadline - Date.now())))
@@ -234,6 +259,7 @@ export function createProxy(options: ProxyOptions): Proxy {
       const cut = setTimeout(() => sessions.forEach((ws) => ws.terminate()), 2000)
       while (sessions.size) await new Promise((r) => setTimeout(r, 20))
       clearTimeout(cut)
+      await sqlClosed
       server.closeAllConnections()
       await stopped
     },

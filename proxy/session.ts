@@ -263,7 +263,8 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
     }
     fromUpstream.fail(new Error('upstream closed'))
     if (ws.readyState === ws.OPEN) {
-      if (outcome === 'closed by client') outcome = 'closed by upstream'
+      // After the client's Terminate, Postgres hanging up is the client's doing.
+      if (outcome === 'closed by client' && !clientTerminated) outcome = 'closed by upstream'
       closeClient(1000)
     }
   })

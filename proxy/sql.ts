@@ -27,7 +27,8 @@
  * where absent): 400 for Postgres errors (a wrong password is 28P01, a statement timeout 57014) and
  * for bad requests, 401 refused token, 403 host or Origin not allowed (or a password over plain
  * http:// from a non-loopback client, unless allowInsecurePasswords), 405 not POST, 413 body too
- * large, 502 Postgres unreachable, 503 shutting down / no connection in time / too many pools,
+ * large, 502 Postgres unreachable, 503 shutting down / no connection in time / too many pools or
+ * requests,
  * 507 response too large (a batch that hits it commits nothing).
  *
  * Every query runs with the extended protocol (as Neon's does), so one statement per query: a
@@ -82,6 +83,8 @@ export interface SqlOptions {
   maxBodyBytes?: number
   /** Largest response body, in bytes (HTTP 507). Default 10 MiB. */
   maxResponseBytes?: number
+  /** Requests served at once (waiting for a connection included); more get HTTP 503. Default 500. */
+  maxRequests?: number
   /** Postgres statement_timeout for every statement, in ms (0: none). Default 60 s. */
   statementTimeoutMs?: number
   pool?: SqlPoolOptions
@@ -241,6 +244,7 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
   const maxBody = options.maxBodyBytes ?? 10 << 20
   const maxResponse = options.maxResponseBytes ?? 10 << 20
   const statementTimeout = options.statementTimeoutMs ?? 60_000
+  const maxRequests = options.maxRequests ?? 500
   const poolMax = options.pool?.max ?? 10
   const idleTimeout = options.pool?.idleTimeoutMs ?? 30_000
   const maxKeys = options.pool?.maxKeys ?? 100
@@ -587,6 +591,10 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
       return finish(405, errorJson(`${req.method} is not allowed on /sql; use POST`), { allow: 'POST, OPTIONS' }, 'refused: method')
     }
 
+    if (active.size >= maxRequests) {
+      req.resume()
+      return finish(503, errorJson(`too many requests in progress (${maxRequests}); try again later`), {}, 'refused: too many requests')
+    }
     const ctl = newControl()
     active.add(ctl)
     // The client went away before its answer: cancel what runs for it.

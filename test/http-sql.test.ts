@@ -7,8 +7,7 @@
  * network/HTTP/abort failures, authToken at the server, Pool.query over HTTP, and round trips
  * behind a 100 ms delay relay.
  *
- * The endpoint is createProxy's /sql when the proxy serves it; otherwise proxy/sql.ts's sqlHandler
- * mounted on a throwaway HTTP server (same handler either way).
+ * The endpoint is edgepg-proxy's own POST /sql route.
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
@@ -19,7 +18,6 @@ import pg from 'pg'
 import pgUtils from 'pg/lib/utils.js'
 import { httpSql, HttpQuery, HttpSqlError, DatabaseError, Pool, types, defaults, type HttpSqlOptions } from '../src/index'
 import { prepareValue, poolQueryViaHttp } from '../src/http'
-import { sqlHandler } from '../proxy/sql'
 import { startProxy, pgConfig, testPostgres, edgeConfig } from './helpers'
 import { PASSWORD, freePort } from './stack'
 import { buildCorpus, setupSql, teardownSql, uniqueSchema, type CorpusEntry } from './corpus'
@@ -34,7 +32,7 @@ const corpus = buildCorpus(schema)
 type Closer = { close(): Promise<void> | void }
 const closers: Closer[] = []
 
-/** The /sql endpoint: createProxy's if it serves one, else sqlHandler on a server of our own. */
+/** The /sql endpoint under test: edgepg-proxy's. */
 let endpoint: { port: number; url: string; via: string }
 let admin: pg.Client
 let tcp: pg.Client
@@ -55,27 +53,11 @@ const closeServer = (server: http.Server) => () =>
     server.close(() => resolve())
   })
 
+/** edgepg-proxy's own POST /sql route. */
 async function startEndpoint() {
   const proxy = await startProxy()
-  const probe = await fetch(`http://127.0.0.1:${proxy.port}/sql`, {
-    method: 'POST',
-    headers: { 'Neon-Connection-String': connectionString(), 'Neon-Raw-Text-Output': 'true', 'Neon-Array-Mode': 'true' },
-    body: JSON.stringify({ query: 'SELECT 1', params: [] }),
-  }).catch(() => undefined)
-  if (probe?.status === 200) {
-    closers.push(proxy)
-    return { port: proxy.port, url: `http://127.0.0.1:${proxy.port}/sql`, via: 'createProxy' }
-  }
-  await proxy.close()
-  const info = testPostgres()
-  const handler = sqlHandler({ upstream: { host: info.host, port: info.port } })
-  const server = http.createServer((req, res) => {
-    if (new URL(req.url ?? '/', 'http://x').pathname === '/sql') return handler.handle(req, res)
-    res.writeHead(404, { 'content-type': 'text/plain' }).end('not found\n')
-  })
-  const port = await listen(server)
-  closers.push({ close: closeServer(server) }, { close: () => handler.close() })
-  return { port, url: `http://127.0.0.1:${port}/sql`, via: 'sqlHandler on a test server' }
+  closers.push(proxy)
+  return { port: proxy.port, url: `http://127.0.0.1:${proxy.port}/sql`, via: 'createProxy' }
 }
 
 /** An httpSql against the test endpoint. */
