@@ -1,3 +1,4 @@
+import assert from 'node:assert/strict'
 import { WebSocket } from 'ws'
 import pg from 'pg'
 import { createProxy, type ProxyOptions } from '../proxy/index'
@@ -78,3 +79,32 @@ export function tryUpgrade(url: string, options: { headers?: Record<string, stri
 /** Resolves with the close code and reason once the WebSocket closes. */
 export const closeOf = (ws: WebSocket) =>
   new Promise<{ code: number; reason: string }>((resolve) => ws.once('close', (code, reason) => resolve({ code, reason: String(reason) })))
+
+/** deepStrictEqual, with a label in front of the diff (a `message` argument would replace the diff). */
+export function same(actual: unknown, expected: unknown, label: string) {
+  try {
+    assert.deepStrictEqual(actual, expected)
+  } catch (err) {
+    ;(err as Error).message = `${label}\n${(err as Error).message}`
+    throw err
+  }
+}
+
+/** The real `ws` WebSocket, recording every message it sends. */
+export function recordingWebSocket() {
+  const sent: Buffer[] = []
+  class Recording extends WebSocket {
+    send(data: any, ...rest: any[]) {
+      sent.push(Buffer.from(data))
+      return (super.send as any)(data, ...rest)
+    }
+  }
+  return { sent, Recording: Recording as any }
+}
+
+/** The message types in a chunk of frontend messages, e.g. 'PBDES'. */
+export function tags(buf: Buffer): string {
+  let out = ''
+  for (let i = 0; i < buf.length; i += 1 + buf.readInt32BE(i + 1)) out += String.fromCharCode(buf[i])
+  return out
+}

@@ -18,7 +18,7 @@ import pg from 'pg'
 import pgUtils from 'pg/lib/utils.js'
 import { httpSql, HttpQuery, HttpSqlError, DatabaseError, Pool, types, defaults, type HttpSqlOptions } from '../src/index'
 import { prepareValue, poolQueryViaHttp } from '../src/http'
-import { startProxy, pgConfig, testPostgres, edgeConfig } from './helpers'
+import { startProxy, pgConfig, testPostgres, edgeConfig, same } from './helpers'
 import { PASSWORD, freePort } from './stack'
 import { buildCorpus, setupSql, teardownSql, uniqueSchema, type CorpusEntry } from './corpus'
 import { startDelayRelay } from './delay-relay'
@@ -100,15 +100,6 @@ async function outcome(run: () => Promise<unknown>): Promise<Outcome> {
     return { result: normResult(await run()) }
   } catch (err) {
     return { error: normError(err) }
-  }
-}
-
-function same(actual: unknown, expected: unknown, label: string) {
-  try {
-    assert.deepStrictEqual(actual, expected)
-  } catch (err) {
-    ;(err as Error).message = `${label}\n${(err as Error).message}`
-    throw err
   }
 }
 

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
 import pg from 'pg'
 import { Client, Pool } from '../src/index'
-import { edgeClient, edgePool, startProxy, pgConfig, backends, eventually, within } from './helpers'
+import { edgeClient, edgePool, startProxy, pgConfig, backends, eventually, within, same } from './helpers'
 import { buildCorpus, setupSql, teardownSql, uniqueSchema, type CorpusEntry } from './corpus'
 
 const schema = uniqueSchema()
@@ -85,16 +85,6 @@ async function outcome(q: Queryable, config: any): Promise<Outcome> {
     return { result: normResult(await q.query(config)) }
   } catch (err) {
     return { error: normError(err) }
-  }
-}
-
-/** deepStrictEqual, with a label in front of the diff (a `message` argument would replace the diff). */
-function same(actual: unknown, expected: unknown, label: string) {
-  try {
-    assert.deepStrictEqual(actual, expected)
-  } catch (err) {
-    ;(err as Error).message = `${label}\n${(err as Error).message}`
-    throw err
   }
 }
 

@@ -2,28 +2,8 @@ import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import pg from 'pg'
 import Cursor from 'pg-cursor'
-import { WebSocket } from 'ws'
-import { edgeConfig, startProxy, pgConfig } from './helpers'
+import { edgeConfig, startProxy, pgConfig, recordingWebSocket, tags } from './helpers'
 import { Client } from '../src/index'
-
-/** The real `ws` WebSocket, recording every message it sends. */
-function recording() {
-  const sent: Buffer[] = []
-  class Recording extends WebSocket {
-    send(data: any, ...rest: any[]) {
-      sent.push(Buffer.from(data))
-      return (super.send as any)(data, ...rest)
-    }
-  }
-  return { sent, Recording: Recording as any }
-}
-
-/** The message types in a chunk of frontend messages, e.g. 'PBDES'. */
-const tags = (buf: Buffer) => {
-  let out = ''
-  for (let i = 0; i < buf.length; i += 1 + buf.readInt32BE(i + 1)) out += String.fromCharCode(buf[i])
-  return out
-}
 
 /** What a query settled to, comparable across drivers. */
 const settle = (p: Promise<pg.QueryResult>) =>
@@ -37,7 +17,7 @@ before(async () => (proxy = await startProxy()))
 after(() => proxy.close())
 
 async function warmClient(extra = {}) {
-  const rec = recording()
+  const rec = recordingWebSocket()
   const client = new Client(edgeConfig(proxy.port, 'scram_user', { webSocketConstructor: rec.Recording, ...extra }))
   await client.connect()
   await client.query('SELECT 1')

@@ -22,7 +22,7 @@ import { sqlHandler, ERROR_FIELDS, SQL_REQUEST_HEADERS, type SqlHandler, type Sq
 import { formatHostPort } from '../proxy/address'
 import { PASSWORD, freePort, startPostgres, tlsOnly } from './stack'
 import { generateCerts } from './certs'
-import { pgConfig, testPostgres, eventually } from './helpers'
+import { pgConfig, testPostgres, eventually, same } from './helpers'
 import { buildCorpus, setupSql, teardownSql, uniqueSchema, type CorpusEntry } from './corpus'
 
 const PG = testPostgres()
@@ -117,16 +117,6 @@ async function backendsOf(m: Mounted, like?: string): Promise<number> {
     [m.app, like ?? null]
   )
   return rows[0].n
-}
-
-/** deepStrictEqual with a label in front of the diff. */
-function same(actual: unknown, expected: unknown, label: string) {
-  try {
-    assert.deepStrictEqual(actual, expected)
-  } catch (err) {
-    ;(err as Error).message = `${label}\n${(err as Error).message}`
-    throw err
-  }
 }
 
 /** An error's message and every field Neon's protocol carries (absent: undefined). */

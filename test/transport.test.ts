@@ -1,36 +1,15 @@
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { WebSocket } from 'ws'
-import { edgeConfig, startProxy, backends, eventually } from './helpers'
+import { edgeConfig, startProxy, backends, eventually, recordingWebSocket, tags } from './helpers'
 import { startDelayRelay } from './delay-relay'
 import { Client, Pool, type ClientConfig } from '../src/index'
 import { WebSocketSocket } from '../src/socket'
-
-/** The real `ws` WebSocket, recording every message it sends. */
-function recordingWebSocket() {
-  const sent: Buffer[] = []
-  class Recording extends WebSocket {
-    send(data: any, ...rest: any[]) {
-      sent.push(Buffer.from(data))
-      return (super.send as any)(data, ...rest)
-    }
-  }
-  return { sent, Recording }
-}
 
 let proxy: Awaited<ReturnType<typeof startProxy>>
 const sessions: { outcome: string; bytesIn: number }[] = []
 before(async () => (proxy = await startProxy({ log: (s) => sessions.push(s) })))
 after(() => proxy.close())
-
-const tags = (buf: Buffer) => {
-  const out: string[] = []
-  for (let i = 0; i < buf.length; ) {
-    out.push(String.fromCharCode(buf[i]))
-    i += 1 + buf.readInt32BE(i + 1)
-  }
-  return out.join('')
-}
 
 test('a parameterized query is one WebSocket message, with no timer', async () => {
   const { sent, Recording } = recordingWebSocket()
