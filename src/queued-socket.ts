@@ -12,9 +12,26 @@ export abstract class QueuedSocket extends EventEmitter {
   protected callbacks: Array<() => void> = []
   protected flushQueued = false
   protected corked = 0
+  /** end() or destroy() was called. */
+  protected ending = false
+  /** 'close' is emitted (or about to be). */
+  protected closed = false
 
   /** Arranges for `pending` to be sent (now or on a microtask). */
   protected abstract scheduleFlush(): void
+  /** Sends what is queued, then closes; 'close' follows. */
+  protected abstract close(): void
+
+  end(data?: Uint8Array | (() => void), cb?: () => void) {
+    if (typeof data === 'function') cb = data
+    else if (data) this.write(data)
+    if (cb) this.once('close', cb)
+    if (this.ending || this.closed) return this
+    this.ending = true
+    this.writable = false
+    this.close()
+    return this
+  }
 
   write(data: Uint8Array | string, encoding?: unknown, cb?: () => void): boolean {
     if (typeof encoding === 'function') cb = encoding as () => void

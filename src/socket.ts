@@ -16,8 +16,6 @@ export class WebSocketSocket extends QueuedSocket {
   /** Set on open: the proxy selected edgepg's subprotocol, so it offloads auth. */
   authOffload = false
   private ws?: WebSocket
-  private ending = false
-  private closed = false
   private opened = false
 
   constructor(private readonly own: EdgeConfig = {}) {
@@ -99,19 +97,12 @@ export class WebSocketSocket extends QueuedSocket {
   }
 
   /** Flush what is queued, then close the WebSocket; 'close' follows the close handshake. */
-  end(data?: Uint8Array | (() => void), cb?: () => void) {
-    if (typeof data === 'function') cb = data
-    else if (data) this.write(data)
-    if (cb) this.once('close', cb)
-    if (this.ending || this.closed) return this
-    this.ending = true
-    this.writable = false
+  protected close() {
     if (!this.ws || this.ws.readyState > OPEN) this.finish()
     else if (this.ws.readyState === OPEN) {
       this.flush()
       this.ws.close(1000)
     } else this.ws.close()
-    return this
   }
 
   /** Close at once, like net.Socket#destroy: 'error' (if given) then 'close'. */

@@ -59,8 +59,6 @@ export class TlsSocket extends QueuedSocket {
   private tls?: { read(): Promise<Uint8Array | undefined>; write(data: Uint8Array): Promise<void> }
   private writing = false
   private reading = false
-  private ending = false
-  private closed = false
   private errored = false
   private innerClosed = false
   /** The WebSocket is open and the TLS handshake under way. */
@@ -273,17 +271,10 @@ export class TlsSocket extends QueuedSocket {
   }
 
   /** Sends what is queued (encrypted), then closes the WebSocket; 'close' follows. */
-  end(data?: Uint8Array | (() => void), cb?: () => void) {
-    if (typeof data === 'function') cb = data
-    else if (data) this.write(data)
-    if (cb) this.once('close', cb)
-    if (this.ending || this.closed) return this
-    this.ending = true
-    this.writable = false
+  protected close() {
     // Before the handshake is done there is nothing we may send: just close.
     if (!this.tls || (!this.writing && !this.pending.length)) this.inner.end()
     else if (!this.writing) this.flush()
-    return this
   }
 
   /** Closes at once: 'error' (if given) then 'close'. */
