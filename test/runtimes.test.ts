@@ -1,0 +1,102 @@
+/**
+ * The built bundle (dist/, what users get) in other runtimes, against the test Postgres through an
+ * in-process edgepg-proxy (ws:// on 127.0.0.1), each with its own global WebSocket and fetch:
+ *  - Deno and Bun (npm packages `deno`, `bun`) run test/runtimes/smoke.mjs, which imports
+ *    dist/index.mjs and prints one JSON line;
+ *  - Vercel's edge-runtime (npm package `edge-runtime`) evaluates dist/index.cjs in its EdgeVM
+ *    (a script context: no ES modules, no process/Buffer/require, no eval), whose own WebSocket,
+ *    fetch and crypto come from @edge-runtime/primitives.
+ * Each covers Client (connect, parameterized query, end), Pool (query, end), pipelined connect
+ * (the proxy selected the auth-offload subprotocol) and httpSql against the proxy's POST /sql:
+ * the checks themselves are test/runtimes/checks.js, shared by all three.
+ * `npm test` builds dist/ first.
+ */
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { spawn } from 'node:child_process'
+import { existsSync, readFileSync } from 'node:fs'
+import { fileURLToPath } from 'node:url'
+import { EdgeRuntime } from 'edge-runtime'
+import { startProxy, testPostgres, within, same } from './helpers'
+import { PASSWORD } from './stack'
+
+const root = fileURLToPath(new URL('..', import.meta.url))
+const SMOKE = fileURLToPath(new URL('./runtimes/smoke.mjs', import.meta.url))
+const CHECKS = fileURLToPath(new URL('./runtimes/checks.js', import.meta.url))
+const TIMEOUT_MS = 20_000
+
+let proxy: Awaited<ReturnType<typeof startProxy>>
+before(async () => (proxy = await startProxy()))
+after(() => proxy.close())
+
+const smokeOptions = () => ({ proxyPort: proxy.port, ...testPostgres(), password: PASSWORD })
+
+/** What every runtime's checks must have seen. */
+function assertChecks(out: any, runtime: string) {
+  assert.equal(out.globalWebSocket, 'function', `${runtime}: a global WebSocket`)
+  assert.equal(out.node, false, `${runtime}: not running under Node`)
+  same(out.client, [{ greeting: 'hi', four: 4, who: 'scram_user' }], `${runtime}: Client query`)
+  same(out.pool, [{ n: 42 }, { who: 'md5_user' }], `${runtime}: Pool queries`)
+  assert.ok(out.pipelined?.authOffload === true, `${runtime}: the proxy selected the auth-offload subprotocol (pipelined connect); got ${JSON.stringify(out.pipelined)}`)
+  same(out.pipelined.rows, [{ seven: 7 }], `${runtime}: query sent with the pipelined connect`)
+  same(out.http, { template: [{ ten: 10, s: 'a b' }], query: [{ joined: 'edgepg' }] }, `${runtime}: httpSql over POST /sql`)
+}
+
+/** Runs smoke.mjs with `bin args…`, bounded; resolves with the exit code and the parsed JSON line. */
+function runSmoke(bin: string, args: string[]): Promise<{ code: number | null; out: any; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(bin, [...args, SMOKE], {
+      cwd: root,
+      env: { ...process.env, EDGEPG_SMOKE: JSON.stringify(smokeOptions()), DENO_NO_UPDATE_CHECK: '1', NO_COLOR: '1' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    })
+    let stdout = ''
+    let stderr = ''
+    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d))
+    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d))
+    const timer = setTimeout(() => child.kill('SIGKILL'), TIMEOUT_MS)
+    child.once('error', (err) => (clearTimeout(timer), reject(err)))
+    child.once('close', (code) => {
+      clearTimeout(timer)
+      const line = stdout.trim().split('\n').reverse().find((l) => l.startsWith('{'))
+      let out: any
+      try {
+        out = line ? JSON.parse(line) : undefined
+      } catch {}
+      resolve({ code, out, stdout, stderr })
+    })
+  })
+}
+
+for (const [name, bin, args] of [
+  ['Deno', 'node_modules/.bin/deno', ['run', '--allow-net', '--allow-env', '--allow-read', '--no-prompt', '--no-lock']],
+  ['Bun', 'node_modules/.bin/bun', ['run']],
+] as const) {
+  test(`${name} runs dist/index.mjs with its global WebSocket: Client, Pool, pipelined connect, httpSql`, async () => {
+    const path = `${root}${bin}`
+    assert.ok(existsSync(path), `${path} exists (npm install -D ${name.toLowerCase()})`)
+    const { code, out, stdout, stderr } = await runSmoke(path, [...args])
+    const detail = `exit ${code}\nstdout: ${stdout}\nstderr: ${stderr}`
+    assert.ok(out, `${name} printed a JSON result line; ${detail}`)
+    assert.ok(out.ok === true && code === 0, `${name} checks passed; ${detail}`)
+    assert.match(out.runtime, new RegExp(`^${name.toLowerCase()} \\d`), `${name}: the script ran in ${name}`)
+    assertChecks(out, name)
+  })
+}
+
+test("edge-runtime's EdgeVM runs dist/index.cjs with its own WebSocket: Client, Pool, pipelined connect, httpSql", async () => {
+  // EdgeRuntime is edge-runtime's EdgeVM (with its fetch-event handling); nothing is passed in:
+  // WebSocket, fetch, crypto and timers are the VM's own.
+  const vm = new EdgeRuntime()
+  assert.equal(vm.evaluate('typeof WebSocket + " " + typeof fetch + " " + typeof crypto.subtle'), 'function function object', 'EdgeVM has WebSocket, fetch and WebCrypto')
+  assert.equal(vm.evaluate('typeof process + typeof Buffer + typeof require'), 'undefinedundefinedundefined', 'EdgeVM has no Node globals')
+  // The VM evaluates scripts, not modules: the CommonJS build, wrapped as a function.
+  const code = readFileSync(new URL('../dist/index.cjs', import.meta.url), 'utf8')
+  const mod = vm.evaluate(`globalThis.__edgepg = (function () { const module = { exports: {} }; (function (module, exports) {${code}\n})(module, module.exports); return module.exports })()`)
+  assert.ok(typeof mod.Client === 'function' && typeof mod.httpSql === 'function', 'dist/index.cjs evaluated in the EdgeVM exports Client and httpSql')
+  vm.evaluate(readFileSync(CHECKS, 'utf8'))
+  // The checks run inside the VM; the options cross as JSON, the result comes back as JSON.
+  const run = vm.evaluate(`(async () => JSON.stringify(await globalThis.edgepgChecks(globalThis.__edgepg, ${JSON.stringify(smokeOptions())})))()`)
+  const json: string = await within(TIMEOUT_MS, 'the checks in the EdgeVM', run)
+  assertChecks(JSON.parse(json), 'edge-runtime')
+})

@@ -1,0 +1,44 @@
+// The checks every runtime runs against the built bundle, as a plain script (no import/export) so
+// that it loads both as an ES module (smoke.mjs, in Deno and Bun) and as a script evaluated in
+// edge-runtime's EdgeVM (test/runtimes.test.ts). It defines globalThis.edgepgChecks(mod, options),
+// which resolves with what it saw; `mod` is the bundle's exports, used with the runtime's own
+// global WebSocket and fetch.
+globalThis.edgepgChecks = async function edgepgChecks(mod, { proxyPort, host, port, database, password }) {
+  const { Client, Pool, httpSql } = mod
+  const base = (user) => ({ host, port, database, user, password, wsProxy: () => `ws://127.0.0.1:${proxyPort}/v2` })
+  const plain = (rows) => JSON.parse(JSON.stringify(rows))
+  const out = { globalWebSocket: typeof WebSocket, node: typeof process !== 'undefined' && !!process.versions?.node && !globalThis.Bun && !globalThis.Deno }
+
+  // Client: connect, a parameterized query, end. scram_user exercises WebCrypto PBKDF2 (SCRAM).
+  const client = new Client(base('scram_user'))
+  await client.connect()
+  const res = await client.query('SELECT $1::text AS greeting, 2 + 2 AS four, current_user AS who', ['hi'])
+  out.client = plain(res.rows)
+  await client.end()
+
+  // Pool: query, end. md5_user exercises the bundled md5 (WebCrypto has none).
+  const pool = new Pool({ ...base('md5_user'), max: 2 })
+  const [a, b] = await Promise.all([pool.query('SELECT $1::int + 1 AS n', [41]), pool.query('SELECT current_user AS who')])
+  out.pool = [...plain(a.rows), ...plain(b.rows)]
+  await pool.end()
+
+  // Pipelined connect: the proxy selected the auth-offload subprotocol, so the password and the
+  // first query go right behind the StartupMessage.
+  const piped = new Client(base('scram_user'))
+  const connecting = piped.connect()
+  const first = piped.query('SELECT 7 AS seven')
+  await connecting
+  out.pipelined = { authOffload: piped.connection.stream.authOffload, rows: plain((await first).rows) }
+  await piped.end()
+
+  // HTTP: httpSql against the proxy's POST /sql, through the runtime's fetch.
+  const sql = httpSql(`postgresql://scram_user:${encodeURIComponent(password)}@${host}:${port}/${database}`, {
+    fetchEndpoint: `http://127.0.0.1:${proxyPort}/sql`,
+  })
+  const x = 5
+  out.http = {
+    template: plain(await sql`SELECT ${x}::int * 2 AS ten, ${'a b'}::text AS s`),
+    query: plain(await sql.query('SELECT $1::text || $2::text AS joined', ['edge', 'pg'])),
+  }
+  return out
+}
