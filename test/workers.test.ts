@@ -1,0 +1,82 @@
+/**
+ * Cloudflare Workers, for real: the BUILT bundle (dist/index.mjs and its dist/chunks/, passed to
+ * miniflare as ES modules, unchanged) runs in workerd, with and without the nodejs_compat flag.
+ * test/workers/worker.mjs creates, uses and ends its Client / Pool inside each request (Workers
+ * forbid I/O objects crossing requests) and closes them in ctx.waitUntil; it also runs httpSql
+ * against the proxy's POST /sql. Several requests in a row must all succeed with the right rows,
+ * and afterwards no Postgres backend may be left behind. The WebSockets go to an in-process
+ * edgepg-proxy on ws://127.0.0.1:<port>, relaying to the test Postgres; `npm test` builds dist/ first.
+ */
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { readdirSync } from 'node:fs'
+import { fileURLToPath } from 'node:url'
+import { Miniflare } from 'miniflare'
+import { startProxy, testPostgres, backends, eventually, within, same } from './helpers'
+import { PASSWORD } from './stack'
+
+const root = fileURLToPath(new URL('..', import.meta.url))
+const APP = `edgepg-workers-${process.pid}`
+const REQUESTS = 5
+const COMPATIBILITY_DATE = '2026-04-01'
+
+let proxy: Awaited<ReturnType<typeof startProxy>>
+before(async () => (proxy = await startProxy()))
+after(() => proxy?.close())
+
+function worker(nodejsCompat: boolean) {
+  const { host, port, database } = testPostgres()
+  const chunks = readdirSync(`${root}dist/chunks`).filter((f) => f.endsWith('.mjs'))
+  return new Miniflare({
+    modulesRoot: root,
+    modules: [
+      { type: 'ESModule', path: `${root}test/workers/worker.mjs` },
+      { type: 'ESModule', path: `${root}dist/index.mjs` },
+      ...chunks.map((f) => ({ type: 'ESModule' as const, path: `${root}dist/chunks/${f}` })),
+    ],
+    compatibilityDate: COMPATIBILITY_DATE,
+    compatibilityFlags: nodejsCompat ? ['nodejs_compat'] : [],
+    bindings: {
+      PROXY_PORT: String(proxy.port),
+      DATABASE_URL: `postgres://scram_user:${encodeURIComponent(PASSWORD)}@${host}:${port}/${database}`,
+      APP,
+    },
+  })
+}
+
+for (const nodejsCompat of [false, true]) {
+  test(`Worker in workerd ${nodejsCompat ? 'with' : 'without'} nodejs_compat: Client, Pool and httpSql, ${REQUESTS} requests each`, async () => {
+    const mf = worker(nodejsCompat)
+    try {
+      await within(30_000, 'miniflare ready', mf.ready)
+      for (const mode of ['client', 'pool', 'http'] as const) {
+        for (let i = 0; i < REQUESTS; i++) {
+          const n = 10 * i + 1
+          const res = await within(15_000, `${mode} request ${i}`, mf.dispatchFetch(`http://worker.test/?mode=${mode}&n=${n}`))
+          const body: any = await res.json()
+          assert.equal(res.status, 200, `${mode} request ${i} failed in workerd: ${JSON.stringify(body)}`)
+          // application_name shows the connection is the Worker's own (the /sql endpoint uses its pool's).
+          const app = mode === 'http' ? 'edgepg-proxy /sql' : `${APP}-${mode}`
+          const expected = [{ doubled: 2 * n, mode, who: 'scram_user', app }]
+          if (mode === 'pool') expected.push({ doubled: 2 * (n + 1), mode, who: 'scram_user', app })
+          same(body.rows, expected, `${mode} request ${i} rows`)
+          assert.equal(body.userAgent, 'Cloudflare-Workers', `navigator.userAgent in workerd is ${body.userAgent}`)
+          assert.equal(body.hasProcess, nodejsCompat ? 'object' : 'undefined', `typeof process with nodejs_compat=${nodejsCompat}`)
+        }
+        // Every connection the Worker opened was closed via ctx.waitUntil: its backend goes away.
+        if (mode !== 'http') await eventually(async () => (await backends(`${APP}-${mode}`)) === 0, `no ${APP}-${mode} backend left`)
+      }
+    } finally {
+      await mf.dispose()
+    }
+    assert.equal(await backends(`${APP}-client`), 0, 'Client backends left after the Worker')
+    assert.equal(await backends(`${APP}-pool`), 0, 'Pool backends left after the Worker')
+    await eventually(() => proxy.sessionCount === 0, 'every proxy WebSocket session closed')
+  })
+}
+
+test('after the proxy closes, its /sql pool leaves no backend either', async () => {
+  await proxy.close()
+  await eventually(async () => (await backends('edgepg-proxy /sql')) === 0, 'no edgepg-proxy /sql backend left')
+  assert.equal(await backends(`${APP}-client`) + (await backends(`${APP}-pool`)), 0, 'no Worker backend left')
+})

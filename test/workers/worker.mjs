@@ -1,0 +1,39 @@
+// A Cloudflare Worker (module syntax) run by test/workers.test.ts in workerd via miniflare. It imports
+// the BUILT driver (dist/index.mjs; its lazy chunks are passed to miniflare as modules too) and, as
+// Workers require (I/O objects cannot cross requests), creates, uses and ends its Client / Pool inside
+// each request, closing in ctx.waitUntil. Bindings: PROXY_PORT, DATABASE_URL, APP (application_name prefix).
+import { Client, Pool, httpSql } from '../../dist/index.mjs'
+
+export default {
+  async fetch(request, env, ctx) {
+    const url = new URL(request.url)
+    const mode = url.searchParams.get('mode')
+    const n = Number(url.searchParams.get('n'))
+    const wsProxy = () => `ws://127.0.0.1:${env.PROXY_PORT}/v2`
+    const text = "SELECT $1::int * 2 AS doubled, $2::text AS mode, current_user AS who, current_setting('application_name') AS app"
+    const params = [n, mode]
+    try {
+      let rows
+      if (mode === 'client') {
+        const client = new Client({ connectionString: env.DATABASE_URL, wsProxy, application_name: `${env.APP}-client` })
+        await client.connect()
+        rows = (await client.query(text, params)).rows
+        ctx.waitUntil(client.end())
+      } else if (mode === 'pool') {
+        const pool = new Pool({ connectionString: env.DATABASE_URL, wsProxy, application_name: `${env.APP}-pool`, max: 2 })
+        // Two at once: the Pool opens a second connection for the second query.
+        const [a, b] = await Promise.all([pool.query(text, params), pool.query(text, [n + 1, mode])])
+        rows = [...a.rows, ...b.rows]
+        ctx.waitUntil(pool.end())
+      } else if (mode === 'http') {
+        const sql = httpSql(env.DATABASE_URL, { fetchEndpoint: `http://127.0.0.1:${env.PROXY_PORT}/sql` })
+        rows = await sql.query(text, params)
+      } else {
+        return Response.json({ error: `unknown mode ${mode}` }, { status: 400 })
+      }
+      return Response.json({ rows, userAgent: globalThis.navigator?.userAgent, hasProcess: typeof globalThis.process, hasBuffer: typeof globalThis.Buffer })
+    } catch (err) {
+      return Response.json({ error: String(err?.message ?? err), code: err?.code, stack: String(err?.stack ?? '') }, { status: 500 })
+    }
+  },
+}
