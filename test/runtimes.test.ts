@@ -1,14 +1,15 @@
 /**
  * The built bundle (dist/, what users get) in other runtimes, against the test Postgres through an
  * in-process edgepg-proxy (ws:// on 127.0.0.1), each with its own global WebSocket and fetch:
- *  - Deno and Bun (npm packages `deno`, `bun`) run test/runtimes/smoke.mjs, which imports
- *    dist/index.mjs and prints one JSON line;
+ *  - Bun (npm package `bun`) runs test/runtimes/smoke.mjs, which imports dist/index.mjs and
+ *    prints one JSON line (Deno ran it too, but the npm registry reachable here lacks the `deno`
+ *    package's other-platform binaries, so its lock entry breaks `npm ci`);
  *  - Vercel's edge-runtime (npm package `edge-runtime`) evaluates dist/index.cjs in its EdgeVM
  *    (a script context: no ES modules, no process/Buffer/require, no eval), whose own WebSocket,
  *    fetch and crypto come from @edge-runtime/primitives.
  * Each covers Client (connect, parameterized query, end), Pool (query, end), pipelined connect
  * (the proxy selected the auth-offload subprotocol) and httpSql against the proxy's POST /sql:
- * the checks themselves are test/runtimes/checks.js, shared by all three.
+ * the checks themselves are test/runtimes/checks.js, shared by every runtime.
  * `npm test` builds dist/ first.
  */
 import { test, before, after } from 'node:test'
@@ -47,7 +48,7 @@ function runSmoke(bin: string, args: string[]): Promise<{ code: number | null; o
   return new Promise((resolve, reject) => {
     const child = spawn(bin, [...args, SMOKE], {
       cwd: root,
-      env: { ...process.env, EDGEPG_SMOKE: JSON.stringify(smokeOptions()), DENO_NO_UPDATE_CHECK: '1', NO_COLOR: '1' },
+      env: { ...process.env, EDGEPG_SMOKE: JSON.stringify(smokeOptions()), NO_COLOR: '1' },
       stdio: ['ignore', 'pipe', 'pipe'],
     })
     let stdout = ''
@@ -69,7 +70,6 @@ function runSmoke(bin: string, args: string[]): Promise<{ code: number | null; o
 }
 
 for (const [name, bin, args] of [
-  ['Deno', 'node_modules/.bin/deno', ['run', '--allow-net', '--allow-env', '--allow-read', '--no-prompt', '--no-lock']],
   ['Bun', 'node_modules/.bin/bun', ['run']],
 ] as const) {
   test(`${name} runs dist/index.mjs with its global WebSocket: Client, Pool, pipelined connect, httpSql`, async () => {
