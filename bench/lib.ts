@@ -64,14 +64,7 @@ export function printTable(title: string, rows: Row[], baselineName = 'pg (TCP)'
     r.target === undefined ? '' : `<= ${r.target.toFixed(2)}x`,
     r.target === undefined ? '' : passes(r) ? 'pass' : 'MISS',
   ])
-  const widths = header.map((h, i) => Math.max(h.length, ...cells.map((c) => c[i].length)))
-  const line = (c: string[]) => '| ' + c.map((x, i) => (i === 0 ? x.padEnd(widths[i]) : x.padStart(widths[i]))).join(' | ') + ' |'
-  const rule = '|' + widths.map((w, i) => (i === 0 ? '-'.repeat(w + 1) + '-' : '-'.repeat(w + 1) + ':')).join('|') + '|'
-  console.log(`\n## ${title}\n`)
-  console.log(line(header))
-  console.log(rule)
-  for (const c of cells) console.log(line(c))
-  for (const n of notes) console.log(`\n${n}`)
+  printGrid(title, header, cells, notes)
 }
 
 /** Runs `fn` for each key in turn for `rounds` rounds, rotating which goes first each round. */

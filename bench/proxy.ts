@@ -9,6 +9,7 @@ import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
 import { createProxy } from '../proxy/index'
 import { freePort } from '../test/stack'
+import { stopChild } from '../test/child-proxy'
 import type { ProxyMode } from './lib'
 
 export interface RunningProxy {
@@ -82,17 +83,4 @@ async function startChild(args: string[], what: string): Promise<RunningRelay> {
     await stop()
     throw err
   }
-}
-
-function stopChild(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve()
-  return new Promise((resolve) => {
-    const timer = setTimeout(() => child.kill('SIGKILL'), 3000)
-    child.once('exit', () => {
-      clearTimeout(timer)
-      resolve()
-    })
-    child.stdin?.end()
-    child.kill('SIGTERM')
-  })
 }

@@ -93,16 +93,20 @@ export async function startChildProxy(upstream: string, options: ChildProxyOptio
       if (!kb) throw new Error(`no VmRSS in /proc/${child.pid}/status`)
       return Number(kb[1]) * 1024
     },
-    stop() {
-      if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve()
-      return new Promise((resolve) => {
-        const timer = setTimeout(() => child.kill('SIGKILL'), 3000)
-        child.once('exit', () => {
-          clearTimeout(timer)
-          resolve()
-        })
-        child.kill('SIGTERM')
-      })
-    },
+    stop: () => stopChild(child),
   }
+}
+
+/** SIGTERM, then SIGKILL if the child is still there after 3 s; resolves once it has exited. */
+export function stopChild(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve()
+  return new Promise((resolve) => {
+    const timer = setTimeout(() => child.kill('SIGKILL'), 3000)
+    child.once('exit', () => {
+      clearTimeout(timer)
+      resolve()
+    })
+    child.stdin?.end()
+    child.kill('SIGTERM')
+  })
 }

@@ -3,7 +3,7 @@ import { WebSocket } from 'ws'
 import pg from 'pg'
 import { createProxy, type ProxyOptions } from '../proxy/index'
 import { Client, Pool, type ClientConfig } from '../src/index'
-import { pgConfig, testPostgres, type Role } from './stack'
+import { pgConfig, testPostgres, type Role, type PgInfo } from './stack'
 
 export { pgConfig, testPostgres }
 
@@ -24,8 +24,8 @@ export const edgeClient = (proxyPort: number, role?: Role, extra?: ClientConfig)
 export const edgePool = (proxyPort: number, extra: ClientConfig & pg.PoolConfig = {}) => new Pool(edgeConfig(proxyPort, 'scram_user', extra))
 
 /** Backends other than the caller's, optionally only those with a given application_name. */
-export async function backends(applicationName?: string): Promise<number> {
-  const admin = new pg.Client(pgConfig('trust_user'))
+export async function backends(applicationName?: string, on: PgInfo = testPostgres()): Promise<number> {
+  const admin = new pg.Client(pgConfig('trust_user', on))
   await admin.connect()
   try {
     const { rows } = await admin.query(

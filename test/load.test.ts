@@ -12,12 +12,11 @@
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import pg from 'pg'
 import { WebSocket } from 'ws'
 import { Client } from '../src/index'
 import { PASSWORD, startPostgres, type Postgres } from './stack'
 import { LIFTED_LIMITS, startChildProxy, type ChildProxy } from './child-proxy'
-import { eventually, within } from './helpers'
+import { backends, eventually, within } from './helpers'
 
 const SECONDS = Number(process.env.EDGEPG_LOAD_SECONDS ?? 30)
 const SESSIONS = Number(process.env.EDGEPG_LOAD_SESSIONS ?? 500)
@@ -28,27 +27,18 @@ const CONNECT_BATCH = 50
 const percentile = (sorted: Float64Array, p: number) => sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))]
 
 let PG: Postgres
-let admin: pg.Client
 let proxy: ChildProxy
 
 before(async () => {
   // A Postgres of our own, with room for SESSIONS (the shared one allows 300 connections).
   PG = await startPostgres({ name: 'pg-load', settings: { max_connections: String(SESSIONS + 200), shared_buffers: '32MB' } })
-  admin = new pg.Client({ host: PG.host, port: PG.port, database: PG.database, user: 'trust_user' })
-  await admin.connect()
   proxy = await startChildProxy(`${PG.host}:${PG.port}`, { flags: LIFTED_LIMITS })
 })
 
 after(async () => {
   await proxy?.stop()
-  await admin?.end().catch(() => {})
   await PG?.stop()
 })
-
-async function backends(appName: string): Promise<number> {
-  const { rows } = await admin.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1`, [appName])
-  return rows[0].n
-}
 
 /**
  * The queries each session cycles through: mostly the one-row parameterized SELECT, with a
@@ -95,7 +85,7 @@ test(`load: ${SESSIONS} concurrent sessions querying for ${SECONDS} s through th
       })))
     }
     const connectSeconds = (performance.now() - t0) / 1000
-    assert.equal(await backends(appName), SESSIONS, `${SESSIONS} backends connected through the proxy`)
+    assert.equal(await backends(appName, PG), SESSIONS, `${SESSIONS} backends connected through the proxy`)
 
     // Every session issues queries back to back until the deadline.
     const latencies: number[] = []
@@ -141,7 +131,7 @@ test(`load: ${SESSIONS} concurrent sessions querying for ${SECONDS} s through th
   }
 
   // Nothing leaks: every backend exits, and the proxy logged each session as closed by its client.
-  await eventually(async () => (await backends(appName)) === 0, 'every backend to exit once the clients closed', 15_000, 50)
+  await eventually(async () => (await backends(appName, PG)) === 0, 'every backend to exit once the clients closed', 15_000, 50)
   await eventually(() => proxy.logs.length - logsBefore >= SESSIONS, 'a session log line from the proxy for every session', 10_000, 50)
   const outcomes = new Map<string, number>()
   for (const { outcome } of proxy.logs.slice(logsBefore)) outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1)

@@ -23,7 +23,7 @@ import { WebSocket } from 'ws'
 import { Client } from '../src/index'
 import { PASSWORD, startPostgres, type Postgres } from './stack'
 import { LIFTED_LIMITS, startChildProxy, type ChildProxy } from './child-proxy'
-import { eventually, within } from './helpers'
+import { backends, eventually, within } from './helpers'
 import { backendReader, bigResultQuery, bigResultRowError, passwordMessage, queryMessage, startupMessage } from './protocol'
 
 const MB = 1 << 20
@@ -95,12 +95,6 @@ after(async () => {
   await PG?.stop()
 })
 
-/** Backends connected with this application_name. */
-async function backends(appName: string): Promise<number> {
-  const { rows } = await admin.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1`, [appName])
-  return rows[0].n
-}
-
 const edgeClient = (appName: string) =>
   new Client({
     host: PG.host,
@@ -119,7 +113,7 @@ async function warmUp(n: number) {
   await Promise.all(clients.map((c) => c.connect()))
   await Promise.all(clients.map((c) => c.query('SELECT $1::int AS v', [1])))
   await Promise.all(clients.map((c) => c.end()))
-  await eventually(async () => (await backends('edgepg-mem-warmup')) === 0, 'warm-up backends to exit', 10_000, 50)
+  await eventually(async () => (await backends('edgepg-mem-warmup', PG)) === 0, 'warm-up backends to exit', 10_000, 50)
 }
 
 test('backpressure: a client reading a ~100 MB result at 100 KB/s keeps the proxy’s memory growth under 64 MB', { timeout: 60_000 }, async (t) => {
@@ -201,7 +195,7 @@ test('backpressure: a client reading a ~100 MB result at 100 KB/s keeps the prox
     ws.terminate()
   }
   // The proxy drops the upstream of a client that vanished mid-result, paused or not.
-  await eventually(async () => (await backends(appName)) === 0, 'the slow reader’s backend to exit after the client went away', 10_000, 50)
+  await eventually(async () => (await backends(appName, PG)) === 0, 'the slow reader’s backend to exit after the client went away', 10_000, 50)
 })
 
 test('1,000 idle sessions: proxy memory per session', { timeout: 120_000 }, async (t) => {
@@ -249,7 +243,7 @@ test('1,000 idle sessions: proxy memory per session', { timeout: 120_000 }, asyn
       }
     }
     const openMs = performance.now() - t0
-    assert.equal(await backends(appName), SESSIONS, `${SESSIONS} backends are connected through the proxy`)
+    assert.equal(await backends(appName, PG), SESSIONS, `${SESSIONS} backends are connected through the proxy`)
 
     await sleep(500) // idle
     const rssIdle = proxy.rss()
@@ -278,7 +272,7 @@ test('1,000 idle sessions: proxy memory per session', { timeout: 120_000 }, asyn
   } finally {
     await within(30_000, 'closing every session', Promise.all(clients.map((c) => c.end().catch(() => {}))))
   }
-  await eventually(async () => (await backends(appName)) === 0, 'every backend to exit once the clients closed', 15_000, 50)
+  await eventually(async () => (await backends(appName, PG)) === 0, 'every backend to exit once the clients closed', 15_000, 50)
   // The backends exit on Terminate, a moment before the proxy has finished each WebSocket's close
   // handshake: so give the proxy (bounded) time to let go of the sessions.
   let afterClose = await proxy.memoryAfterGc()
