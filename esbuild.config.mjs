@@ -1,8 +1,10 @@
 // Builds the driver bundle (one file per module format, no Node built-ins: shims/ stand in for
 // those pg requires), its bundled .d.ts, and the Node-only proxy with its CLI.
 import * as esbuild from 'esbuild'
+import { minify } from 'terser'
 import { execFileSync } from 'node:child_process'
-import { copyFileSync, rmSync } from 'node:fs'
+import { copyFileSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
+import { fileURLToPath } from 'node:url'
 
 const shim = (name) => `./shims/${name}.ts`
 const driver = {
@@ -13,7 +15,7 @@ const driver = {
   target: 'es2022',
   minify: true,
   legalComments: 'none',
-  inject: [shim('globals')],
+  inject: [shim('process'), shim('buffer')],
   define: { global: 'globalThis' },
   alias: {
     net: shim('net'),
@@ -30,14 +32,42 @@ const driver = {
     'pg-native': shim('unavailable'),
     'pg-cloudflare': shim('unavailable'),
   },
+  plugins: [
+    {
+      // pg modules a WebSocket driver never runs (pg.native's libpq; pg's own TCP/TLS sockets; the
+      // certificate parsing of SCRAM-SHA-256-PLUS, which needs a socket with getPeerCertificate)
+      // are replaced by shims/pg/<name>.cjs.
+      name: 'pg-internals',
+      setup(build) {
+        build.onResolve({ filter: /^\.\/(native|stream|cert-signatures)$/ }, ({ path, importer }) =>
+          /[\\/]node_modules[\\/]pg[\\/]lib[\\/]/.test(importer) ? { path: fileURLToPath(new URL(`./shims/pg/${path.slice(2)}.cjs`, import.meta.url)) } : undefined)
+      },
+    },
+  ],
   metafile: true,
 }
 
 rmSync('dist', { recursive: true, force: true })
 const results = await Promise.all([
-  // ESM splits out what is imported lazily (subtls, for TLS inside the socket) into its own chunk.
-  esbuild.build({ ...driver, format: 'esm', splitting: true, outdir: 'dist', chunkNames: 'chunks/[name]-[hash]', outExtension: { '.js': '.mjs' } }),
-  esbuild.build({ ...driver, format: 'cjs', outfile: 'dist/index.cjs' }),
+  // ESM: index.mjs only re-exports (from client.mjs and http.mjs), so that an app importing just
+  // httpSql leaves the WebSocket driver out. What is imported lazily (the TLS handshake with subtls,
+  // md5) gets a file of its own.
+  esbuild.build({
+    ...driver,
+    entryPoints: { index: 'src/index.ts', client: 'src/client.ts', http: 'src/http.ts', 'tls-handshake': 'src/tls-handshake.ts' },
+    format: 'esm',
+    splitting: true,
+    outdir: 'dist',
+    chunkNames: 'chunks/[name]-[hash]',
+    outExtension: { '.js': '.mjs' },
+  }),
+  // CommonJS cannot split: it loads the TLS handshake (and subtls) from the ESM build when needed.
+  esbuild.build({
+    ...driver,
+    format: 'cjs',
+    outfile: 'dist/index.cjs',
+    plugins: [...driver.plugins, { name: 'tls-handshake', setup: (build) => build.onResolve({ filter: /^\.\/tls-handshake$/ }, () => ({ path: './tls-handshake.mjs', external: true })) }],
+  }),
   esbuild.build({
     entryPoints: { proxy: 'proxy/index.ts', cli: 'proxy/cli.ts' },
     outdir: 'dist',
@@ -49,6 +79,13 @@ const results = await Promise.all([
     packages: 'external',
   }),
 ])
+
+// terser minifies a further 5% beyond esbuild; the driver is what users download.
+const driverFiles = ['index.cjs', ...readdirSync('dist').filter((f) => f.endsWith('.mjs') && !/^(proxy|cli)\./.test(f)), ...readdirSync('dist/chunks').map((f) => `chunks/${f}`)]
+for (const file of driverFiles.map((f) => `dist/${f}`)) {
+  const { code } = await minify(readFileSync(file, 'utf8'), { module: file.endsWith('.mjs'), ecma: 2020, format: { preserve_annotations: true } })
+  writeFileSync(file, code)
+}
 
 // The driver must not pull in any Node built-in: every one of them is shimmed above.
 const builtins = Object.keys(results[0].metafile.inputs).filter((p) => p.startsWith('node:') || !p.includes('/'))

@@ -1,23 +1,17 @@
-import { md5 } from '@noble/hashes/legacy.js'
-import { Buffer } from 'buffer'
+// pg does SCRAM with WebCrypto, which it finds here. For md5 passwords it tries createHash('md5')
+// and, when that throws, subtle.digest('MD5'): WebCrypto has no MD5, so that one digest is served
+// by @noble/hashes, loaded only when a server asks for md5 (bundlers split it out).
+const real = globalThis.crypto
+const digest = (algorithm: AlgorithmIdentifier, data: BufferSource): Promise<ArrayBuffer> =>
+  algorithm === 'MD5'
+    ? import('./md5').then(({ md5 }) => md5(ArrayBuffer.isView(data) ? new Uint8Array(data.buffer, data.byteOffset, data.byteLength) : new Uint8Array(data)).buffer as ArrayBuffer)
+    : real.subtle.digest(algorithm, data)
 
-// pg hashes md5 passwords with createHash('md5') (WebCrypto has no MD5) and does everything else,
-// SCRAM included, with WebCrypto, which it finds here or on globalThis.
-export const webcrypto = globalThis.crypto
-
-export function createHash(algorithm: string) {
-  if (algorithm !== 'md5') throw new Error(`edgepg: createHash('${algorithm}') is not available; pg only needs md5`)
-  const parts: Uint8Array[] = []
-  const hash = {
-    update(data: string | Uint8Array, encoding?: string) {
-      parts.push(typeof data === 'string' ? Buffer.from(data, encoding as BufferEncoding) : data)
-      return hash
-    },
-    digest(encoding?: BufferEncoding) {
-      const out = Buffer.from(md5(Buffer.concat(parts)))
-      return encoding ? out.toString(encoding) : out
-    },
-  }
-  return hash
+export const webcrypto = {
+  getRandomValues: <T extends ArrayBufferView>(array: T): T => real.getRandomValues(array as any) as T,
+  subtle: new Proxy(real.subtle, { get: (subtle, key) => (key === 'digest' ? digest : (subtle as any)[key]?.bind?.(subtle)) }),
+}
+export function createHash(): never {
+  throw new Error('edgepg: createHash is not available; md5 goes through webcrypto.subtle.digest')
 }
 export default { webcrypto, createHash }

@@ -1,8 +1,12 @@
+import './install-buffer'
 import pg from 'pg'
 import { configKeys, setting, type EdgeConfig } from './config'
 import { WebSocketSocket } from './socket'
 import { TlsSocket } from './tls'
 import { poolQueryViaHttp, type HttpPoolConfig } from './http'
+
+// pg's own exports, as they are.
+export const { types, defaults, DatabaseError, Query, escapeIdentifier, escapeLiteral } = pg
 
 export type ClientConfig = pg.ClientConfig & EdgeConfig
 export type PoolConfig = pg.PoolConfig & EdgeConfig & HttpPoolConfig

@@ -1,6 +1,7 @@
-import { Client, Pool } from './client'
+// Only re-exports: an app that imports `httpSql` alone leaves the whole WebSocket driver (and pg's
+// Client) out of its bundle, since nothing here runs on import.
+import { Client, Pool, types, defaults, DatabaseError, Query, escapeIdentifier, escapeLiteral } from './client'
 import { config } from './config'
-import { types, defaults, DatabaseError, Query, escapeIdentifier, escapeLiteral } from './pg-exports'
 
 export { Client, Pool, config, types, defaults, DatabaseError, Query, escapeIdentifier, escapeLiteral }
 export type { ClientConfig, PoolConfig } from './client'

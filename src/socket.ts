@@ -38,8 +38,7 @@ export class WebSocketSocket extends QueuedSocket {
   private open(WebSocketClass: WebSocketConstructor, offerSubprotocol: boolean) {
     const ws = (this.ws = offerSubprotocol ? new WebSocketClass(this.url, SUBPROTOCOL) : new WebSocketClass(this.url))
     this.writable = true
-    // Node's `ws` can hand over its own Buffers (no copy); browsers ignore the unknown value.
-    ws.binaryType = 'nodebuffer' as BinaryType
+    // Node's `ws` (and Bun) hand over Buffers by default, without a copy; elsewhere ask for ArrayBuffers.
     if (ws.binaryType !== ('nodebuffer' as BinaryType)) ws.binaryType = 'arraybuffer'
     ws.addEventListener('open', () => {
       this.opened = true

@@ -1,6 +1,7 @@
 import { QueuedSocket } from './queued-socket'
-import type { RootCertsDatabase, ReadQueue as SubtlsReadQueue } from 'subtls'
+import type { RootCertsDatabase, ReadQueue } from 'subtls'
 import type { WebSocketSocket } from './socket'
+import type { Tls } from './tls-handshake'
 
 export interface TlsOptions {
   /** Name to verify the server certificate against (and send as SNI). Default: the host pg connects to. */
@@ -15,36 +16,13 @@ export interface TlsOptions {
   pipelineTLS?: boolean
 }
 
-/** SSLRequest: int32 length 8, int32 code 80877103. */
-const SSL_REQUEST = new Uint8Array([0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])
-const S = 0x53
-const N = 0x4e
-const E = 0x45
-
-type Subtls = typeof import('subtls')
-let subtlsModule: Promise<Subtls> | undefined
-/** subtls is loaded on first use, so that bundlers can split it out of the driver. */
-const loadSubtls = () => (subtlsModule ??= import('subtls').catch((err) => {
-  subtlsModule = undefined
+type Handshake = typeof import('./tls-handshake')
+let handshakeModule: Promise<Handshake> | undefined
+/** The handshake and subtls are loaded on first use, so that bundlers can split them out of the driver. */
+const loadHandshake = () => (handshakeModule ??= import('./tls-handshake').catch((err) => {
+  handshakeModule = undefined
   throw err
 }))
-
-const databases = new Map<string, Promise<RootCertsDatabase>>()
-/** The trusted-roots database for a PEM, built once per PEM. */
-function rootDatabase(subtls: Subtls, pem: string): Promise<RootCertsDatabase> {
-  let db = databases.get(pem)
-  if (!db) {
-    db = (async () => {
-      if (!/-----BEGIN CERTIFICATE-----/.test(pem)) throw new Error('rootCerts holds no PEM certificate (-----BEGIN CERTIFICATE-----)')
-      return subtls.TrustedCert.databaseFromPEM(pem)
-    })()
-    db.catch(() => databases.delete(pem))
-    databases.set(pem, db)
-  }
-  return db
-}
-
-const isIP = (host: string) => /^\d{1,3}(\.\d{1,3}){3}$/.test(host) || host.includes(':')
 
 /**
  * TLS 1.3 to Postgres itself, inside the WebSocket (via subtls), so the proxy relays only
@@ -55,8 +33,8 @@ const isIP = (host: string) => /^\d{1,3}(\.\d{1,3}){3}$/.test(host) || host.incl
 export class TlsSocket extends QueuedSocket {
   /** The proxy sees only ciphertext, so it cannot offload auth. */
   readonly authOffload = false
-  private queue?: SubtlsReadQueue
-  private tls?: { read(): Promise<Uint8Array | undefined>; write(data: Uint8Array): Promise<void> }
+  private queue?: ReadQueue
+  private tls?: Tls
   private writing = false
   private reading = false
   private errored = false
@@ -86,7 +64,7 @@ export class TlsSocket extends QueuedSocket {
     this.where = `${name}:${port}`
     this.writable = true
     // Load subtls and parse the roots while the WebSocket opens.
-    const ready = loadSubtls().then(async (subtls) => ({ subtls, db: await rootDatabase(subtls, this.options.rootCerts) }))
+    const ready = loadHandshake().then(async (module) => ({ module, db: await module.rootDatabase(this.options.rootCerts) }))
     ready.catch(() => {}) // handled in handshake(); the socket may fail first
 
     this.inner.on('data', (chunk: Uint8Array) => {
@@ -115,21 +93,30 @@ export class TlsSocket extends QueuedSocket {
     return this
   }
 
-  private async handshake(name: string, ready: Promise<{ subtls: Subtls; db: RootCertsDatabase }>) {
-    let subtls: Subtls, db: RootCertsDatabase
+  private async handshake(name: string, ready: Promise<{ module: Handshake; db: RootCertsDatabase }>) {
+    let module: Handshake, db: RootCertsDatabase
     try {
-      ;({ subtls, db } = await ready)
+      ;({ module, db } = await ready)
     } catch (err) {
       throw new Error(`edgepg: TLS to Postgres at ${this.where} (via ${this.url}) cannot start: ${(err as Error).message}`, { cause: err })
     }
     if (this.innerClosed || this.ending) return
     this.handshaking = true
+    const { queue, tls } = module.handshake(
+      { name, where: this.where, url: this.url, pipelined: this.pipelined, early: this.early, write: (data) => void this.inner.write(data), closed: () => this.innerClosed },
+      db
+    )
+    this.queue = queue
     try {
-      await this.negotiate(subtls, db, name)
+      const session = await tls
+      if (this.closed || this.ending) return
+      this.tls = session
+    } catch (err) {
+      if (this.errored || this.closed || this.ending) return // the socket failed or was ended meanwhile
+      throw err
     } finally {
       this.handshaking = false
     }
-    if (!this.tls) return
     this.early = []
     this.readable = true
     this.emit('connect')
@@ -137,91 +124,6 @@ export class TlsSocket extends QueuedSocket {
     // first flush (of pg's StartupMessage, and whatever a corked pipelined connect adds) starts
     // the reading. Nothing to write: read at once.
     queueMicrotask(() => (this.pending.length || this.corked ? this.flush() : this.readLoop()))
-  }
-
-  /** SSLRequest, 'S', then the TLS handshake; sets `this.tls` unless the socket closed meanwhile. */
-  private async negotiate(subtls: Subtls, db: RootCertsDatabase, name: string) {
-    const self = this
-    const queue = (this.queue = new (class extends subtls.ReadQueue {
-      moreDataMayFollow() {
-        return !self.innerClosed
-      }
-    })())
-    for (const chunk of this.early) queue.enqueue(chunk)
-    const read = (bytes: number, mode?: number) => queue.read(bytes, mode)
-    const write = (data: Uint8Array) => void this.inner.write(data)
-    const tlsOptions: Parameters<Subtls['startTls']>[4] = { useSNI: !isIP(name) }
-
-    try {
-      if (this.pipelined) {
-        tlsOptions.writePreData = SSL_REQUEST
-        tlsOptions.expectPreData = new Uint8Array([S])
-      } else {
-        this.inner.write(SSL_REQUEST)
-        const answer = await read(1)
-        if (answer?.[0] !== S) throw new Error('Pre data did not match expectation')
-      }
-      const tls = await subtls.startTls(name, db, read as any, write, tlsOptions)
-      if (this.closed || this.ending) return
-      this.tls = tls
-    } catch (err) {
-      if (this.errored || this.closed || this.ending) return // the socket failed or was ended meanwhile
-      throw this.explain(err as Error)
-    }
-  }
-
-  /** Turns subtls's terse errors into a message that says what is wrong, keeping it as `cause`. */
-  private explain(err: Error): Error {
-    const msg = err.message
-    let reason: string
-    if (/^Pre data did not match/.test(msg)) {
-      const first = this.early.length ? this.early[0][0] : undefined
-      if (first === N) {
-        return new Error(`edgepg: Postgres at ${this.where} (via ${this.url}) does not accept TLS (it answered the SSLRequest with 'N'); enable ssl on the server or connect without TLS`, { cause: err })
-      }
-      reason =
-        first === E ? `Postgres answered the SSLRequest with an error${this.errorText()}`
-        : first === undefined ? 'the connection closed before Postgres answered the SSLRequest'
-        : `Postgres answered the SSLRequest with byte 0x${first.toString(16)}, not 'S'`
-    } else if (/^No matching subjectAltName/.test(msg)) {
-      const name = this.where.replace(/:\d+$/, '')
-      reason = `certificate does not match host name "${name}" (no matching DNS subjectAltName)`
-      if (isIP(name)) reason += '; subtls verifies DNS names only, so connect by host name'
-    } else if (/^End-user certificate is not valid now/.test(msg)) {
-      reason = 'certificate has expired or is not yet valid'
-    } else if (/^Signing certificate is not valid now/.test(msg)) {
-      reason = 'a CA certificate in the chain has expired or is not yet valid'
-    } else if (/trusted root/.test(msg)) {
-      reason = 'certificate is not trusted (unknown CA: it does not chain to any certificate in rootCerts)'
-    } else if (/no TLS server extKeyUsage/.test(msg)) {
-      reason = 'certificate is not for TLS servers (no serverAuth extended key usage)'
-    } else if (/keyUsage does not include digital signatures/.test(msg)) {
-      reason = 'a CA certificate in the chain lacks digitalSignature in its keyUsage (subtls requires it)'
-    } else if (/basicConstraints do not indicate a CA/.test(msg)) {
-      reason = 'certificate is signed by a certificate that is not a CA'
-    } else if (/certificate verify failed|Invalid server verify hash/.test(msg)) {
-      reason = `a signature in the handshake did not verify (${msg})`
-    } else if (/Fatal alert|HelloRetryRequest|Unsupported|Unexpected TLS record type/.test(msg)) {
-      reason = `Postgres and subtls could not agree on TLS parameters (${msg}); subtls needs TLS 1.3 with TLS_AES_128_GCM_SHA256, P-256 key exchange, and an ECDSA P-256 or RSA-PSS server certificate`
-    } else if (this.innerClosed || /Not enough data/.test(msg)) {
-      reason = `the connection closed during the TLS handshake (${msg})`
-    } else {
-      reason = msg
-    }
-    return new Error(`edgepg: TLS to Postgres at ${this.where} (via ${this.url}) failed: ${reason}`, { cause: err })
-  }
-
-  /** The M field of an ErrorResponse among the early bytes, if complete. */
-  private errorText(): string {
-    const bytes = Buffer.concat(this.early)
-    const end = Math.min(bytes.length, 1 + (bytes.length >= 5 ? bytes.readInt32BE(1) : 0))
-    for (let i = 5; i < end; ) {
-      const stop = bytes.indexOf(0, i + 1)
-      if (stop < 0 || stop > end) break
-      if (bytes[i] === 0x4d) return `: ${bytes.toString('utf8', i + 1, stop)}`
-      i = stop + 1
-    }
-    return ''
   }
 
   private async readLoop() {
