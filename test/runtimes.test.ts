@@ -1,9 +1,10 @@
 /**
  * The built bundle (dist/, what users get) in other runtimes, against the test Postgres through an
  * in-process edgepg-proxy (ws:// on 127.0.0.1), each with its own global WebSocket and fetch:
- *  - Bun (npm package `bun`) runs test/runtimes/smoke.mjs, which imports dist/index.mjs and
- *    prints one JSON line (Deno ran it too, but the npm registry reachable here lacks the `deno`
- *    package's other-platform binaries, so its lock entry breaks `npm ci`);
+ *  - Deno and Bun (npm packages `deno`, `bun`) run test/runtimes/smoke.mjs, which imports
+ *    dist/index.mjs and prints one JSON line. `deno` is pinned to 2.9.5: the registry reachable
+ *    here lacks 2.9.6's other-platform binaries (@deno/darwin-arm64 etc.), so a 2.9.6 lock misses
+ *    them and `npm ci` rejects it; 2.9.5 has all six, so its lock is complete;
  *  - Vercel's edge-runtime (npm package `edge-runtime`) evaluates dist/index.cjs in its EdgeVM
  *    (a script context: no ES modules, no process/Buffer/require, no eval), whose own WebSocket,
  *    fetch and crypto come from @edge-runtime/primitives.
@@ -18,8 +19,9 @@ import { spawn } from 'node:child_process'
 import { existsSync, readFileSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import { EdgeRuntime } from 'edge-runtime'
-import { startProxy, testPostgres, within, same } from './helpers'
+import { startProxy, testPostgres, within } from './helpers'
 import { PASSWORD } from './stack'
+import { assertChecks } from './runtimes/assert-checks'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
 const SMOKE = fileURLToPath(new URL('./runtimes/smoke.mjs', import.meta.url))
@@ -32,23 +34,12 @@ after(() => proxy.close())
 
 const smokeOptions = () => ({ proxyPort: proxy.port, ...testPostgres(), password: PASSWORD })
 
-/** What every runtime's checks must have seen. */
-function assertChecks(out: any, runtime: string) {
-  assert.equal(out.globalWebSocket, 'function', `${runtime}: a global WebSocket`)
-  assert.equal(out.node, false, `${runtime}: not running under Node`)
-  same(out.client, [{ greeting: 'hi', four: 4, who: 'scram_user' }], `${runtime}: Client query`)
-  same(out.pool, [{ n: 42 }, { who: 'md5_user' }], `${runtime}: Pool queries`)
-  assert.ok(out.pipelined?.authOffload === true, `${runtime}: the proxy selected the auth-offload subprotocol (pipelined connect); got ${JSON.stringify(out.pipelined)}`)
-  same(out.pipelined.rows, [{ seven: 7 }], `${runtime}: query sent with the pipelined connect`)
-  same(out.http, { template: [{ ten: 10, s: 'a b' }], query: [{ joined: 'edgepg' }] }, `${runtime}: httpSql over POST /sql`)
-}
-
 /** Runs smoke.mjs with `bin args…`, bounded; resolves with the exit code and the parsed JSON line. */
 function runSmoke(bin: string, args: string[]): Promise<{ code: number | null; out: any; stdout: string; stderr: string }> {
   return new Promise((resolve, reject) => {
     const child = spawn(bin, [...args, SMOKE], {
       cwd: root,
-      env: { ...process.env, EDGEPG_SMOKE: JSON.stringify(smokeOptions()), NO_COLOR: '1' },
+      env: { ...process.env, EDGEPG_SMOKE: JSON.stringify(smokeOptions()), DENO_NO_UPDATE_CHECK: '1', NO_COLOR: '1' },
       stdio: ['ignore', 'pipe', 'pipe'],
     })
     let stdout = ''
@@ -70,11 +61,14 @@ function runSmoke(bin: string, args: string[]): Promise<{ code: number | null; o
 }
 
 for (const [name, bin, args] of [
+  // Deno: network only to the proxy on 127.0.0.1; all env vars, since pg's defaults read PG* and
+  // USER (names built at run time); no --allow-read: importing the modules needs none.
+  ['Deno', 'node_modules/.bin/deno', ['run', '--allow-net=127.0.0.1', '--allow-env', '--no-prompt', '--no-lock']],
   ['Bun', 'node_modules/.bin/bun', ['run']],
 ] as const) {
   test(`${name} runs dist/index.mjs with its global WebSocket: Client, Pool, pipelined connect, httpSql`, async () => {
     const path = `${root}${bin}`
-    assert.ok(existsSync(path), `${path} exists (npm install -D ${name.toLowerCase()})`)
+    assert.ok(existsSync(path), `${path} exists (the ${name.toLowerCase()} devDependency, installed by npm ci)`)
     const { code, out, stdout, stderr } = await runSmoke(path, [...args])
     const detail = `exit ${code}\nstdout: ${stdout}\nstderr: ${stderr}`
     assert.ok(out, `${name} printed a JSON result line; ${detail}`)

@@ -22,7 +22,7 @@ import { sqlHandler, ERROR_FIELDS, SQL_REQUEST_HEADERS, type SqlHandler, type Sq
 import { formatHostPort } from '../proxy/address'
 import { PASSWORD, freePort, startPostgres, tlsOnly } from './stack'
 import { generateCerts } from './certs'
-import { pgConfig, testPostgres, eventually, same } from './helpers'
+import { pgConfig, testPostgres, eventually, same, startProxy, tryUpgrade } from './helpers'
 import { buildCorpus, setupSql, teardownSql, uniqueSchema, type CorpusEntry } from './corpus'
 
 const PG = testPostgres()
@@ -690,6 +690,36 @@ test('CORS: preflight, reflected allowed Origins, refused ones; no Origin is fin
   const none = await mount()
   assert.equal((await post(none, { query: 'SELECT 1' }, { origin: 'https://app.example' })).status, 403, 'no allowed Origins by default')
   await none.close()
+})
+
+test("CORS in the whole proxy: /sql answers preflights for the WebSocket routes' allowed Origins, and only those", async () => {
+  const sqlLogs: SqlLog[] = []
+  const proxy = await startProxy({ allowedOrigins: ['https://app.example'], sqlLog: (e) => sqlLogs.push(e) })
+  try {
+    const url = `http://127.0.0.1:${proxy.port}/sql`
+    const preflight = (origin: string) =>
+      fetch(url, { method: 'OPTIONS', headers: { origin, 'access-control-request-method': 'POST', 'access-control-request-headers': 'content-type, neon-connection-string' } })
+    const pre = await preflight('https://app.example')
+    assert.equal(pre.status, 204, 'preflight from an allowed Origin answered')
+    assert.equal(pre.headers.get('access-control-allow-origin'), 'https://app.example')
+    assert.equal(pre.headers.get('access-control-allow-methods'), 'POST, OPTIONS')
+    const ok = await fetch(url, { method: 'POST', headers: { origin: 'https://app.example', 'Neon-Connection-String': CONN }, body: JSON.stringify({ query: 'SELECT 1 AS one' }) })
+    assert.equal(ok.status, 200, await ok.clone().text())
+    assert.equal(ok.headers.get('access-control-allow-origin'), 'https://app.example', 'the response carries the allowed Origin')
+    same((await ok.json()).rows, [{ one: 1 }], 'rows')
+    const upgrade = await tryUpgrade(proxy.url, { headers: { origin: 'https://app.example' } })
+    upgrade.ws?.close()
+    assert.equal(upgrade.status, 101, 'the WebSocket route allows the same Origin')
+
+    const refused = await preflight('https://evil.example')
+    assert.equal(refused.status, 403, 'preflight from another Origin refused')
+    assert.equal(refused.headers.get('access-control-allow-origin'), null, 'no CORS headers for it')
+    assert.match((await refused.json()).message, /origin https:\/\/evil\.example is not allowed \(--allow-origin\)/)
+    assert.equal((await tryUpgrade(proxy.url, { headers: { origin: 'https://evil.example' } })).status, 403, 'the WebSocket route refuses it too')
+    same(sqlLogs.map((l) => [l.status, l.outcome]), [[204, 'preflight'], [200, 'ok'], [403, 'refused: origin']], '/sql log')
+  } finally {
+    await proxy.close()
+  }
 })
 
 test('Authorization: ignored by default; checked by an authToken callback when given', async () => {
