@@ -14,11 +14,12 @@ import { connect } from './connect'
 import { core } from './core'
 import { proxycost } from './proxycost'
 import { httpBench } from './http'
+import { bundle } from './bundle'
 import { passes, type BenchContext, type ProxyMode, type Row, type Section } from './lib'
 import { startProxy, type RunningProxy } from './proxy'
 
 const SECTIONS: Section[] = [core, connect, proxycost]
-SECTIONS.push(httpBench)
+SECTIONS.push(httpBench, bundle)
 
 const args = process.argv.slice(2)
 const proxyArg = args.find((a) => a.startsWith('--proxy='))?.slice('--proxy='.length) ?? 'child'

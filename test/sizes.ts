@@ -21,7 +21,7 @@ const builtinsIn = (inputs: string[]) => inputs.filter((p) => p.startsWith('node
  * to node_modules), as an installed package would. With `splitting`, measures the entry plus the
  * chunks it imports statically (what loads up front) and, apart, the lazily imported ones.
  */
-export async function appBundle(source: string, { format = 'esm', splitting = false }: { format?: 'esm' | 'iife'; splitting?: boolean } = {}) {
+export async function appBundle(source: string, { format = 'esm', splitting = false, external }: { format?: 'esm' | 'iife'; splitting?: boolean; external?: string[] } = {}) {
   const dir = mkdtempSync(join(tmpdir(), 'edgepg-size-'))
   try {
     writeFileSync(join(dir, 'app.js'), source)
@@ -36,6 +36,7 @@ export async function appBundle(source: string, { format = 'esm', splitting = fa
       outdir: join(dir, 'out'),
       alias: { edgepg: root },
       nodePaths: [join(root, 'node_modules')],
+      external,
       metafile: true,
       write: false,
       logLevel: 'silent',
@@ -54,7 +55,7 @@ export async function appBundle(source: string, { format = 'esm', splitting = fa
       code,
       gzip: gzip(code),
       lazy,
-      lazyGzip: gzip(lazy.map((p) => files.get(abs(p))!).join('\n')),
+      lazyGzip: lazy.length ? gzip(lazy.map((p) => files.get(abs(p))!).join('\n')) : 0,
       inputs,
       builtins: builtinsIn(inputs),
     }
