@@ -400,9 +400,13 @@ test('limits: maxKeys (idle pools make room, busy ones 503), maxRequests 503, co
   same(await sqlAt(m, conn('md5_user'))`SELECT current_user AS u`, [{ u: 'md5_user' }], 'first key')
   same(await sqlAt(m)`SELECT current_user AS u`, [{ u: 'scram_user' }], 'second key: the idle first pool made room')
   assert.equal(m.handler.stats().pools, 1)
-  const sleeping = start(sqlAt(m)`SELECT pg_sleep(0.6)`)
-  await eventually(async () => (await backendsOf(m, '%pg_sleep(0.6)%')) === 1, 'the sleep to run')
+  // The only connection sleeps long enough for both checks that need it busy, even on a loaded machine.
+  const sleeping = start(sqlAt(m)`SELECT pg_sleep(1.5)`)
+  await eventually(async () => (await backendsOf(m, '%pg_sleep(1.5)%')) === 1, 'the sleep to run')
   const crowded = await rejection(sqlAt(m, conn('md5_user'))`SELECT 1`, 'a new key while the only pool is busy')
+  assert.match(crowded.message, /HTTP status 503.*too many distinct connection credentials in use \(1\)/)
+  const waited = await rejection(sqlAt(m)`SELECT 1`, 'waiting longer than connectTimeoutMs')
+  assert.match(waited.message, /HTTP status 503.*no connection to Postgres available in time/)
   const limited = await mount({ maxRequests: 1 })
   const inFlight = start(sqlAt(limited)`SELECT pg_sleep(0.3)`)
   await eventually(() => limited.handler.stats().requests === 1, 'one request in flight')
@@ -410,9 +414,6 @@ test('limits: maxKeys (idle pools make room, busy ones 503), maxRequests 503, co
   assert.match(turnedAway.message, /HTTP status 503.*too many requests in progress \(1\)/)
   await inFlight
   await limited.close()
-  assert.match(crowded.message, /HTTP status 503.*too many distinct connection credentials in use \(1\)/)
-  const waited = await rejection(sqlAt(m)`SELECT 1`, 'waiting longer than connectTimeoutMs')
-  assert.match(waited.message, /HTTP status 503.*no connection to Postgres available in time/)
   await sleeping
   await m.close()
 
