@@ -1,0 +1,150 @@
+// The SQL console: runs the query with edgepg in this page over the chosen transport, shows the
+// rows, and draws the run's network flights (recorded by record.js) as a waterfall.
+import { Client, httpSql } from '/dist/index.mjs'
+import { recorder } from './record.js'
+import { flightsOf, renderRuns } from './waterfall.js'
+
+const { connection } = await (await fetch('/config.json')).json()
+const { host, port, user, password, database } = connection
+const connectionString = `postgres://${user}:${password}@${host}:${port}/${database}`
+/** The demo server relays to edgepg-proxy, holding every chunk RTT/2 each way. */
+const netUrl = (rtt, route) => `${route === 'v2' ? location.origin.replace(/^http/, 'ws') : location.origin}/net/${rtt}/${route}`
+
+/** new Client → connect() → query(): the run ends at the result; end() is not part of it. */
+async function viaClient(text, rtt, rec, extra) {
+  const client = new Client({
+    host, port, user, password, database,
+    webSocketConstructor: rec.WebSocket,
+    wsProxy: () => netUrl(rtt, 'v2'),
+    connectionTimeoutMillis: 15_000,
+    ...extra,
+  })
+  client.on('error', () => {}) // a failure rejects connect() or the query; no unhandled 'error' besides
+  try {
+    await client.connect()
+    const res = await client.query({ text, rowMode: 'array' })
+    rec.stop()
+    const last = Array.isArray(res) ? res[res.length - 1] : res // several statements: the last result
+    return { fields: last.fields.map((f) => f.name), rows: last.rows, command: last.command, rowCount: last.rowCount ?? last.rows.length }
+  } finally {
+    rec.stop()
+    client.end().catch(() => {})
+  }
+}
+
+async function viaHttp(text, rtt, rec) {
+  const sql = httpSql(connectionString, { fetchEndpoint: netUrl(rtt, 'sql'), fetch: rec.fetch })
+  const res = await sql.query(text, [], { arrayMode: true, fullResults: true })
+  rec.stop()
+  return { fields: res.fields.map((f) => f.name), rows: res.rows, command: res.command, rowCount: res.rowCount ?? res.rows.length }
+}
+
+const TRANSPORTS = {
+  'ws-pipelined': { label: 'WebSocket Client, pipelined', run: (text, rtt, rec) => viaClient(text, rtt, rec, {}) },
+  'ws-unpipelined': { label: 'WebSocket Client, unpipelined', run: (text, rtt, rec) => viaClient(text, rtt, rec, { pipelineConnect: false, pipeline: false }) },
+  http: { label: 'HTTP sql', run: viaHttp },
+}
+
+const $ = (sel) => document.querySelector(sel)
+const form = $('#console')
+const status = $('#status')
+const runs = []
+const KEEP = 6
+let nextId = 1
+
+$('#connection').textContent = connectionString
+
+async function run(transport) {
+  const text = $('#sql').value
+  const rtt = Number(form.elements.rtt.value)
+  const id = nextId++
+  Object.assign(status.dataset, { state: 'running', runId: id })
+  status.textContent = `Running over ${TRANSPORTS[transport].label}…`
+  const rec = recorder()
+  let result, error
+  try {
+    result = await TRANSPORTS[transport].run(text, rtt, rec)
+  } catch (err) {
+    error = err
+  }
+  const duration = rec.stop()
+  const entry = { id, transport, label: TRANSPORTS[transport].label, rtt, duration, events: [...rec.events], rowCount: result?.rowCount ?? 0, error }
+  runs.unshift(entry)
+  runs.length = Math.min(runs.length, KEEP)
+  showResult(result, error)
+  renderRuns($('#runs'), runs)
+  const { roundTrips } = flightsOf(entry.events)
+  const rt = $('#round-trips')
+  const afterOpen = roundTrips - entry.events.filter((e) => e.dir === 'connect' && !e.failed).length
+  Object.assign(rt.dataset, { count: roundTrips, afterOpen, runId: id })
+  rt.textContent = `${roundTrips} round trip${roundTrips === 1 ? '' : 's'}${transport === 'http' ? '' : ` (WebSocket upgrade + ${afterOpen})`}, first result after ${Math.round(duration)} ms`
+  status.textContent = error ? 'Failed.' : `${result.command ?? 'OK'} · ${result.rowCount} row${result.rowCount === 1 ? '' : 's'} · ${Math.round(duration)} ms`
+  Object.assign(status.dataset, { state: error ? 'error' : 'done', runId: id })
+}
+
+function showResult(result, error) {
+  const box = $('#error')
+  box.hidden = !error
+  box.textContent = error ? describe(error) : ''
+  const rows = $('#rows')
+  if (!result) return rows.replaceChildren()
+  const table = document.createElement('table')
+  const head = table.createTHead().insertRow()
+  for (const name of result.fields) head.append(Object.assign(document.createElement('th'), { textContent: name }))
+  const body = table.createTBody()
+  for (const row of result.rows) {
+    const tr = body.insertRow()
+    for (const value of row) {
+      const td = tr.insertCell()
+      td.textContent = format(value)
+      if (value === null) td.className = 'null'
+      else if (typeof value === 'number' || /^-?\d+(\.\d+)?$/.test(String(value))) td.className = 'num'
+    }
+  }
+  rows.replaceChildren(result.fields.length ? table : Object.assign(document.createElement('p'), { className: 'note', textContent: `${result.command ?? 'OK'}: no columns` }))
+}
+
+/** Postgres errors with their SQLSTATE and position hints, as psql shows them. */
+function describe(err) {
+  const lines = [`${err.severity ?? 'Error'}${err.code ? ` ${err.code}` : ''}: ${err.message}`]
+  if (err.detail) lines.push(`DETAIL: ${err.detail}`)
+  if (err.hint) lines.push(`HINT: ${err.hint}`)
+  return lines.join('\n')
+}
+
+const format = (v) =>
+  v === null ? 'NULL'
+  : v instanceof Date ? v.toISOString().replace('T', ' ').replace(/\.000Z$/, 'Z')
+  : typeof v === 'object' ? JSON.stringify(v)
+  : String(v)
+
+let busy = false
+async function exclusive(fn) {
+  if (busy) return
+  busy = true
+  form.classList.add('busy')
+  try {
+    await fn()
+  } finally {
+    busy = false
+    form.classList.remove('busy')
+  }
+}
+
+form.addEventListener('submit', (e) => {
+  e.preventDefault()
+  exclusive(() => run(form.elements.transport.value))
+})
+$('#compare').addEventListener('click', () =>
+  exclusive(async () => {
+    for (const transport of ['ws-pipelined', 'ws-unpipelined', 'http']) await run(transport)
+  })
+)
+$('#clear').addEventListener('click', () => {
+  runs.length = 0
+  $('#runs').replaceChildren()
+})
+$('#sql').addEventListener('keydown', (e) => {
+  if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) form.requestSubmit()
+})
+form.dataset.ready = 'true'
