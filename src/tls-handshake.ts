@@ -10,7 +10,7 @@ const S = 0x53
 const N = 0x4e
 const E = 0x45
 
-export const isIP = (host: string) => /^\d{1,3}(\.\d{1,3}){3}$/.test(host) || host.includes(':')
+const isIP = (host: string) => /^\d{1,3}(\.\d{1,3}){3}$/.test(host) || host.includes(':')
 
 const databases = new Map<string, Promise<RootCertsDatabase>>()
 /** The trusted-roots database for a PEM, built once per PEM. */
