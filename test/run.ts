@@ -4,6 +4,7 @@
  */
 import { spawn } from 'node:child_process'
 import { readdirSync } from 'node:fs'
+import { SetupError } from './pg-server'
 import { startPostgres } from './stack'
 
 const filters = process.argv.slice(2)
@@ -11,7 +12,11 @@ const files = readdirSync('test')
   .filter((f) => f.endsWith('.test.ts') && (!filters.length || filters.some((p) => f.includes(p))))
   .map((f) => `test/${f}`)
 
-const pg = await startPostgres()
+const pg = await startPostgres().catch((err) => {
+  if (!(err instanceof SetupError)) throw err
+  console.error(`npm test: ${err.message}`)
+  process.exit(1)
+})
 let stopping: Promise<void> | undefined
 const stop = () => (stopping ??= pg.stop())
 

