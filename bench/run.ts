@@ -9,6 +9,7 @@
  */
 import os from 'node:os'
 import { WebSocket } from 'ws'
+import { SetupError } from '../test/pg-server'
 import { PASSWORD, startPostgres } from '../test/stack'
 import { connect } from './connect'
 import { core } from './core'
@@ -81,7 +82,7 @@ try {
   const targeted = all.filter((r) => r.target !== undefined)
   console.log(`\n${targeted.length - missed.length}/${targeted.length} targets met${missed.length ? `; missed: ${missed.map((r) => r.metric).join('; ')}` : ''}`)
 } catch (err) {
-  console.error('\nbench failed:', err)
+  console.error(err instanceof SetupError ? `npm run bench: ${err.message}` : `\nbench failed: ${(err as Error).stack ?? err}`)
   exitCode = 1
 } finally {
   await stopAll()

