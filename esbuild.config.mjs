@@ -41,6 +41,10 @@ const driver = {
       setup(build) {
         build.onResolve({ filter: /^\.\/(native|stream|cert-signatures)$/ }, ({ path, importer }) =>
           /[\\/]node_modules[\\/]pg[\\/]lib[\\/]/.test(importer) ? { path: fileURLToPath(new URL(`./shims/pg/${path.slice(2)}.cjs`, import.meta.url)) } : undefined)
+        build.onResolve({ filter: /^events$/ }, ({ importer }) => (/[\\/]shims[\\/]events\.cjs$/.test(importer) ? undefined : { path: fileURLToPath(new URL('./shims/events.cjs', import.meta.url)) }))
+        // pg's SCRAM client, loaded on first use (shims/pg/sasl.ts), except by src/scram.ts, which is it.
+        build.onResolve({ filter: /^(\.\/crypto\/sasl|pg\/lib\/crypto\/sasl\.js)$/ }, ({ importer }) =>
+          /[\\/]src[\\/]scram\.ts$/.test(importer) ? undefined : { path: fileURLToPath(new URL('./shims/pg/sasl.ts', import.meta.url)) })
       },
     },
   ],
@@ -54,19 +58,22 @@ const results = await Promise.all([
   // md5) gets a file of its own.
   esbuild.build({
     ...driver,
-    entryPoints: { index: 'src/index.ts', client: 'src/client.ts', http: 'src/http.ts', 'tls-handshake': 'src/tls-handshake.ts' },
+    entryPoints: { index: 'src/index.ts', client: 'src/client.ts', http: 'src/http.ts', 'tls-handshake': 'src/tls-handshake.ts', scram: 'src/scram.ts' },
     format: 'esm',
     splitting: true,
     outdir: 'dist',
     chunkNames: 'chunks/[name]-[hash]',
     outExtension: { '.js': '.mjs' },
   }),
-  // CommonJS cannot split: it loads the TLS handshake (and subtls) from the ESM build when needed.
+  // CommonJS cannot split: it loads the TLS handshake (and subtls) and SCRAM from the ESM build when needed.
   esbuild.build({
     ...driver,
     format: 'cjs',
     outfile: 'dist/index.cjs',
-    plugins: [...driver.plugins, { name: 'tls-handshake', setup: (build) => build.onResolve({ filter: /^\.\/tls-handshake$/ }, () => ({ path: './tls-handshake.mjs', external: true })) }],
+    plugins: [
+      { name: 'lazy', setup: (build) => build.onResolve({ filter: /^(\.\/tls-handshake|\.\.\/\.\.\/src\/scram)$/ }, ({ path }) => ({ path: `./${path.split('/').pop()}.mjs`, external: true })) },
+      ...driver.plugins,
+    ],
   }),
   esbuild.build({
     entryPoints: { proxy: 'proxy/index.ts', cli: 'proxy/cli.ts' },

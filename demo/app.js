@@ -40,8 +40,8 @@ async function viaHttp(text, rtt, rec) {
 }
 
 const TRANSPORTS = {
-  'ws-pipelined': { label: 'WebSocket Client, pipelined', run: (text, rtt, rec) => viaClient(text, rtt, rec, {}) },
-  'ws-unpipelined': { label: 'WebSocket Client, unpipelined', run: (text, rtt, rec) => viaClient(text, rtt, rec, { pipelineConnect: false, pipeline: false }) },
+  ws: { label: 'WebSocket Client, login in the upgrade', run: (text, rtt, rec) => viaClient(text, rtt, rec, {}) },
+  'ws-e2e': { label: 'WebSocket Client, SCRAM end to end', run: (text, rtt, rec) => viaClient(text, rtt, rec, { authOffload: false }) },
   http: { label: 'HTTP sql', run: viaHttp },
 }
 
@@ -137,7 +137,7 @@ form.addEventListener('submit', (e) => {
 })
 $('#compare').addEventListener('click', () =>
   exclusive(async () => {
-    for (const transport of ['ws-pipelined', 'ws-unpipelined', 'http']) await run(transport)
+    for (const transport of ['ws', 'ws-e2e', 'http']) await run(transport)
   })
 )
 $('#clear').addEventListener('click', () => {

@@ -23,10 +23,13 @@ export function recorder() {
       super(url, protocols)
       const received = protocolReader('backend')
       let opened = false
+      // The login edgepg offers in the upgrade (a subprotocol value) is the upgrade's own flight.
+      const login = [protocols].flat().find((p) => p?.startsWith('edgepg.login.'))
+      const carried = login ? this.#sent(Uint8Array.from(atob(login.slice(13).replace(/-/g, '+').replace(/_/g, '/')), (c) => c.charCodeAt(0))) : []
       // Registered before edgepg's own listeners, so each frame is stamped before it is handled.
       this.addEventListener('open', () => {
         opened = true
-        push({ dir: 'connect', start, end: now(), names: ['WebSocket upgrade'] })
+        push({ dir: 'connect', start, end: now(), names: ['WebSocket upgrade', ...carried] })
       })
       this.addEventListener('close', () => opened || push({ dir: 'connect', start, end: now(), names: ['WebSocket upgrade (failed)'], failed: true }))
       this.addEventListener('message', (event) => {

@@ -5,7 +5,7 @@
 export class ByteQueue {
   private chunks: Buffer[] = []
   private size = 0
-  private waiter?: { n: number; resolve: (b: Buffer) => void; reject: (e: Error) => void }
+  private waiter?: { n: number; peek: boolean; resolve: (b: Buffer) => void; reject: (e: Error) => void }
   private error?: Error
 
   get length() {
@@ -21,9 +21,9 @@ export class ByteQueue {
     // at most ~256 bytes per chunk pushed since the last one).
     if (this.chunks.length > 64 && this.chunks.length * 256 > this.size) this.chunks = [Buffer.concat(this.chunks, this.size)]
     if (this.waiter && this.size >= this.waiter.n) {
-      const { n, resolve } = this.waiter
+      const { n, peek, resolve } = this.waiter
       this.waiter = undefined
-      resolve(this.take(n))
+      resolve(peek ? this.view(n) : this.take(n))
     }
   }
 
@@ -34,19 +34,21 @@ export class ByteQueue {
     this.waiter = undefined
   }
 
-  read(n: number): Promise<Buffer> {
-    if (this.size >= n) return Promise.resolve(this.take(n))
+  read(n: number, peek = false): Promise<Buffer> {
+    if (this.size >= n) return Promise.resolve(peek ? this.view(n) : this.take(n))
     if (this.error) return Promise.reject(this.error)
-    return new Promise((resolve, reject) => (this.waiter = { n, resolve, reject }))
+    return new Promise((resolve, reject) => (this.waiter = { n, peek, resolve, reject }))
   }
 
-  /** One tagged protocol message: its type byte and body (without the length). */
+  /**
+   * One tagged protocol message: its type byte, body (without the length) and raw bytes. One whose
+   * length is out of bounds is refused and left in the queue.
+   */
   async message(maxLength: number): Promise<{ type: string; body: Buffer; raw: Buffer }> {
-    const head = await this.read(5)
-    const length = head.readInt32BE(1)
-    if (length < 4 || length > maxLength) throw new ProtocolError(`invalid message length ${length}`)
-    const body = await this.read(length - 4)
-    return { type: String.fromCharCode(head[0]), body, raw: Buffer.concat([head, body]) }
+    const length = (await this.read(5, true)).readInt32BE(1)
+    if (length < 4 || length > maxLength) throw new FramingError(`invalid message length ${length}`)
+    const raw = await this.read(1 + length)
+    return { type: String.fromCharCode(raw[0]), body: raw.subarray(5), raw }
   }
 
   rest(): Buffer {
@@ -54,10 +56,18 @@ export class ByteQueue {
   }
 
   private take(n: number): Buffer {
-    const all = this.chunks.length === 1 ? this.chunks[0] : Buffer.concat(this.chunks, this.size)
-    this.chunks = all.length > n ? [all.subarray(n)] : []
+    const head = this.view(n)
+    const all = this.chunks[0]
+    this.chunks = all?.length > n ? [all.subarray(n)] : []
     this.size -= n
-    return all.subarray(0, n)
+    return head
+  }
+
+  /** The first n bytes, still queued (merged into one chunk). */
+  private view(n: number): Buffer {
+    if (!this.chunks.length) return Buffer.alloc(0)
+    if (this.chunks.length > 1) this.chunks = [Buffer.concat(this.chunks, this.size)]
+    return this.chunks[0].subarray(0, n)
   }
 }
 
@@ -67,3 +77,6 @@ export class ProtocolError extends Error {
     super(message)
   }
 }
+
+/** Bytes that do not frame as protocol messages (left unread in the queue). */
+export class FramingError extends ProtocolError {}

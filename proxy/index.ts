@@ -5,7 +5,10 @@ import dns from 'node:dns/promises'
 import type { Duplex } from 'node:stream'
 import { WebSocketServer, type WebSocket } from 'ws'
 import { formatHostPort, parseHostPort, type HostPort } from './address'
-import { runSession, type SessionLog, type UpstreamTls } from './session'
+import { runSession, type SessionLog } from './session'
+import { Upstream, type UpstreamTls } from './upstream'
+import { redactLogin, runLogin, takeLogin, type LoginOutcome } from './login'
+import { UpstreamError } from './startup'
 import { createMetrics, type Metrics, type RefusalReason } from './metrics'
 import { healthHandler } from './health'
 import { sqlHandler, type SqlOptions, type SqlPoolOptions, type SqlLog } from './sql'
@@ -92,14 +95,13 @@ export function createProxy(options: ProxyOptions): Proxy {
     return now.find((ip) => known.has(ip))
   }
   const allowed = new Set([upstream, ...(options.allow ?? []).map((a) => parseHostPort(a))].map(formatHostPort))
-  // Selecting edgepg's subprotocol announces auth offload and SSLRequest handling. Any other
-  // offered subprotocol is declined (ws would otherwise select the first one offered).
+  // Selecting edgepg's subprotocol says the proxy takes a login from the upgrade (proxy/login.ts).
+  // Any other offered subprotocol is declined (ws would otherwise select the first one offered).
   const wss = new WebSocketServer({
     noServer: true,
     maxPayload: options.maxMessageBytes ?? 64 << 20,
     perMessageDeflate: false,
-    // Only where the password may come: otherwise the driver would send it before hearing no.
-    handleProtocols: (offered, req) => (offload && passwordsAllowed(req) && offered.has(SUBPROTOCOL) ? SUBPROTOCOL : false),
+    handleProtocols: (offered) => (offered.has(SUBPROTOCOL) ? SUBPROTOCOL : false),
   })
   const sessions = new Set<WebSocket>()
   /** Whether a cleartext password may cross this client's link: TLS, loopback, or the operator says so. */
@@ -194,38 +196,56 @@ export function createProxy(options: ProxyOptions): Proxy {
         const n = (perIp.get(peer) ?? 1) - 1
         n ? perIp.set(peer, n) : perIp.delete(peer)
       }
-      // Until the Postgres startup is done: a stalled upgrade is dropped, a stalled session closed.
+      // The login leaves the headers here: ws negotiates the rest, and nothing logs it.
+      const { protocols, login, problem } = takeLogin(req.headers['sec-websocket-protocol'])
+      if (protocols === undefined) delete req.headers['sec-websocket-protocol']
+      else req.headers['sec-websocket-protocol'] = protocols
+      req.rawHeaders = redactLogin(req.rawHeaders)
+
+      const connectStarted = performance.now()
+      const up = new Upstream(target, options.upstreamTls, () => metrics.upstreamConnected((performance.now() - connectStarted) / 1000))
       let ws: WebSocket | undefined
+      // Until the Postgres startup is done: a stalled login is answered with an error, a stalled session closed.
       const handshake = timer(handshakeMs, () =>
-        ws ? ws.close(1008, 'edgepg-proxy: startup not finished in time') : socket.destroy()
+        ws ? ws.close(1008, 'edgepg-proxy: startup not finished in time') : upgrade(new UpstreamError(`login timed out: Postgres at ${up.name} did not answer within ${handshakeMs} ms`))
       )
       socket.once('close', () => {
         if (upgrading.delete(socket)) release()
         handshake.stop()
+        if (!ws) up.close()
       })
-      wss.handleUpgrade(req, socket, head, (session) => {
-        ws = session
-        upgrading.delete(socket)
-        sessions.add(session)
-        metrics.sessionOpened()
-        const idle = timer(options.idleTimeoutMs ?? 900_000, () => session.close(1000, 'edgepg-proxy: idle timeout'))
-        session.once('close', () => {
-          sessions.delete(session)
-          release()
-          handshake.stop()
-          idle.stop()
+      if (problem) upgrade(problem)
+      else if (!login) upgrade()
+      else {
+        const io = { upstream: up.queue, toUpstream: (b: Buffer) => void up.write(b), passwordsAllowed: passwordsAllowed(req), offload, secureUpstream: () => up.secure() }
+        runLogin(io, login).then(upgrade, upgrade)
+      }
+
+      function upgrade(opened?: LoginOutcome | Error) {
+        if (ws || socket.destroyed) return
+        wss.handleUpgrade(req, socket, head, (session) => {
+          ws = session
+          upgrading.delete(socket)
+          sessions.add(session)
+          metrics.sessionOpened()
+          const idle = timer(options.idleTimeoutMs ?? 900_000, () => session.close(1001, 'edgepg-proxy: idle timeout'))
+          session.once('close', () => {
+            sessions.delete(session)
+            release()
+            handshake.stop()
+            idle.stop()
+          })
+          runSession(session, {
+            upstream: up, opened, loginBytes: login?.bytes, peer, offload, passwordsAllowed: passwordsAllowed(req),
+            log: (entry) => {
+              metrics.sessionClosed(entry)
+              options.log?.(entry)
+            },
+            onEstablished: () => handshake.stop(),
+            onActivity: idle.touch,
+          })
         })
-        runSession(session, {
-          target, peer, offload, passwordsAllowed: passwordsAllowed(req), upstreamTls: options.upstreamTls,
-          log: (entry) => {
-            metrics.sessionClosed(entry)
-            options.log?.(entry)
-          },
-          onUpstreamConnect: (seconds) => metrics.upstreamConnected(seconds),
-          onEstablished: () => handshake.stop(),
-          onActivity: idle.touch,
-        })
-      })
+      }
     }
   })
 

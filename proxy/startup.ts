@@ -1,4 +1,4 @@
-/// <reference path="./pg-internals.d.ts" />
+/// <reference path="../src/pg-internals.d.ts" />
 import type { TLSSocket } from 'node:tls'
 import { serialize } from 'pg-protocol'
 import sasl from 'pg/lib/crypto/sasl.js'
@@ -7,10 +7,10 @@ import { ProtocolError, type ByteQueue } from './bytes'
 
 /**
  * The startup phase of one session, with auth offload: the client authenticates to the proxy with
- * a cleartext password (sent pipelined right behind its StartupMessage by edgepg), and the proxy
- * authenticates upstream with whatever Postgres asks for (trust, password, md5, SCRAM-SHA-256,
- * SCRAM-SHA-256-PLUS over TLS). SASL never reaches the client. Anything the client sent after its
- * password (its first queries) stays queued until upstream auth succeeds.
+ * a cleartext password, and the proxy authenticates upstream with whatever Postgres asks for
+ * (trust, password, md5, SCRAM-SHA-256, SCRAM-SHA-256-PLUS over TLS). SASL never reaches the
+ * client. The password comes in the WebSocket upgrade (proxy/login.ts) or, here, in band: the
+ * proxy asks for it with AuthenticationCleartextPassword.
  *
  * A client that starts with SSLRequest wants TLS with Postgres itself: the proxy forwards the
  * SSLRequest, waits for Postgres's answer (PostgreSQL ≤ 16 would hang on a ClientHello pipelined
@@ -23,7 +23,38 @@ const CANCEL_REQUEST = 80877102
 /** PostgreSQL's own limit for a startup packet. */
 export const MAX_STARTUP_PACKET = 10000
 /** Largest message accepted during authentication, either way. */
-const MAX_AUTH_MESSAGE = 64 * 1024
+export const MAX_AUTH_MESSAGE = 64 * 1024
+
+/** A client's first packet, parsed. */
+export type StartupPacket =
+  | { kind: 'startup'; packet: Buffer; user: string; database: string }
+  | { kind: 'ssl'; packet: Buffer }
+  | { kind: 'cancel'; packet: Buffer }
+  | { kind: 'gssenc'; packet: Buffer }
+
+/** Parses a whole startup-phase packet (length included); throws a ProtocolError for anything else. */
+export function parseStartupPacket(packet: Buffer): StartupPacket {
+  const length = packet.length >= 8 ? packet.readInt32BE(0) : 0
+  if (length < 8 || length > MAX_STARTUP_PACKET || length !== packet.length) throw new ProtocolError(`invalid startup packet length ${length}`)
+  const code = packet.readInt32BE(4)
+  if (code === SSL_REQUEST) return { kind: 'ssl', packet }
+  if (code === CANCEL_REQUEST) return { kind: 'cancel', packet }
+  if (code === GSSENC_REQUEST) return { kind: 'gssenc', packet }
+  if (code >> 16 !== 3) throw new ProtocolError(`unsupported frontend protocol ${code >> 16}.${code & 0xffff}`)
+  const params = parseStartupParams(packet.subarray(8))
+  if (!params.user) throw new ProtocolError('no PostgreSQL user name specified in startup packet', '28000')
+  return { kind: 'startup', packet, user: params.user, database: params.database ?? params.user }
+}
+
+/** Refused unless a cleartext password may cross the client's link. */
+export function checkPasswordsAllowed(allowed: boolean) {
+  if (allowed) return
+  throw new ProtocolError(
+    'edgepg-proxy refuses passwords over unencrypted ws:// from a non-loopback client; connect with wss://, ' +
+      'use TLS inside the socket, or start the proxy with --allow-insecure-passwords if TLS ends in front of it',
+    '28000'
+  )
+}
 
 export interface StartupIO {
   client: ByteQueue
@@ -32,8 +63,8 @@ export interface StartupIO {
   toUpstream(data: Buffer): void
   /** Whether a cleartext password may cross the client's link (wss, loopback, or operator's say-so). */
   passwordsAllowed: boolean
-  /** Set when the proxy speaks TLS to Postgres: negotiates it (before the startup is forwarded). */
-  secureUpstream?: () => Promise<TLSSocket>
+  /** TLS to Postgres, where the operator configured it: negotiated before the startup is forwarded. */
+  secureUpstream(): Promise<TLSSocket | undefined>
 }
 
 export type StartupOutcome =
@@ -46,51 +77,35 @@ export type StartupOutcome =
   /** Postgres refused (e.g. wrong password); its ErrorResponse was passed to the client. */
   | { kind: 'refused'; code: string; message: string }
 
+/** The startup phase in band: the client's packets come over the WebSocket, the password when asked for. */
 export async function runStartup(io: StartupIO): Promise<StartupOutcome> {
-  let params: Record<string, string>
-  let packet: Buffer
-  let gssencRefused = false
-  for (;;) {
+  const read = async () => {
     const head = await io.client.read(4)
     const length = head.readInt32BE(0)
     if (length < 8 || length > MAX_STARTUP_PACKET) throw new ProtocolError(`invalid startup packet length ${length}`)
-    packet = Buffer.concat([head, await io.client.read(length - 4)])
-    const code = packet.readInt32BE(4)
-    // Once, as Postgres does: a second is an unsupported protocol (and N of them cannot make the
-    // proxy send N answers in one synchronous loop).
-    if (code === GSSENC_REQUEST && !gssencRefused) {
-      gssencRefused = true
-      io.toClient(Buffer.from('N'))
-      continue
-    }
-    if (code === CANCEL_REQUEST) {
-      io.toUpstream(packet)
-      return { kind: 'passthrough', what: 'cancel request', plaintext: false }
-    }
-    if (code === SSL_REQUEST) {
-      io.toUpstream(packet)
-      const answer = await io.upstream.read(1)
-      io.toClient(answer)
-      const tls = answer[0] === 0x53
-      return { kind: 'passthrough', what: tls ? 'TLS to Postgres' : 'SSLRequest refused by Postgres', plaintext: !tls }
-    }
-    if (code >> 16 !== 3) throw new ProtocolError(`unsupported frontend protocol ${code >> 16}.${code & 0xffff}`)
-    params = parseStartupParams(packet.subarray(8))
-    break
+    return parseStartupPacket(Buffer.concat([head, await io.client.read(length - 4)]))
   }
-  const user = params.user
-  if (!user) throw new ProtocolError('no PostgreSQL user name specified in startup packet', '28000')
-  if (!io.passwordsAllowed) {
-    throw new ProtocolError(
-      'edgepg-proxy refuses passwords over unencrypted ws:// from a non-loopback client; connect with wss://, ' +
-        'use TLS inside the socket, or start the proxy with --allow-insecure-passwords if TLS ends in front of it',
-      '28000'
-    )
+  let startup = await read()
+  if (startup.kind === 'gssenc') {
+    // Once, as Postgres does: a second is an unsupported protocol.
+    io.toClient(Buffer.from('N'))
+    startup = await read()
   }
-
-  // Over TLS, SCRAM binds to the channel (SCRAM-SHA-256-PLUS) when Postgres offers it.
-  const upstreamTls = await io.secureUpstream?.()
-  io.toUpstream(packet)
+  if (startup.kind === 'gssenc') throw new ProtocolError('unsupported frontend protocol 1234.5680')
+  if (startup.kind === 'cancel') {
+    io.toUpstream(startup.packet)
+    return { kind: 'passthrough', what: 'cancel request', plaintext: false }
+  }
+  if (startup.kind === 'ssl') {
+    io.toUpstream(startup.packet)
+    const answer = await io.upstream.read(1)
+    io.toClient(answer)
+    const tls = answer[0] === 0x53
+    return { kind: 'passthrough', what: tls ? 'TLS to Postgres' : 'SSLRequest refused by Postgres', plaintext: !tls }
+  }
+  checkPasswordsAllowed(io.passwordsAllowed)
+  const upstreamTls = await io.secureUpstream()
+  io.toUpstream(startup.packet)
   io.toClient(AUTH_CLEARTEXT)
   const reply = await io.client.message(MAX_AUTH_MESSAGE)
   if (reply.type !== 'p') {
@@ -98,28 +113,40 @@ export async function runStartup(io: StartupIO): Promise<StartupOutcome> {
     const shown = /^[\x21-\x7e]$/.test(reply.type) ? `'${reply.type}'` : `0x${reply.type.charCodeAt(0).toString(16).padStart(2, '0')}`
     throw new ProtocolError(`expected a password message, got message type ${shown}`, '28000')
   }
-  const password = cString(reply.body)
+  const refusal = await authenticate(io, startup.user, cString(reply.body), upstreamTls)
+  return refusal ? { kind: 'refused', ...refusal } : { kind: 'authenticated', user: startup.user, database: startup.database }
+}
 
+/**
+ * Answers whatever Postgres asks for with `password`, after the StartupMessage went upstream, up
+ * to and including AuthenticationOk. AuthenticationOk, NegotiateProtocolVersion and an
+ * ErrorResponse are for the client: they go to `toClient`. Resolves with Postgres's refusal, if any.
+ */
+export async function authenticate(
+  io: Pick<StartupIO, 'upstream' | 'toUpstream' | 'toClient'>,
+  user: string,
+  password: string,
+  upstreamTls?: TLSSocket
+): Promise<{ code: string; message: string } | undefined> {
   let session: any
   for (;;) {
     const msg = await io.upstream.message(MAX_AUTH_MESSAGE)
     if (msg.type === 'E') {
       io.toClient(msg.raw)
-      const { code, message } = parseErrorFields(msg.body)
-      return { kind: 'refused', code, message }
+      return parseErrorFields(msg.body)
     }
     if (msg.type === 'v') {
       io.toClient(msg.raw) // NegotiateProtocolVersion is for the client to see
       continue
     }
-    if (msg.type !== 'R') throw new UpstreamError(`unexpected message type '${msg.type}' from Postgres during authentication`)
+    if (msg.type !== 'R' || msg.body.length < 4) throw new UnexpectedMessage(msg.raw)
     const method = msg.body.readInt32BE(0)
     const data = msg.body.subarray(4)
     try {
       switch (method) {
         case 0: // AuthenticationOk: from here on the session is a plain relay
           io.toClient(msg.raw)
-          return { kind: 'authenticated', user, database: params.database ?? user }
+          return undefined
         case 3:
           io.toUpstream(serialize.password(password))
           break
@@ -206,9 +233,16 @@ export function cancelRequest(key: BackendKey): Buffer {
 /** Postgres misbehaved or asked for what the proxy cannot do. */
 export class UpstreamError extends Error {}
 
+/** Postgres (or whatever answers in its place) sent what the login did not expect: `raw`. */
+export class UnexpectedMessage extends UpstreamError {
+  constructor(readonly raw: Buffer) {
+    super(`unexpected message type '${String.fromCharCode(raw[0])}' from Postgres during authentication`)
+  }
+}
+
 const AUTH_CLEARTEXT = Buffer.from([0x52, 0, 0, 0, 8, 0, 0, 0, 3])
 
-function cString(buf: Buffer): string {
+export function cString(buf: Buffer): string {
   const end = buf.indexOf(0)
   return buf.toString('utf8', 0, end < 0 ? buf.length : end)
 }
@@ -222,7 +256,7 @@ function parseStartupParams(buf: Buffer): Record<string, string> {
   return params
 }
 
-function parseErrorFields(body: Buffer): { code: string; message: string } {
+export function parseErrorFields(body: Buffer): { code: string; message: string } {
   const fields: Record<string, string> = {}
   for (let i = 0; i < body.length && body[i] !== 0; ) {
     const end = body.indexOf(0, i + 1)

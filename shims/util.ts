@@ -1,5 +1,8 @@
-// pg uses util.deprecate (warnings for deprecated APIs) and util.types.isDate.
-export function deprecate<T extends (...args: any[]) => any>(fn: T, message: string): T {
+// pg uses util.deprecate (warnings for deprecated APIs) and util.types.isDate: the runtime's own
+// where it has them (Node's warnings are 'warning' events), else these.
+const native = (globalThis as any).process?.getBuiltinModule?.('util')
+export const deprecate: <T extends (...args: any[]) => any>(fn: T, message: string) => T = native?.deprecate ?? warnOnce
+function warnOnce<T extends (...args: any[]) => any>(fn: T, message: string): T {
   let warned = false
   return function (this: unknown, ...args: any[]) {
     if (!warned) {

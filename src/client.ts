@@ -1,9 +1,11 @@
+/// <reference path="./pg-internals.d.ts" />
 import './install-buffer'
 import pg from 'pg'
 import { configKeys, setting, type EdgeConfig } from './config'
 import { WebSocketSocket } from './socket'
 import { TlsSocket } from './tls'
 import { poolQueryViaHttp, type HttpPoolConfig } from './http'
+import sasl from 'pg/lib/crypto/sasl.js'
 
 // pg's own exports, as they are.
 export const { types, defaults, DatabaseError, Query, escapeIdentifier, escapeLiteral } = pg
@@ -43,16 +45,30 @@ function openSocket(own: EdgeConfig, ssl: unknown): WebSocketSocket | TlsSocket 
   return new TlsSocket(socket, { host: sslOptions.servername, rootCerts, pipelineTLS: setting(own, 'pipelineTLS') })
 }
 
+/** A query that keeps a portal open across round trips (pg-cursor, query streams, COPY, `rows`). */
+const isPortalQuery = (config: any) =>
+  typeof config === 'object' && config !== null && (typeof config.submit === 'function' && !(config instanceof PgQuery) ? true : Boolean(config.rows))
+
+/** PasswordMessage: 'p', int32 length, the password as a C string. */
+function passwordMessage(password: string): Buffer {
+  const text = Buffer.from(password + '\0')
+  const head = Buffer.from([0x70, 0, 0, 0, 0])
+  head.writeInt32BE(4 + text.length, 1)
+  return Buffer.concat([head, text])
+}
+
 /** node-postgres's Client, connected over a WebSocket to edgepg-proxy. */
 export class Client extends pg.Client {
   /** This client's overrides of the global `config`. */
   readonly edgeConfig: EdgeConfig
-  /** Startup and password went out pipelined; Postgres has not yet said ReadyForQuery. */
-  private startupPending = false
-  private passwordPipelined = false
-  private startupError?: Error
-  /** Pipeline plain queries (pg's `pipeline: false` turns it off). */
-  private readonly pipelineQueries: boolean
+  /** The password went out right behind the StartupMessage: Postgres's request for it is answered. */
+  private passwordSent = false
+  /** Plain queries pipelined, a portal query alone (unless `pipeline: false`). */
+  private readonly pipelining: boolean
+  /** pg's own strict pipeline mode (`pipeline: true`). */
+  private readonly strict: boolean
+  /** Queries queued earlier are set aside while pg queues a new one (see query()). */
+  private holding = false
 
   constructor(config?: string | ClientConfig) {
     const { options, own } = splitConfig(config)
@@ -60,7 +76,8 @@ export class Client extends pg.Client {
     if (!options.stream) options.stream = ((conn: { ssl?: unknown }) => openSocket(own, conn.ssl)) as any
     super(options)
     this.edgeConfig = own
-    this.pipelineQueries = options.pipeline !== false
+    this.pipelining = options.pipeline !== false
+    this.strict = options.pipeline === true
     // pg must not negotiate TLS itself: TlsSocket does it inside the WebSocket, or wss:// secures
     // the channel (as with Neon's forceDisablePgSSL).
     this.ssl = false
@@ -71,104 +88,112 @@ export class Client extends pg.Client {
     return this
   }
 
-  /** Whether to send the password and first queries without waiting for the server. */
-  private shouldPipelineConnect(): boolean {
-    const mode = setting(this.edgeConfig, 'pipelineConnect')
-    if (mode === false || typeof this.password !== 'string') return false
-    const socket = this.connection.stream as unknown as WebSocketSocket | TlsSocket
-    return mode === 'password' || socket.authOffload || NEON_HOST.test(this.host)
-  }
-
   _connect(callback: (err?: Error, client?: Client) => void) {
     const self = this.internals
     const con = this.connection as any
-    con.prependOnceListener('connect', () => {
-      if (!this.shouldPipelineConnect()) return
-      this.startupPending = true
-      con.stream.cork() // StartupMessage, password and the first queries: one message
-    })
+    const socket: WebSocketSocket | TlsSocket = con.stream
+    if (socket instanceof WebSocketSocket) socket.deferOpen = true
     ;(pg.Client.prototype as any)._connect.call(this, callback)
-    // After pg's own listener has written the StartupMessage.
+    // pg's own listener has just written the StartupMessage (before the WebSocket opens). The
+    // password joins the first flight, so it is needed now (pg resolves a password function, or
+    // pgpass, as it would when asked); the flight waits for it.
     con.once('connect', () => {
-      if (!this.startupPending) return
-      this.passwordPipelined = true
-      con.password(this.password)
-      // Report connected now, so queries go out behind the password instead of a round trip later.
-      self._connecting = false
-      self._connected = true
-      self.readyForQuery = false
-      const cb = self._connectionCallback
-      self._connectionCallback = null
-      cb?.(null, this) // pool.query() writes its query right here
-      this.emit('connect')
-      // `await client.connect(); client.query(…)` resumes a microtask later; its query joins too.
-      queueMicrotask(() => queueMicrotask(() => con.stream.uncork()))
+      socket.cork()
+      self._getPassword(() => {
+        const password = this.password
+        if (typeof password === 'string' && password !== '') this.sendPassword(socket, password)
+        socket.uncork()
+      })
     })
+  }
+
+  /** Sends the password in the first flight: in the upgrade (auth offload), or right behind the StartupMessage (pipelineConnect). */
+  private sendPassword(socket: WebSocketSocket | TlsSocket, password: string) {
+    const mode = setting(this.edgeConfig, 'pipelineConnect')
+    const inBand = mode === 'password' || (mode !== false && NEON_HOST.test(this.host))
+    if (socket instanceof TlsSocket) {
+      if (inBand) ((this.connection as any).password(password), (this.passwordSent = true))
+      return
+    }
+    const message = passwordMessage(password)
+    if (setting(this.edgeConfig, 'authOffload') !== false) socket.secret = message
+    // A server that does not take the login gets the password right behind the StartupMessage, if asked to.
+    if (inBand) socket.fallback = (first) => (socket.send(first), socket.send(message), (this.passwordSent = true))
+  }
+
+  _handleAuthSASL(msg: unknown) {
+    // The bundle loads pg's SCRAM on first use (shims/pg/sasl.ts); SCRAM is rare with auth offload.
+    Promise.resolve((sasl as { load?: () => Promise<unknown> }).load?.()).then(
+      () => (pg.Client.prototype as any)._handleAuthSASL.call(this, msg),
+      (err) => this.connection.emit('error', err)
+    )
   }
 
   _handleAuthCleartextPassword(msg: unknown) {
-    // Already sent, pipelined behind the StartupMessage.
-    if (this.passwordPipelined) return
+    if (this.passwordSent) return // already on its way
     return (pg.Client.prototype as any)._handleAuthCleartextPassword.call(this, msg)
   }
 
-  _handleReadyForQuery(msg: unknown) {
-    if (this.startupPending) {
-      this.startupPending = false
-      clearTimeout(this.internals.connectionTimeoutHandle)
-    }
-    return (pg.Client.prototype as any)._handleReadyForQuery.call(this, msg)
-  }
-
-  _handleErrorMessage(msg: Error) {
-    if (this.startupPending) return this.failStartup(msg)
-    return (pg.Client.prototype as any)._handleErrorMessage.call(this, msg)
-  }
-
-  _handleErrorEvent(err: Error) {
-    if (this.startupPending) return this.failStartup(err)
-    if (this.startupError) return // already failed and reported; the socket closing after it is no news
-    return (pg.Client.prototype as any)._handleErrorEvent.call(this, err)
-  }
-
   /**
-   * The server refused a pipelined startup (wrong password, unknown database...) after connect()
-   * had resolved: the queries in flight, or else the next one, reject with its error.
-   */
-  private failStartup(err: Error) {
-    const self = this.internals
-    this.startupPending = false
-    this.startupError = err
-    clearTimeout(self.connectionTimeoutHandle)
-    self._connectionError = true // no second 'Connection terminated unexpectedly' error
-    self._errorAllQueries(err)
-  }
-
-  /**
-   * pg's pipeline mode, wherever it is safe: plain queries go out back to back as they are issued
-   * (each with its own Sync, so an error fails only its query). A query that keeps a portal open
-   * across round trips (pg-cursor, query streams, COPY, the `rows` option) waits until the line is
-   * clear and runs alone, as pg would run it. `pipeline: false` turns query pipelining off;
-   * `pipeline: true` is pg's own strict mode.
+   * pg's pipeline mode, wherever it is safe. On a clear line pg's own pulse sends the next query,
+   * as pg without pipelining would (its errors, 'drain' and portals included); plain queries issued
+   * while others are in flight go out right behind them, each with its own Sync, so an error fails
+   * only its query. A query that keeps a portal open across round trips (pg-cursor, query streams,
+   * COPY, `rows`) waits for a clear line and runs alone. `pipeline: false` turns query pipelining
+   * off; `pipeline: true` is pg's own strict mode.
    */
   _pulseQueryQueue() {
     const self = this.internals
-    if (this.startupError) return self._errorAllQueries(this.startupError)
-    if (this.pipeline) return self._pulsePipelinedQueryQueue()
+    const pulse = (pg.Client.prototype as any)._pulseQueryQueue
+    if (this.holding) return
+    if (!this.pipelining || this.strict) return pulse.call(this)
+    if (!self._activeQuery && !self._sentQueryQueue.length) {
+      const flag = self.pipeline // up while query() queues a plain query (see below)
+      self.pipeline = false
+      pulse.call(this)
+      self.pipeline = flag
+    }
     if (self._activeQuery && !isPlainQuery(self._activeQuery)) return // it owns the line until answered
     const queue: unknown[] = self._queryQueue
-    const firstAlone = this.pipelineQueries || this.startupPending ? queue.findIndex((q) => !isPlainQuery(q)) : 0
+    const firstAlone = queue.findIndex((q) => !isPlainQuery(q))
     const sendable = firstAlone === -1 ? queue.length : firstAlone
-    if (sendable > 0 || self._sentQueryQueue.length > 0) {
-      // pg's pipelined pulse, shown only the queries that may go out now.
-      const later = queue.splice(sendable)
-      self._pulsePipelinedQueryQueue()
-      queue.push(...later)
-      return
-    }
-    return (pg.Client.prototype as any)._pulseQueryQueue.call(this)
+    if (!sendable && !self._sentQueryQueue.length) return
+    // pg's pipelined pulse (which also makes the next query sent the active one), shown only the
+    // queries that may go out now.
+    const later = queue.splice(sendable)
+    self._pulsePipelinedQueryQueue()
+    queue.push(...later)
   }
 }
+
+/**
+ * Concurrent queries are pipelined, as pg 9 supports: pg's "already executing a query" deprecation
+ * does not apply, and pg checks its `pipeline` flag for it, so the flag is up while a plain query is
+ * queued. A portal query, which pg refuses in pipeline mode, is queued with the flag down and the
+ * queries before it set aside (so pg sees no queue), then waits its turn. (Assigned, not declared,
+ * so that pg's typed overloads of `query` stay as they are.)
+ */
+const clientQuery = pg.Client.prototype.query as (...args: unknown[]) => unknown
+Client.prototype.query = function (this: any, ...args: unknown[]) {
+  if (!this.pipelining || this.strict) return clientQuery.apply(this, args)
+  const portal = isPortalQuery(args[0])
+  const waiting: unknown[] | undefined = portal && this._queryQueue.length ? this._queryQueue : undefined
+  if (waiting) {
+    this._queryQueue = []
+    this.holding = true
+  }
+  this.pipeline = !portal
+  try {
+    return clientQuery.apply(this, args)
+  } finally {
+    this.pipeline = false
+    if (waiting) {
+      this._queryQueue = waiting.concat(this._queryQueue)
+      this.holding = false
+      this._pulseQueryQueue()
+    }
+  }
+} as pg.Client['query']
 
 /** node-postgres's Pool of edgepg Clients. */
 export class Pool extends pg.Pool {

@@ -16,11 +16,18 @@ export interface EdgeConfig {
   /** Send all writes made in one tick as one WebSocket message, flushed on a microtask. Default true. */
   coalesceWrites?: boolean
   /**
-   * Send the password (and the first queries) right behind the StartupMessage, without waiting
-   * for Postgres to ask: new connection + first query in one flight after the WebSocket opens.
-   * Safe only where the server asks for a cleartext password. `undefined` (default): on when the
-   * proxy announces auth offload (edgepg-proxy does) or for Neon hosts; `'password'`: always on;
-   * `false`: off.
+   * Let edgepg-proxy authenticate with Postgres for this client (default true): the password
+   * travels to the proxy (inside the WebSocket upgrade, over wss:// or to loopback only) and the
+   * proxy answers whatever Postgres asks, next to the database. `false`: the proxy relays the
+   * login untouched and the client authenticates with Postgres itself (SCRAM end to end), so the
+   * proxy never sees the password; it costs the round trips of the auth exchange.
+   */
+  authOffload?: boolean
+  /**
+   * Against a server that does not take the login from the upgrade (a plain WebSocket relay, Neon's
+   * proxy): send the password right behind the StartupMessage, without waiting for Postgres to ask.
+   * Safe only where the server asks for a cleartext password. `undefined` (default): for Neon hosts;
+   * `'password'`: always; `false`: never. connect() resolves after ReadyForQuery either way.
    */
   pipelineConnect?: 'password' | false
   /**
@@ -43,21 +50,25 @@ export const config: EdgeConfig = {
   wsProxy: undefined,
   useSecureWebSocket: true,
   coalesceWrites: true,
+  authOffload: true,
   pipelineConnect: undefined,
   rootCerts: undefined,
   pipelineTLS: undefined,
 }
 
-export const configKeys = ['webSocketConstructor', 'wsProxy', 'useSecureWebSocket', 'coalesceWrites', 'pipelineConnect', 'rootCerts', 'pipelineTLS'] as const
+export const configKeys = ['webSocketConstructor', 'wsProxy', 'useSecureWebSocket', 'coalesceWrites', 'authOffload', 'pipelineConnect', 'rootCerts', 'pipelineTLS'] as const
 
 /** An option's value for one client: its own if given, else the global one. */
 export const setting = <K extends keyof EdgeConfig>(own: EdgeConfig, key: K): EdgeConfig[K] => (own[key] !== undefined ? own[key] : config[key])
 
 /**
- * The WebSocket subprotocol edgepg offers. A proxy that selects it announces that it offloads
- * auth (asks for a cleartext password, authenticates upstream itself) and handles SSLRequest.
+ * The WebSocket subprotocol edgepg offers. A proxy that selects it took the login offered next to
+ * it (`LOGIN_PREFIX` + base64url of the client's first flight) and answers with Postgres's reply.
  */
-export const SUBPROTOCOL = 'edgepg.v1'
+export const SUBPROTOCOL = 'edgepg.v2'
+export const LOGIN_PREFIX = 'edgepg.login.'
+/** Longest login offered in the upgrade (base64url characters); a longer first flight goes in band. */
+export const MAX_LOGIN_CHARS = 8192
 
 /** Global config overlaid with the keys a client was given explicitly. */
 export function resolveConfig(own: EdgeConfig) {

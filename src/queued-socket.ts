@@ -16,6 +16,8 @@ export abstract class QueuedSocket extends EventEmitter {
   protected ending = false
   /** 'close' is emitted (or about to be). */
   protected closed = false
+  /** As net.Socket's: no more I/O on this socket. */
+  destroyed = false
 
   /** Arranges for `pending` to be sent (now or on a microtask). */
   protected abstract scheduleFlush(): void

@@ -1,54 +1,86 @@
 import { QueuedSocket } from './queued-socket'
-import { resolveConfig, webSocketUrl, SUBPROTOCOL, type EdgeConfig, type WebSocketConstructor } from './config'
+import { LOGIN_PREFIX, MAX_LOGIN_CHARS, resolveConfig, webSocketUrl, SUBPROTOCOL, type EdgeConfig } from './config'
 
 const OPEN = 1
 /** URLs whose server answered without a subprotocol, where `ws` needs none offered. */
 const refusesSubprotocol = new Set<string>()
 
+/** Credentials may ride in the upgrade only where nobody else reads it: over wss://, or to this machine. */
+const privateLink = (url: string) => /^(wss:|ws:\/\/(127\.[\d.]+|localhost|\[::1\])[:/])/i.test(url)
+
+/** base64url without padding: the characters a subprotocol value may hold. */
+const base64url = (bytes: Uint8Array) => Buffer.from(bytes).toString('base64').replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '')
+
 /**
  * A WebSocket dressed as the `net.Socket` that pg's Connection drives. Writes made in one tick
  * leave as one WebSocket message (flushed on a microtask), so a Parse/Bind/Describe/Execute/Sync
  * query is one message and one flight.
+ *
+ * With `deferOpen`, the first flight rides in the upgrade: 'connect' is emitted at once, pg writes
+ * its StartupMessage (or TlsSocket its SSLRequest and ClientHello), and the first flush opens the
+ * WebSocket offering those bytes, plus `secret` (the PasswordMessage), as a subprotocol value
+ * (see proxy/login.ts). edgepg-proxy runs that login before it answers, so Postgres's answer is
+ * the first thing to arrive. A server that does not select edgepg's subprotocol did not take the
+ * login: `fallback` then sends the bytes in band.
  */
 export class WebSocketSocket extends QueuedSocket {
   /** The URL this socket opened (or tried to), for error messages. */
   url = ''
-  /** Set on open: the proxy selected edgepg's subprotocol, so it offloads auth. */
-  authOffload = false
+  /** Open the WebSocket on the first flush, carrying it in the upgrade (set before connect()). */
+  deferOpen = false
+  /** The PasswordMessage to carry in the upgrade (where the link is private); set before the first flush. */
+  secret?: Uint8Array
+  /** The proxy took the login from the upgrade (it selected edgepg's subprotocol). */
+  loginTaken = false
+  /** Sends the first flight in band, for a server that did not take the login. */
+  fallback = (first: Uint8Array) => this.send(first)
   private ws?: WebSocket
   private opened = false
+  private cfg?: ReturnType<typeof resolveConfig>
 
   constructor(private readonly own: EdgeConfig = {}) {
     super()
   }
 
   connect(port: number | string, host: string) {
-    let cfg
+    this.writable = true
+    this.url = `${host}:${port}`
     try {
-      cfg = resolveConfig(this.own)
-      this.url = webSocketUrl(host, Number(port), cfg)
-      this.coalesce = cfg.coalesceWrites
-      this.open(cfg.webSocketConstructor, !refusesSubprotocol.has(this.url))
+      this.cfg = resolveConfig(this.own)
+      this.url = webSocketUrl(host, Number(port), this.cfg)
+      if (!this.deferOpen) this.open()
+      else queueMicrotask(() => this.closed || this.emit('connect'))
     } catch (err) {
-      queueMicrotask(() => this.fail(new Error(`edgepg: cannot open a WebSocket to ${this.url || `${host}:${port}`}: ${(err as Error).message}`)))
+      this.failSoon(err as Error)
     }
     return this
   }
 
-  private open(WebSocketClass: WebSocketConstructor, offerSubprotocol: boolean) {
-    const ws = (this.ws = offerSubprotocol ? new WebSocketClass(this.url, SUBPROTOCOL) : new WebSocketClass(this.url))
-    this.writable = true
+  private failSoon(err: Error) {
+    queueMicrotask(() => this.fail(new Error(`edgepg: cannot open a WebSocket to ${this.url}: ${err.message}`)))
+  }
+
+  /** Opens the WebSocket; `first`: the first flight, offered as the login. */
+  private open(first?: Uint8Array, offer = !refusesSubprotocol.has(this.url)) {
+    const secret = this.secret && privateLink(this.url) ? [this.secret] : []
+    const login = first && base64url(Buffer.concat([first, ...secret]))
+    const protocols = !offer ? undefined : login && login.length <= MAX_LOGIN_CHARS ? [SUBPROTOCOL, LOGIN_PREFIX + login] : SUBPROTOCOL
+    let ws: WebSocket
+    try {
+      ws = this.ws = new this.cfg!.webSocketConstructor(this.url, protocols)
+    } catch (err) {
+      return this.failSoon(err as Error)
+    }
     // Node's `ws` (and Bun) hand over Buffers by default, without a copy; elsewhere ask for ArrayBuffers.
     if (ws.binaryType !== ('nodebuffer' as BinaryType)) ws.binaryType = 'arraybuffer'
     ws.addEventListener('open', () => {
-      this.opened = true
-      this.readable = true
-      this.authOffload = ws.protocol === SUBPROTOCOL
-      this.emit('connect')
-      if (this.pending.length) this.flush()
+      this.opened = this.readable = true
+      this.loginTaken = ws.protocol === SUBPROTOCOL && Array.isArray(protocols)
+      if (first && !this.loginTaken) ws.protocol === SUBPROTOCOL ? this.send(first) : this.fallback(first)
+      if (!this.deferOpen) this.emit('connect')
+      this.flush()
     })
-    ws.addEventListener('message', (event: MessageEvent) => {
-      const { data } = event
+    ws.addEventListener('message', ({ data }: MessageEvent) => {
       if (typeof data === 'string') return this.fail(new Error(`edgepg: the proxy at ${this.url} sent a text frame; expected binary Postgres protocol data`))
       this.emit('data', Buffer.isBuffer(data) ? data : Buffer.from(data as ArrayBuffer))
     })
@@ -57,51 +89,51 @@ export class WebSocketSocket extends QueuedSocket {
       const detail: string | undefined = (event as ErrorEvent).message || (event as any).error?.message
       // Node's `ws` (unlike browsers) fails when a server selects no subprotocol: any server but
       // edgepg-proxy. Open again without offering one, and remember not to offer it there.
-      if (offerSubprotocol && !this.opened && detail?.includes('Server sent no subprotocol')) {
+      if (protocols && !this.opened && detail?.includes('Server sent no subprotocol')) {
         refusesSubprotocol.add(this.url)
-        return this.open(WebSocketClass, false)
+        return this.open(first, false)
       }
-      const what = this.opened ? 'failed' : 'could not be opened'
-      this.fail(new Error(`edgepg: WebSocket to ${this.url} ${what}${detail ? `: ${detail}` : ''}`))
+      this.fail(new Error(`edgepg: WebSocket to ${this.url} ${this.opened ? 'failed' : 'could not be opened'}${detail ? `: ${detail}` : ''}`))
     })
-    ws.addEventListener('close', (event: CloseEvent) => {
-      if (ws !== this.ws) return
-      if (!this.ending && !this.closed) {
-        const reason = event.reason ? `: ${event.reason}` : ''
-        const when = this.opened ? 'was closed' : 'closed before it opened'
-        this.fail(new Error(`edgepg: WebSocket to ${this.url} ${when} (code ${event.code}${reason})`))
-      }
+    ws.addEventListener('close', ({ code, reason }: CloseEvent) => {
+      if (ws !== this.ws || this.closed) return
+      // A normal close from the other side is TCP's end: Postgres (or the proxy) hung up. Any
+      // other code says what went wrong.
+      if (!this.ending) code === 1000 ? this.emit('end') : this.fail(new Error(`edgepg: WebSocket to ${this.url} ${this.opened ? 'was closed' : 'closed before it opened'} (code ${code}${reason ? `: ${reason}` : ''})`))
       this.finish()
     })
   }
 
-  private coalesce = true
-
   protected scheduleFlush() {
-    if (!this.coalesce) this.flush()
-    else if (!this.flushQueued) {
-      this.flushQueued = true
-      queueMicrotask(() => this.flush())
-    }
+    if (this.flushQueued) return
+    // Before the WebSocket exists, the first flight gathers until the microtask, whatever coalesceWrites says.
+    if (this.cfg?.coalesceWrites === false && this.ws) return this.flush()
+    this.flushQueued = true
+    queueMicrotask(() => this.flush())
   }
 
   private flush() {
     this.flushQueued = false
-    if (this.corked) return
-    const ws = this.ws
-    if (!ws || ws.readyState !== OPEN || !this.pending.length) return
+    if (this.corked || !this.pending.length || this.closed) return
+    if (this.ws?.readyState !== OPEN && (this.ws || !this.deferOpen)) return
     const { data, callbacks } = this.takePending()
-    ws.send(data)
+    this.ws ? this.ws.send(data) : this.open(data) // the first flight rides in the upgrade
     for (const cb of callbacks) cb()
   }
 
-  /** Flush what is queued, then close the WebSocket; 'close' follows the close handshake. */
+  /** Sends at once, ahead of anything queued: for `fallback`. */
+  send(data: Uint8Array) {
+    this.ws!.send(data)
+  }
+
+  /**
+   * Flush what is queued, then close the WebSocket; 'close' follows the close handshake. Still
+   * opening (the login under way), it is given up at once: what was queued goes nowhere.
+   */
   protected close() {
-    if (!this.ws || this.ws.readyState > OPEN) this.finish()
-    else if (this.ws.readyState === OPEN) {
-      this.flush()
-      this.ws.close(1000)
-    } else this.ws.close()
+    if (this.ws?.readyState !== OPEN) return void this.destroy()
+    this.flush()
+    this.ws.close(1000)
   }
 
   /** Close at once, like net.Socket#destroy: 'error' (if given) then 'close'. */
@@ -126,7 +158,7 @@ export class WebSocketSocket extends QueuedSocket {
 
   private finish() {
     if (this.closed) return
-    this.closed = true
+    this.closed = this.destroyed = true
     this.writable = this.readable = false
     this.pending = []
     for (const cb of this.callbacks.splice(0)) cb()

@@ -16,6 +16,8 @@ export interface TlsOptions {
   pipelineTLS?: boolean
 }
 
+const SSL_REQUEST_LENGTH = 8
+
 type Handshake = typeof import('./tls-handshake')
 let handshakeModule: Promise<Handshake> | undefined
 /** The handshake and subtls are loaded on first use, so that bundlers can split them out of the driver. */
@@ -31,8 +33,6 @@ const loadHandshake = () => (handshakeModule ??= import('./tls-handshake').catch
  * carries decrypted bytes, and writes are encrypted in order, those of one tick in one record.
  */
 export class TlsSocket extends QueuedSocket {
-  /** The proxy sees only ciphertext, so it cannot offload auth. */
-  readonly authOffload = false
   private queue?: ReadQueue
   private tls?: Tls
   private writing = false
@@ -49,9 +49,9 @@ export class TlsSocket extends QueuedSocket {
     super()
   }
 
-  /** Pipelined unless told otherwise, where the proxy announced it handles SSLRequest. */
+  /** SSLRequest and ClientHello go together (in the upgrade) unless told otherwise. */
   private get pipelined(): boolean {
-    return this.options.pipelineTLS ?? this.inner.authOffload
+    return this.options.pipelineTLS !== false
   }
 
   /** The WebSocket URL, for messages. */
@@ -76,12 +76,13 @@ export class TlsSocket extends QueuedSocket {
       this.errored = true
       this.emit('error', err)
     })
+    this.inner.on('end', () => this.emit('end'))
     this.inner.on('close', () => {
       this.innerClosed = true
       this.writable = this.readable = false
       this.queue?.dequeue() // a read waiting for more now gets what there is
       if (this.closed) return
-      this.closed = true
+      this.closed = this.destroyed = true
       this.pending = []
       for (const cb of this.callbacks.splice(0)) cb()
       this.emit('close', false)
@@ -89,6 +90,15 @@ export class TlsSocket extends QueuedSocket {
     this.inner.once('connect', () => {
       this.handshake(name, ready).catch((err) => this.fail(err))
     })
+    // Pipelined, SSLRequest and ClientHello ride in the upgrade; edgepg-proxy sends the ClientHello
+    // on once Postgres said 'S'. A server that did not take them gets the SSLRequest alone first
+    // (PostgreSQL ≤ 16 hangs on a ClientHello behind it), unless pipelineTLS says it copes.
+    this.inner.deferOpen = this.pipelined
+    this.inner.fallback = (first) => {
+      const split = this.options.pipelineTLS ? first.length : SSL_REQUEST_LENGTH
+      this.inner.send(first.subarray(0, split))
+      if (split < first.length) this.inner.once('data', (answer: Uint8Array) => answer[0] === 0x53 && this.inner.send(first.subarray(split)))
+    }
     this.inner.connect(port, host)
     return this
   }

@@ -2,7 +2,7 @@
  * The built bundle in a real browser: headless Chromium (Debian's, via test/chromium.ts) opens a
  * page from a small static server on http://127.0.0.1:<port>, which imports dist/index.mjs (an ES
  * module with relative imports of dist/chunks/) and runs the shared checks (test/runtimes/checks.js:
- * Client, Pool, pipelined connect, httpSql) with the browser's own WebSocket and fetch, against the
+ * Client, Pool, the login in the upgrade, httpSql) with the browser's own WebSocket and fetch, against the
  * test Postgres through an in-process edgepg-proxy on another port.
  *
  * So the page is cross-origin to the proxy: its WebSockets carry an `Origin` header, and httpSql's
@@ -169,7 +169,7 @@ const bounded = <T>(what: string, promise: Promise<T>, report: () => string) =>
 /** The checks' options for a proxy on `proxyPort`. */
 const checkOptions = (proxyPort: number) => ({ proxyPort, ...testPostgres(), password: PASSWORD })
 
-test('Chromium runs dist/index.mjs with its own WebSocket and fetch: Client, Pool, pipelined connect, httpSql (CORS)', async () => {
+test('Chromium runs dist/index.mjs with its own WebSocket and fetch: Client, Pool, the login in the upgrade, httpSql (CORS)', async () => {
   const { proxy, sqlLogs } = await proxyFor({ allowedOrigins: [origin] })
   const { page, problems, report, close } = await openPage()
   try {

@@ -2,7 +2,7 @@
  * `npm start`'s demo, end to end: demo/start.ts as a child process (as `npm start` runs it, after
  * the build `npm test` has done), on a temp data directory and free ports, driven in headless
  * Chromium. Checks the rows the SQL console renders from the seeded shop, the round trips its
- * waterfall counts (the README's budget: WebSocket upgrade + one flight when pipelined), that the
+ * waterfall counts (the README's budget: the WebSocket upgrade carrying the login, then one flight), that the
  * injected delay is real, that Ctrl-C stops everything (Postgres included) with exit code 0, and
  * that a second start reuses the data.
  */
@@ -109,7 +109,7 @@ interface RunResult {
 }
 
 /** Runs `sql` in the console over `transport` with `rtt` ms of added delay; reads what it shows. */
-async function runQuery(sql: string, transport: 'ws-pipelined' | 'ws-unpipelined' | 'http', rtt = 0): Promise<RunResult> {
+async function runQuery(sql: string, transport: 'ws' | 'ws-e2e' | 'http', rtt = 0): Promise<RunResult> {
   await page.fill('#sql', sql)
   await page.check(`input[name=transport][value=${transport}]`)
   await page.check(`input[name=rtt][value="${rtt}"]`)
@@ -186,29 +186,31 @@ test('the demo initialises a fresh data directory and seeds it', () => {
   assert.match(demo!.output(), /data: .*\(new, seeded with a sample shop\)/, `first start should say it seeded:\n${demo!.output()}`)
 })
 
-test('pipelined Client: the seeded rows, and one round trip after the WebSocket upgrade', async () => {
-  const r = await runQuery(CUSTOMERS_SQL, 'ws-pipelined')
+test('Client: the seeded rows; the login rides in the WebSocket upgrade, then one round trip for the query', async () => {
+  const r = await runQuery(CUSTOMERS_SQL, 'ws')
   assert.equal(r.state, 'done', `the run failed: ${r.error}`)
   same(r.headers, ['id', 'name', 'city'], 'column headers')
   same(r.rows, FIRST_CUSTOMERS, 'rows')
-  same(r.flights.map((f) => f.dir), ['connect', 'out', 'in'], 'flights: open, one flight out, one back')
-  same([...names(r.flights[1])], ['StartupMessage', 'PasswordMessage', 'Query'], 'the one flight out: startup, password and query together')
-  for (const m of ['AuthenticationOk', 'ReadyForQuery', 'RowDescription', 'DataRow', 'CommandComplete']) {
-    assert.ok(names(r.flights[2]).has(m), `the flight back should hold ${m}: ${r.flights[2].messages}`)
+  same(r.flights.map((f) => f.dir), ['connect', 'in', 'out', 'in'], 'flights: the upgrade and its answer, then the query and its result')
+  same([...names(r.flights[0])], ['WebSocket upgrade', 'StartupMessage', 'PasswordMessage'], 'the upgrade carried the startup and the password')
+  for (const m of ['AuthenticationOk', 'BackendKeyData', 'ReadyForQuery']) assert.ok(names(r.flights[1]).has(m), `the upgrade's answer should hold ${m}: ${r.flights[1].messages}`)
+  same([...names(r.flights[2])], ['Query'], 'the flight out: the query alone')
+  for (const m of ['RowDescription', 'DataRow', 'CommandComplete', 'ReadyForQuery']) {
+    assert.ok(names(r.flights[3]).has(m), `the flight back should hold ${m}: ${r.flights[3].messages}`)
   }
   assert.equal(r.run.roundTrips, '2', `round trips (README: upgrade + 1), got ${r.run.roundTrips}`)
   assert.equal(r.run.afterOpen, '1', `round trips after the WebSocket opened, got ${r.run.afterOpen}`)
   assert.equal(r.roundTripsShown, '2', `#round-trips should show the latest run's count, got ${r.roundTripsShown}`)
 })
 
-test('unpipelined Client: one round trip per step, strictly more than pipelined', async () => {
-  const r = await runQuery(CUSTOMERS_SQL, 'ws-unpipelined')
+test('Client with SCRAM end to end (authOffload: false): one round trip per SASL step, strictly more than with the proxy doing it', async () => {
+  const r = await runQuery(CUSTOMERS_SQL, 'ws-e2e')
   assert.equal(r.state, 'done', `the run failed: ${r.error}`)
   same(r.rows, FIRST_CUSTOMERS, 'rows')
-  same(r.flights.map((f) => f.dir), ['connect', 'out', 'in', 'out', 'in', 'out', 'in'], 'flights')
-  same(r.flights.filter((f) => f.dir === 'out').map((f) => f.messages), ['StartupMessage', 'PasswordMessage', 'Query'], 'each flight out waits for the answer to the one before')
-  assert.equal(r.run.roundTrips, '4', `round trips: upgrade + startup + password + query, got ${r.run.roundTrips}`)
-  assert.ok(Number(r.run.roundTrips) > 2, `unpipelined (${r.run.roundTrips}) should take more round trips than pipelined (2)`)
+  same(r.flights.map((f) => f.dir), ['connect', 'in', 'out', 'in', 'out', 'in', 'out', 'in'], 'flights')
+  same([...names(r.flights[0])], ['WebSocket upgrade', 'StartupMessage'], 'the upgrade carried the startup, no password')
+  same(r.flights.filter((f) => f.dir === 'out').map((f) => f.messages), ['PasswordMessage', 'PasswordMessage', 'Query'], 'SASLInitialResponse, SASLResponse (PasswordMessage frames), then the query, each after the answer to the one before')
+  assert.equal(r.run.roundTrips, '4', `round trips: upgrade + two SASL steps + query, got ${r.run.roundTrips}`)
 })
 
 test('HTTP sql: the same rows in one round trip', async () => {
@@ -222,7 +224,7 @@ test('HTTP sql: the same rows in one round trip', async () => {
 
 test('the injected delay is real: each round trip costs the chosen RTT', async (t) => {
   const RTT = 200
-  for (const [transport, trips] of [['ws-pipelined', 2], ['ws-unpipelined', 4], ['http', 1]] as const) {
+  for (const [transport, trips] of [['ws', 2], ['ws-e2e', 4], ['http', 1]] as const) {
     const r = await runQuery(CUSTOMERS_SQL, transport, RTT)
     assert.equal(r.state, 'done', `${transport} at ${RTT} ms failed: ${r.error}`)
     same(r.rows, FIRST_CUSTOMERS, `${transport} rows at ${RTT} ms`)
@@ -240,7 +242,7 @@ test('the injected delay is real: each round trip costs the chosen RTT', async (
 })
 
 test("a Postgres error is shown with its SQLSTATE, and the waterfall still draws the run", async () => {
-  const r = await runQuery('SELECT * FROM no_such_table', 'ws-pipelined')
+  const r = await runQuery('SELECT * FROM no_such_table', 'ws')
   assert.equal(r.state, 'error', `the run should fail, state ${r.state}`)
   assert.match(r.error, /42P01.*no_such_table/, `error text: ${r.error}`)
   assert.equal(r.rows.length, 0, `no rows should be shown, got ${JSON.stringify(r.rows)}`)

@@ -149,12 +149,9 @@ test('a proxy sending text frames is a clear error', async () => {
   await new Promise((r) => wss.once('listening', r))
   const url = `ws://127.0.0.1:${(wss.address() as net.AddressInfo).port}/v2`
   try {
-    await assert.rejects(new Client(at(url, { pipelineConnect: false })).connect(), /sent a text frame; expected binary/)
-    // `ws` servers select an offered subprotocol by default, so this one "announces" auth offload:
-    // connect() resolves early and the first query carries the error.
-    const pipelined = new Client(at(url))
-    await pipelined.connect()
-    await assert.rejects(pipelined.query('SELECT 1'), /sent a text frame; expected binary/)
+    // `ws` servers select an offered subprotocol by default, so this one seems to take the login;
+    // connect() waits for Postgres's answer and gets the text frame instead.
+    await assert.rejects(new Client(at(url)).connect(), /sent a text frame; expected binary/)
   } finally {
     for (const c of wss.clients) c.terminate()
     wss.close()

@@ -2,6 +2,7 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import net from 'node:net'
 import { closeOf, edgeClient, startProxy, tryUpgrade, backends, eventually } from './helpers'
+import { SUBPROTOCOL } from '../src/config'
 
 // Limits on what the proxy accepts, and how it ends sessions: all with clear HTTP statuses or
 // WebSocket close codes that name the reason.
@@ -64,7 +65,7 @@ test('handshake timeout: a stalled upgrade is dropped; a session that never fini
     const raw = net.connect(proxy.port, '127.0.0.1')
     raw.write('GET /v2 HTTP/1.1\r\nHost: x\r\n') // never finished
     const dropped = new Promise((resolve) => raw.once('close', resolve))
-    const { ws } = await tryUpgrade(proxy.url, { protocols: ['edgepg.v1'] })
+    const { ws } = await tryUpgrade(proxy.url, { protocols: [SUBPROTOCOL] })
     ws!.send(Buffer.from([0, 0, 0, 40])) // the start of a startup packet, then nothing
     const started = Date.now()
     const { code, reason } = await closeOf(ws!)
@@ -98,7 +99,7 @@ test('idle timeout: a session with no traffic is closed; traffic keeps it open',
     }
     assert.deepEqual((await busy.query('SELECT 2 AS two')).rows, [{ two: 2 }], 'the busy session outlived the timeout')
     await eventually(() => idleErrors.length > 0, 'the idle session to be closed')
-    assert.match(idleErrors[0].message, /code 1000: edgepg-proxy: idle timeout/)
+    assert.match(idleErrors[0].message, /code 1001: edgepg-proxy: idle timeout/)
     await eventually(async () => (await backends('edgepg-idle')) === 0, "the idle session's backend to exit")
     await busy.end()
   } finally {

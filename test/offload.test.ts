@@ -1,6 +1,6 @@
 /**
- * Auth offload, negotiated capabilities and pipelined connect (the issue's requirements 1–3),
- * observed from both ends of the proxy:
+ * Auth offload, the login in the WebSocket upgrade, and end-to-end authentication, observed from
+ * both ends of the proxy:
  *
  * - what the CLIENT sends and receives: every WebSocket the driver opens is a `ws` WebSocket
  *   subclass that records each message both ways (`recorder()`), parsed as Postgres protocol;
@@ -15,17 +15,18 @@
  */
 import { test, describe, before, after } from 'node:test'
 import assert from 'node:assert/strict'
+import http from 'node:http'
 import net from 'node:net'
 import { execFile, spawn, type ChildProcess } from 'node:child_process'
 import { createRequire } from 'node:module'
 import { promisify } from 'node:util'
 import { setTimeout as sleep } from 'node:timers/promises'
-import { WebSocket, type ClientOptions, type RawData } from 'ws'
+import { WebSocket, WebSocketServer, type ClientOptions, type RawData } from 'ws'
 import pg from 'pg'
 import { neonConfig, Client as NeonClient } from '@neondatabase/serverless'
 import { createProxy, type ProxyOptions, type SessionLog } from '../proxy/index'
 import { Client, Pool, type ClientConfig } from '../src/index'
-import { SUBPROTOCOL } from '../src/config'
+import { LOGIN_PREFIX, SUBPROTOCOL } from '../src/config'
 import { PASSWORD, type Role } from './stack'
 import { edgeConfig, pgConfig, testPostgres, within } from './helpers'
 import { generateCerts, type TestCerts } from './certs'
@@ -148,6 +149,8 @@ const toBuffer = (data: RawData | ArrayBuffer | string): Buffer =>
 
 function recorder(wsOptions: ClientOptions = {}) {
   const logs: WsLog[] = []
+  /** The headers of each upgrade response. */
+  const upgradeHeaders: http.IncomingHttpHeaders[] = []
   class RecordingWebSocket extends WebSocket {
     private readonly log: WsLog
     constructor(url: string, protocols?: string | string[]) {
@@ -155,6 +158,7 @@ function recorder(wsOptions: ClientOptions = {}) {
       const log: WsLog = (this.log = { url, offered: protocols, events: [] })
       logs.push(log)
       this.on('open', () => (log.protocol = this.protocol))
+      this.on('upgrade', (res: http.IncomingMessage) => upgradeHeaders.push(res.headers))
       this.on('message', (data: RawData) => log.events.push({ dir: 'in', data: toBuffer(data), at: log.events.length }))
     }
     send(data: any, ...rest: any[]) {
@@ -165,6 +169,7 @@ function recorder(wsOptions: ClientOptions = {}) {
   return {
     WebSocket: RecordingWebSocket as unknown as typeof WebSocket,
     logs,
+    upgradeHeaders,
     /** The one WebSocket that opened (a first attempt refused for its subprotocol does not count). */
     session(): WsLog {
       const opened = logs.filter((l) => l.protocol !== undefined)
@@ -174,12 +179,25 @@ function recorder(wsOptions: ClientOptions = {}) {
   }
 }
 
-/** WebSocket messages the client sent, each parsed on its own (the first opens with the StartupMessage). */
-const sentMessages = (log: WsLog) => log.events.filter((e) => e.dir === 'out').map((e, n) => parse([e], n === 0))
+// The login the client offered in its upgrade (proxy/login.ts), parsed.
+
+/** The `edgepg.login.` value the WebSocket offered, decoded; undefined if it offered none. */
+function loginOf(log: WsLog): Buffer | undefined {
+  const offered = ([] as string[]).concat(log.offered ?? [])
+  const login = offered.find((p) => p.startsWith(LOGIN_PREFIX))
+  return login === undefined ? undefined : Buffer.from(login.slice(LOGIN_PREFIX.length), 'base64url')
+}
+/** The login's messages: StartupMessage, then the PasswordMessage if there is one. */
+const loginMessages = (log: WsLog) => parse([{ data: loginOf(log) ?? Buffer.alloc(0), at: 0 }], true)
+
+/** Whether the client's stream opens with its StartupMessage in band (the proxy did not take a login from the upgrade). */
+const startupInBand = (log: WsLog) => !(loginOf(log) && log.protocol === SUBPROTOCOL)
+/** WebSocket messages the client sent, each parsed on its own (the first may open with the StartupMessage). */
+const sentMessages = (log: WsLog) => log.events.filter((e) => e.dir === 'out').map((e, n) => parse([e], n === 0 && startupInBand(log)))
 /** Everything the client received, parsed as one backend stream. */
 const received = (log: WsLog) => parse(log.events.filter((e) => e.dir === 'in'), false)
 /** Everything the client sent, parsed as one frontend stream. */
-const sent = (log: WsLog) => parse(log.events.filter((e) => e.dir === 'out'), true)
+const sent = (log: WsLog) => parse(log.events.filter((e) => e.dir === 'out'), startupInBand(log))
 
 // ---------------------------------------------------------------------------------------------
 // Postgres's side: a TCP relay in front of it that records both directions per connection.
@@ -306,7 +324,7 @@ const recordedClient = (proxy: TestProxy, role: Role, rec: ReturnType<typeof rec
 
 // ---------------------------------------------------------------------------------------------
 
-describe('auth offload: every upstream method, the client only ever sees a cleartext-password request', () => {
+describe('auth offload: every upstream method; the login rides in the upgrade and the client sees only AuthenticationOk', () => {
   const ROLE_METHOD: Record<Role, string> = { trust_user: 'nothing (trust)', password_user: 'a cleartext password', md5_user: 'an md5 hash', scram_user: 'SCRAM-SHA-256' }
   /** What Postgres asks the proxy for, per role (pg_hba.conf in test/stack.ts). */
   const upstreamAuth: Record<Role, number[]> = {
@@ -327,8 +345,12 @@ describe('auth offload: every upstream method, the client only ever sees a clear
       assert.deepEqual(rows, [{ u: role, n: 7 }])
       await within(5000, 'end', client.end())
 
-      const codes = authCodes(received(rec.session()))
-      assert.deepEqual(codes, [3, 0], `the client saw AuthenticationCleartextPassword then AuthenticationOk, and nothing else (got ${codes})`)
+      const log = rec.session()
+      assert.deepEqual(types(loginMessages(log)), ['startup', 'p'], 'the upgrade carried the StartupMessage and the PasswordMessage')
+      assert.equal(loginMessages(log)[1].body.toString('utf8'), `${PASSWORD}\0`, 'the cleartext password, to the proxy (loopback)')
+      assert.equal(types(sent(log)).includes('startup'), false, 'nothing of the login went in band')
+      const codes = authCodes(received(log))
+      assert.deepEqual(codes, [0], `the client saw AuthenticationOk and no request (got ${codes})`)
       // What Postgres asked for went to the proxy, never further.
       const upstream = upstreamSession(relay, from)
       assert.deepEqual(authCodes(upstream.fromPg), upstreamAuth[role], `Postgres asked the proxy for ${ROLE_METHOD[role]}`)
@@ -342,16 +364,6 @@ describe('auth offload: every upstream method, the client only ever sees a clear
         const first = upstream.toPg.find((m) => m.type === 'p')!.body
         assert.ok(first.includes('SCRAM-SHA-256\0'), 'the proxy chose SCRAM-SHA-256 upstream (no TLS upstream: not -PLUS)')
         assert.deepEqual(derivations, ['proxy'], `one PBKDF2 run, in the proxy (got ${derivations.join(', ') || 'none'})`)
-
-        // Control, same client config: without auth offload, the client itself sees SASL and derives.
-        const plainRec = recorder()
-        derivations.length = 0
-        const direct = recordedClient(plain, role, plainRec)
-        await within(10000, 'connect (no offload)', direct.connect())
-        assert.deepEqual((await within(10000, 'query', direct.query('SELECT 1 AS x'))).rows, [{ x: 1 }])
-        await within(5000, 'end', direct.end())
-        assert.deepEqual(authCodes(received(plainRec.session())), [10, 11, 12, 0], 'without offload the client does SCRAM itself')
-        assert.deepEqual(derivations, ['pg client'], 'and the PBKDF2 then runs in the client: the counter sees client-side derivation')
       } else {
         assert.deepEqual(derivations, [], 'no SCRAM derivation anywhere')
       }
@@ -361,52 +373,75 @@ describe('auth offload: every upstream method, the client only ever sees a clear
 
 // ---------------------------------------------------------------------------------------------
 
-describe('pipelined connect', () => {
-  const QUERY = ['startup', 'p', 'P', 'B', 'D', 'E', 'S']
-
-  /**
-   * The held query reached Postgres only after upstream auth: in the relay's recording the query's
-   * first message arrives after Postgres's AuthenticationOk, and the SASL exchange before it.
-   */
-  function assertHeldUntilAuth(from: number) {
-    const { toPg, fromPg } = upstreamSession(relay, from)
-    assert.deepEqual(types(toPg).slice(0, 8), ['startup', 'p', 'p', 'P', 'B', 'D', 'E', 'S'], 'upstream: StartupMessage, SASLInitialResponse, SASLResponse, then the query')
-    const ok = fromPg.find((m) => m.type === 'R' && m.body.readInt32BE(0) === 0)
-    assert.ok(ok, 'Postgres sent AuthenticationOk')
-    const parse = toPg.find((m) => m.type === 'P')!
-    assert.ok(parse.at > ok.at, `the held query reached Postgres after AuthenticationOk (event ${parse.at} vs ${ok.at})`)
+describe('end-to-end authentication (authOffload: false): the proxy relays the login untouched', () => {
+  for (const [what, proxy, extra] of [
+    ['the client asks for it', () => offload, { authOffload: false }],
+    ['the proxy is started with authOffload: false', () => plain, {}],
+  ] as const) {
+    test(`${what}: SCRAM between the client and Postgres, and still pg's connect()`, async () => {
+      const rec = recorder()
+      const from = relay.sessions.length
+      derivations.length = 0
+      const client = recordedClient(proxy(), 'scram_user', rec, extra)
+      await within(10000, 'connect', client.connect())
+      assert.ok(Number.isInteger((client as any).processID), 'connected: processID set')
+      assert.deepEqual((await within(10000, 'query', client.query('SELECT current_user AS u, $1::int AS n', [3]))).rows, [{ u: 'scram_user', n: 3 }])
+      await within(5000, 'end', client.end())
+      const log = rec.session()
+      assert.equal(log.protocol, SUBPROTOCOL, 'the proxy took the login')
+      if ('authOffload' in extra) assert.deepEqual(types(loginMessages(log)), ['startup'], 'the upgrade carried the StartupMessage and no password')
+      assert.deepEqual(authCodes(received(log)), [10, 11, 12, 0], 'SCRAM end to end with Postgres')
+      assert.deepEqual(derivations, ['pg client'], 'the client derived the SCRAM key')
+      const upstream = upstreamSession(relay, from)
+      assert.ok(!upstream.toPg.some((m) => m.body.includes(PASSWORD)), 'the password itself never went upstream')
+      assert.deepEqual(authCodes(upstream.fromPg), [10, 11, 12, 0])
+    })
   }
 
-  test('await client.connect(); await client.query(…): Startup, password and the query leave in one WebSocket message', async () => {
+  test('a wrong password end to end: the same 28P01 as pg over TCP', async () => {
+    const expected = await tcpError({ ...pgConfig('scram_user'), password: 'wrong-password' })
+    const client = track(new Client(edgeConfig(offload.port, 'scram_user', { password: 'wrong-password', authOffload: false })))
+    assertSameDatabaseError(await rejection(client.connect(), 'connect'), expected, 'authOffload: false')
+    await within(5000, 'end after failure', client.end())
+    await nothingEscaped('end to end, wrong password')
+  })
+})
+
+// ---------------------------------------------------------------------------------------------
+
+describe("pg's connect(): resolved by ReadyForQuery, one round trip after the upgrade; the first query is the next flight", () => {
+  test('await client.connect(); await client.query(…): the upgrade, then the query alone; processID known at once', async () => {
     const rec = recorder()
     const from = relay.sessions.length
     const client = recordedClient(offload, 'scram_user', rec)
     await within(10000, 'connect', client.connect())
-    const { rows } = await within(10000, 'query', client.query('SELECT $1::int AS n', [1]))
-    assert.deepEqual(rows, [{ n: 1 }], 'the held query ran after auth, with the right result')
-    await within(5000, 'end', client.end())
-
     const log = rec.session()
-    const messages = sentMessages(log)
-    assert.deepEqual(types(messages[0]), QUERY, 'first WebSocket message: StartupMessage, PasswordMessage, Parse/Bind/Describe/Execute/Sync')
-    assert.equal(messages[0][1].body.toString('utf8'), `${PASSWORD}\0`, 'the PasswordMessage carries the cleartext password')
-    assert.equal(log.events[0].dir, 'out', 'sent before anything arrived from the proxy')
-    assertHeldUntilAuth(from)
+    const before = log.events.length
+    assert.ok(log.events.every((e) => e.dir === 'in'), 'connect() resolved on what the proxy sent; the client sent nothing in band')
+    assert.deepEqual(types(received(log)).at(-1), 'Z', 'the last thing before connect() resolved: ReadyForQuery')
+    const { rows } = await within(10000, 'query', client.query('SELECT pg_backend_pid() AS pid, $1::int AS n', [1]))
+    assert.deepEqual(rows, [{ pid: (client as any).processID, n: 1 }], 'processID is the backend’s pid, set when connect() resolved')
+    assert.ok(Buffer.isBuffer((client as any).secretKey) || Number.isInteger((client as any).secretKey), 'secretKey set')
+    assert.deepEqual(types(sentMessages(log)[0]), ['P', 'B', 'D', 'E', 'S'], 'the first WebSocket message: the query, alone')
+    assert.equal(log.events[before].dir, 'out', 'sent after connect() resolved')
+    await within(5000, 'end', client.end())
+    const { toPg, fromPg } = upstreamSession(relay, from)
+    const ready = fromPg.find((m) => m.type === 'Z')!
+    assert.ok(toPg.find((m) => m.type === 'P')!.at > ready.at, 'the query reached Postgres after its ReadyForQuery')
   })
 
-  test('queries issued together after connect() all join the first message', async () => {
+  test('queries issued together after connect() leave in one message', async () => {
     const rec = recorder()
     const client = recordedClient(offload, 'scram_user', rec)
     await within(10000, 'connect', client.connect())
     const [a, b] = await within(10000, 'queries', Promise.all([client.query('SELECT $1::int AS n', [1]), client.query('SELECT $1::text AS t', ['two'])]))
     assert.deepEqual([a.rows, b.rows], [[{ n: 1 }], [{ t: 'two' }]])
     await within(5000, 'end', client.end())
-    assert.deepEqual(types(sentMessages(rec.session())[0]), [...QUERY, 'P', 'B', 'D', 'E', 'S'], 'both queries in the first message')
+    assert.deepEqual(types(sentMessages(rec.session())[0]), ['P', 'B', 'D', 'E', 'S', 'P', 'B', 'D', 'E', 'S'], 'both queries in the first message')
   })
 
-  test("a fresh Pool's pool.query(): the same single first message", async () => {
+  test("a fresh Pool's pool.query(): the login in the upgrade, then the query", async () => {
     const rec = recorder()
-    const from = relay.sessions.length
     const pool = track(new Pool({ ...edgeConfig(offload.port, 'scram_user', { webSocketConstructor: rec.WebSocket as any }), max: 1 }))
     try {
       const { rows } = await within(10000, 'pool.query', pool.query('SELECT $1::int AS n', [1]))
@@ -414,47 +449,12 @@ describe('pipelined connect', () => {
     } finally {
       await within(5000, 'pool.end', pool.end())
     }
-    assert.deepEqual(types(sentMessages(rec.session())[0]), QUERY, 'first WebSocket message: StartupMessage, PasswordMessage and the query')
-    assertHeldUntilAuth(from)
-  })
-})
-
-// ---------------------------------------------------------------------------------------------
-
-describe('wrong password, unknown database: Postgres’s own error, never a bare termination', () => {
-  for (const role of ['password_user', 'md5_user', 'scram_user'] as const) {
-    test(`wrong password for ${role} → 28P01`, async () => {
-      const expected = await tcpError({ ...pgConfig(role), password: 'wrong-password' })
-      assert.equal(expected.code, '28P01', 'pg over TCP: 28P01')
-
-      // Pipelined (the default here): connect() may resolve; then the first query carries the error.
-      const client = track(new Client(edgeConfig(offload.port, role, { password: 'wrong-password' })))
-      const err = await rejection(client.connect().then(() => client.query('SELECT 1')), 'pipelined connect + query')
-      assertSameDatabaseError(err, expected, 'pipelined')
-      // A later query gets the same error, not a hang or another kind of failure.
-      assertSameDatabaseError(await rejection(client.query('SELECT 2'), 'later query'), expected, 'later query')
-      await within(5000, 'end after failure', client.end())
-
-      // Not pipelined: connect() itself rejects.
-      const unpipelined = track(new Client(edgeConfig(offload.port, role, { password: 'wrong-password', pipelineConnect: false })))
-      assertSameDatabaseError(await rejection(unpipelined.connect(), 'unpipelined connect'), expected, 'pipelineConnect: false')
-      await within(5000, 'end after failure', unpipelined.end())
-      await nothingEscaped(role)
-    })
-  }
-
-  test('unknown database → 3D000 (after auth succeeded in the proxy)', async () => {
-    for (const role of ['scram_user', 'md5_user'] as const) {
-      const expected = await tcpError({ ...pgConfig(role), database: 'no_such_db' })
-      assert.equal(expected.code, '3D000', 'pg over TCP: 3D000')
-      const client = track(new Client(edgeConfig(offload.port, role, { database: 'no_such_db' })))
-      assertSameDatabaseError(await rejection(client.connect().then(() => client.query('SELECT 1')), 'connect + query'), expected, role)
-      await within(5000, 'end after failure', client.end())
-    }
-    await nothingEscaped('unknown database')
+    const log = rec.session()
+    assert.deepEqual(types(loginMessages(log)), ['startup', 'p'])
+    assert.deepEqual(types(sentMessages(log)[0]), ['P', 'B', 'D', 'E', 'S'])
   })
 
-  test('a Pool: the query rejects with 28P01, the failed client is gone, and the pool then serves a good one', async () => {
+  test('a Pool whose password is wrong: the query rejects with 28P01, the failed client is gone, and the pool then serves a good one', async () => {
     const expected = await tcpError({ ...pgConfig('scram_user'), password: 'wrong-password' })
     const pool = track(new Pool({ ...edgeConfig(offload.port, 'scram_user', { password: 'wrong-password' }), max: 1 }))
     const poolErrors: Error[] = []
@@ -477,18 +477,20 @@ describe('wrong password, unknown database: Postgres’s own error, never a bare
 
 // ---------------------------------------------------------------------------------------------
 
-describe('clients that do not pipeline: the proxy asks them for a cleartext password', () => {
-  test('edgepg with pipelineConnect: false sends its password in its own message, after R 3', async () => {
+describe('clients that start in band (Neon’s driver, a login too large for the upgrade): the proxy asks for a cleartext password', () => {
+  test('a StartupMessage too large for the upgrade goes in band; the password follows when asked', async () => {
     const rec = recorder()
-    const client = recordedClient(offload, 'scram_user', rec, { pipelineConnect: false })
+    // options (a startup parameter) big enough that the login exceeds MAX_LOGIN_CHARS.
+    const client = recordedClient(offload, 'scram_user', rec, { options: `-c application_name=${'x'.repeat(50)} ${'-c work_mem=64kB '.repeat(400)}` } as ClientConfig)
     await within(10000, 'connect', client.connect())
     assert.deepEqual((await within(10000, 'query', client.query('SELECT $1::int AS n', [1]))).rows, [{ n: 1 }])
     await within(5000, 'end', client.end())
     const log = rec.session()
-    assert.equal(log.protocol, SUBPROTOCOL, 'the proxy did announce auth offload; the option overrode it')
+    assert.equal(loginOf(log), undefined, 'no login offered: it would not fit')
+    assert.equal(log.protocol, SUBPROTOCOL, 'edgepg’s subprotocol still selected')
     const messages = sentMessages(log)
     assert.deepEqual(types(messages[0]), ['startup'], 'first message: the StartupMessage alone')
-    assert.deepEqual(types(messages[1]), ['p'], 'second message: the PasswordMessage alone')
+    assert.deepEqual(types(messages[1]), ['p'], 'then the PasswordMessage alone')
     const asked = received(log).find((m) => m.type === 'R' && m.body.readInt32BE(0) === 3)!
     const outs = log.events.filter((e) => e.dir === 'out')
     assert.ok(outs[1].at > asked.at, 'the password left after the proxy asked for it')
@@ -537,71 +539,131 @@ describe('clients that do not pipeline: the proxy asks them for a cleartext pass
 
 // ---------------------------------------------------------------------------------------------
 
-describe('negotiation: the WebSocket subprotocol announces auth offload; pipelining follows it', () => {
-  test('offloading proxy: edgepg.v1 offered and selected; the socket reports authOffload and the client pipelines', async () => {
+describe('negotiation: edgepg’s subprotocol says the proxy took the login; other servers get it in band', () => {
+  test('edgepg.v2 and the login offered; edgepg.v2 selected; the login never echoed', async () => {
     const rec = recorder()
     const client = recordedClient(offload, 'scram_user', rec)
     await within(10000, 'connect', client.connect())
-    assert.equal((client.connection as any).stream.authOffload, true, 'client.connection.stream.authOffload')
-    await within(10000, 'query', client.query('SELECT 1'))
     await within(5000, 'end', client.end())
     const log = rec.session()
-    assert.equal(log.offered, SUBPROTOCOL, 'the driver offered edgepg.v1')
-    assert.equal(log.protocol, SUBPROTOCOL, 'the proxy selected it')
-    assert.deepEqual(types(sentMessages(log)[0]).slice(0, 2), ['startup', 'p'], 'pipelined')
+    const offered = [log.offered].flat()
+    assert.equal(offered.length, 2, 'two values offered')
+    assert.equal(offered[0], SUBPROTOCOL, 'edgepg.v2 first')
+    assert.match(offered[1]!, new RegExp(`^${LOGIN_PREFIX.replace(/\./g, '\\.')}[A-Za-z0-9_-]+$`), 'then the login, base64url')
+    assert.equal(log.protocol, SUBPROTOCOL, 'the proxy selected edgepg.v2')
+    assert.deepEqual(rec.upgradeHeaders.map((h) => h['sec-websocket-protocol']), [SUBPROTOCOL], 'the upgrade response names edgepg.v2 and nothing else')
   })
 
-  test('authOffload: false: nothing selected, no pipelining, SCRAM by the client, and it works', async () => {
-    const rec = recorder()
-    derivations.length = 0
-    const client = recordedClient(plain, 'scram_user', rec)
-    await within(10000, 'connect', client.connect())
-    assert.equal((client.connection as any).stream.authOffload, false, 'client.connection.stream.authOffload')
-    assert.deepEqual((await within(10000, 'query', client.query('SELECT current_user AS u, $1::int AS n', [3]))).rows, [{ u: 'scram_user', n: 3 }])
-    await within(5000, 'end', client.end())
-    const log = rec.session()
-    assert.equal(log.protocol, '', 'no subprotocol selected')
-    assert.deepEqual(types(sentMessages(log)[0]), ['startup'], 'first message: only the StartupMessage')
-    assert.deepEqual(authCodes(received(log)), [10, 11, 12, 0], 'SCRAM end to end with Postgres')
-    assert.deepEqual(derivations, ['pg client'], 'the client derived the SCRAM key')
-  })
-
-  test("pipelineConnect: 'password' forces pipelining: fine where Postgres asks for a cleartext password", async () => {
-    const rec = recorder()
-    const client = recordedClient(plain, 'password_user', rec, { pipelineConnect: 'password' })
-    await within(10000, 'connect', client.connect())
-    assert.deepEqual((await within(10000, 'query', client.query('SELECT $1::int AS n', [1]))).rows, [{ n: 1 }])
-    await within(5000, 'end', client.end())
-    const log = rec.session()
-    assert.equal(log.protocol, '', 'the proxy announced nothing')
-    assert.deepEqual(types(sentMessages(log)[0]), ['startup', 'p', 'P', 'B', 'D', 'E', 'S'], 'pipelined anyway')
-    assert.deepEqual(authCodes(received(log)), [3, 0], 'Postgres itself asked for the cleartext password')
-  })
-
-  test("pipelineConnect: 'password' where Postgres wants SCRAM: a clear Postgres error, not a hang", async (t) => {
-    const client = track(new Client(edgeConfig(plain.port, 'scram_user', { pipelineConnect: 'password', connectionTimeoutMillis: 10000 })))
-    const err = await rejection(client.connect().then(() => client.query('SELECT 1')), 'connect + query')
-    assert.ok(err instanceof pg.DatabaseError, `a DatabaseError, got ${err?.stack ?? err}`)
-    t.diagnostic(`Postgres said: ${err.code} ${err.message}`)
-    assert.doesNotMatch(err.message, /Connection terminated unexpectedly/, 'not a bare termination')
-    // Postgres asked for SASL and read the pipelined PasswordMessage as a SASLInitialResponse.
-    assert.deepEqual({ code: err.code, severity: err.severity, message: err.message }, { code: '08P01', severity: 'FATAL', message: 'client selected an invalid SASL authentication mechanism' }, 'Postgres’s own protocol error')
-    await within(5000, 'end after failure', client.end())
-    await nothingEscaped("'password' vs SCRAM")
-  })
-
-  test('Neon hosts pipeline by rule, without an announcement', () => {
-    const decide = (host: string, extra: ClientConfig = {}) => {
-      const client = new Client({ host, user: 'u', password: 'p', database: 'd', webSocketConstructor: WebSocket as any, ...extra })
-      ;(client.connection as any).stream.authOffload = false // as after opening to a proxy that selected nothing
-      return (client as any).shouldPipelineConnect() as boolean
+  /** A WebSocket → TCP relay to the test Postgres that knows nothing of edgepg, as other relays are. */
+  async function plainRelay(select: (offered: Set<string>) => string | false) {
+    const server = http.createServer()
+    const wss = new WebSocketServer({ server, handleProtocols: select })
+    wss.on('connection', (ws) => {
+      const tcp = net.connect(PG.port, PG.host)
+      tcp.on('error', () => ws.close())
+      tcp.on('data', (d) => ws.send(d))
+      tcp.on('close', () => ws.close())
+      ws.on('message', (d) => tcp.write(d as Buffer))
+      ws.on('close', () => tcp.destroy())
+    })
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+    return {
+      port: (server.address() as net.AddressInfo).port,
+      close: () => new Promise<void>((resolve) => {
+        for (const ws of wss.clients) ws.terminate()
+        wss.close()
+        server.close(() => resolve())
+      }),
     }
-    assert.equal(decide('ep-foo.neon.tech'), true, 'ep-foo.neon.tech')
-    assert.equal(decide('ep-foo.us-east-2.aws.neon.build'), true, '*.neon.build')
-    assert.equal(decide('db.example.com'), false, 'other hosts: off')
-    assert.equal(decide('neon.tech.example.com'), false, 'only a .neon.tech suffix counts')
-    assert.equal(decide('ep-foo.neon.tech', { pipelineConnect: false }), false, 'pipelineConnect: false wins')
-    assert.equal(decide('db.example.com', { pipelineConnect: 'password' }), true, "'password' forces it on")
+  }
+
+  test('a relay that selects no subprotocol: the StartupMessage goes in band, the password only when asked; SCRAM by the client', async () => {
+    const other = await plainRelay(() => false)
+    try {
+      const rec = recorder()
+      derivations.length = 0
+      const client = recordedClient(offload, 'scram_user', rec, { wsProxy: () => `ws://127.0.0.1:${other.port}/v2` })
+      await within(10000, 'connect', client.connect())
+      assert.deepEqual((await within(10000, 'query', client.query('SELECT current_user AS u'))).rows, [{ u: 'scram_user' }])
+      await within(5000, 'end', client.end())
+      const log = rec.session()
+      assert.equal(log.protocol, '', 'nothing selected')
+      const messages = sentMessages(log)
+      assert.deepEqual(types(messages[0]), ['startup'], 'first message: the StartupMessage alone')
+      assert.ok(!types(sent(log)).slice(0, 2).includes('p') || received(log)[0].at < log.events.findIndex((e) => e.dir === 'out' && e.data[0] === 0x70), 'no password before Postgres asked')
+      assert.deepEqual(authCodes(received(log)), [10, 11, 12, 0], 'Postgres’s own SASL, answered by the client')
+      assert.deepEqual(derivations, ['pg client'])
+    } finally {
+      await other.close()
+    }
+  })
+
+  test("pipelineConnect: 'password' through such a relay: the password right behind the StartupMessage, where Postgres asks for cleartext", async () => {
+    const other = await plainRelay(() => false)
+    try {
+      const rec = recorder()
+      const client = recordedClient(offload, 'password_user', rec, { wsProxy: () => `ws://127.0.0.1:${other.port}/v2`, pipelineConnect: 'password' })
+      await within(10000, 'connect', client.connect())
+      assert.deepEqual((await within(10000, 'query', client.query('SELECT $1::int AS n', [1]))).rows, [{ n: 1 }])
+      await within(5000, 'end', client.end())
+      const log = rec.session()
+      const outs = log.events.filter((e) => e.dir === 'out')
+      assert.deepEqual(outs.slice(0, 2).map((e, i) => types(parse([e], i === 0))), [['startup'], ['p']], 'StartupMessage, then the PasswordMessage at once')
+      assert.ok(outs[1].at < received(log)[0].at, 'the password left before anything came back')
+      assert.deepEqual(authCodes(received(log)), [3, 0], 'Postgres itself asked for the cleartext password, and got it once')
+    } finally {
+      await other.close()
+    }
+  })
+
+  test("pipelineConnect: 'password' where Postgres wants SCRAM: Postgres's own error, not a hang", async () => {
+    const other = await plainRelay(() => false)
+    try {
+      const client = track(new Client(edgeConfig(other.port, 'scram_user', { pipelineConnect: 'password', connectionTimeoutMillis: 10000 })))
+      const err = await rejection(client.connect(), 'connect')
+      assert.ok(err instanceof pg.DatabaseError, `a DatabaseError, got ${err?.stack ?? err}`)
+      // Postgres asked for SASL and read the pipelined PasswordMessage as a SASLInitialResponse.
+      assert.deepEqual({ code: err.code, severity: err.severity, message: err.message }, { code: '08P01', severity: 'FATAL', message: 'client selected an invalid SASL authentication mechanism' }, 'Postgres’s own protocol error')
+      await within(5000, 'end after failure', client.end())
+      await nothingEscaped("'password' vs SCRAM")
+    } finally {
+      await other.close()
+    }
+  })
+
+  test('Neon hosts get the password right behind the StartupMessage by rule, unless pipelineConnect: false', async () => {
+    const other = await plainRelay(() => false)
+    try {
+      const firstTwo = async (host: string, extra: ClientConfig = {}) => {
+        const rec = recorder()
+        const client = track(new Client({ ...pgConfig('password_user'), host, webSocketConstructor: rec.WebSocket as any, wsProxy: () => `ws://127.0.0.1:${other.port}/v2`, connectionTimeoutMillis: 10000, ...extra }))
+        await within(10000, `connect as ${host}`, client.connect())
+        await within(5000, 'end', client.end())
+        const log = rec.session()
+        const firstIn = received(log)[0].at
+        return log.events.filter((e) => e.dir === 'out' && e.at < firstIn).map((e, i) => types(parse([e], i === 0))[0])
+      }
+      assert.deepEqual(await firstTwo('ep-foo.neon.tech'), ['startup', 'p'], 'ep-foo.neon.tech')
+      assert.deepEqual(await firstTwo('ep-foo.us-east-2.aws.neon.build'), ['startup', 'p'], '*.neon.build')
+      assert.deepEqual(await firstTwo('neon.tech.example.com'), ['startup'], 'only a .neon.tech suffix counts')
+      assert.deepEqual(await firstTwo('ep-foo.neon.tech', { pipelineConnect: false }), ['startup'], 'pipelineConnect: false wins')
+    } finally {
+      await other.close()
+    }
+  })
+
+  test('a server that selects whatever is offered first but does not speak edgepg (a bare `ws` server): connect() fails clearly, never hangs', async () => {
+    const other = await plainRelay((offered) => [...offered][0] ?? false)
+    try {
+      // It selects edgepg.v2 without taking the login: Postgres never sees a StartupMessage.
+      const client = track(new Client(edgeConfig(other.port, 'scram_user', { connectionTimeoutMillis: 1000 })))
+      const err = await rejection(client.connect(), 'connect')
+      assert.match(err.message, /timeout expired/)
+      await within(5000, 'end after failure', client.end())
+      await nothingEscaped('blind subprotocol selection')
+    } finally {
+      await other.close()
+    }
   })
 })
 
@@ -685,14 +747,17 @@ describe('cleartext passwords over plain ws:// only from loopback, over TLS, or 
       assert.deepEqual(types(got), ['E'], 'the client got one ErrorResponse and no authentication request')
       assert.equal(errorFields(got[0].body).C, '28000', 'its SQLSTATE is 28000')
 
-      // Not pipelined: the password never leaves the client at all.
+      // End to end: the same refusal (the proxy offloads auth, so it will not take a password here).
       const rec2 = recorder()
-      const unpipelined = track(new Client(viaNetns(strict, rec2, 'ws', { pipelineConnect: false })))
-      const err2 = await rejection(unpipelined.connect(), 'unpipelined connect')
+      const endToEnd = track(new Client(viaNetns(strict, rec2, 'ws', { authOffload: false })))
+      const err2 = await rejection(endToEnd.connect(), 'end-to-end connect')
       assert.ok(err2 instanceof pg.DatabaseError && err2.code === '28000' && refusal.test(err2.message), `28000 refusal, got ${err2?.stack ?? err2}`)
-      await within(5000, 'end after failure', unpipelined.end())
-      const sentTypes = types(sent(rec2.session()))
-      assert.ok(sentTypes[0] === 'startup' && !sentTypes.includes('p'), `the password never left the client (sent: ${sentTypes})`)
+      await within(5000, 'end after failure', endToEnd.end())
+      for (const r of [rec, rec2]) {
+        const login = types(loginMessages(r.session()))
+        assert.deepEqual(login, ['startup'], `the password never left the client (the upgrade carried: ${login})`)
+        assert.deepEqual(types(sent(r.session())), [], 'and nothing went in band')
+      }
 
       // One session per WebSocket the clients opened (an attempt declined for its subprotocol counts).
       await sessionsLogged(strict, rec.logs.length + rec2.logs.length)
@@ -704,22 +769,6 @@ describe('cleartext passwords over plain ws:// only from loopback, over TLS, or 
       await nothingEscaped('refusal')
     })
 
-    // The proxy declines edgepg.v1 where it will refuse passwords, so the driver does not pipeline
-    // and its cleartext password never crosses the network.
-    test(
-      'plain ws:// without the flag: the driver is not invited to pipeline, so its password stays home',
-      async (t) => {
-        if (!ns) return t.skip(`${unavailable}: this runs where the suite runs as root (CI does)`)
-        const rec = recorder()
-        const client = track(new Client(viaNetns(strict, rec, 'ws')))
-        await rejection(client.connect().then(() => client.query('SELECT 1')), 'connect + query')
-        await within(5000, 'end after failure', client.end())
-        const opened = rec.logs.filter((l) => l.protocol !== undefined)
-        const sentTypes = opened.flatMap((l) => types(sent(l)))
-        assert.ok(!sentTypes.includes('p'), `no PasswordMessage left the client over plain ws:// (sent: ${sentTypes}; subprotocol: ${opened.map((l) => JSON.stringify(l.protocol))})`)
-      }
-    )
-
     test('plain ws:// with allowInsecurePasswords: true works', async (t) => {
       if (!ns) return t.skip(`${unavailable}: this runs where the suite runs as root (CI does)`)
       const rec = recorder()
@@ -727,7 +776,10 @@ describe('cleartext passwords over plain ws:// only from loopback, over TLS, or 
       await within(10000, 'connect', client.connect())
       assert.deepEqual((await within(10000, 'query', client.query('SELECT current_user AS u'))).rows, [{ u: 'scram_user' }])
       await within(5000, 'end', client.end())
-      assert.deepEqual(authCodes(received(rec.session())), [3, 0], 'cleartext to the proxy, SCRAM upstream')
+      // The driver keeps its password out of a plain ws:// upgrade to another host, so Postgres's own
+      // SCRAM runs end to end.
+      assert.deepEqual(types(loginMessages(rec.session())), ['startup'], 'no password in the upgrade')
+      assert.deepEqual(authCodes(received(rec.session())), [10, 11, 12, 0], 'SCRAM between the client and Postgres')
       await sessionsLogged(flagged, 1)
       assert.deepEqual(flagged.logs.map((l) => l.peer), [ns.peerAddress], 'from the non-loopback peer')
     })
@@ -741,7 +793,7 @@ describe('cleartext passwords over plain ws:// only from loopback, over TLS, or 
       await within(5000, 'end', client.end())
       const log = rec.session()
       assert.match(log.url, /^wss:\/\//, 'over wss://')
-      assert.deepEqual(types(sentMessages(log)[0]).slice(0, 2), ['startup', 'p'], 'pipelined')
+      assert.deepEqual(types(loginMessages(log)), ['startup', 'p'], 'the password rode in the upgrade, inside TLS')
       await sessionsLogged(secure, 1)
       assert.deepEqual(secure.logs.map((l) => l.peer), [ns.peerAddress], 'from the non-loopback peer')
     })

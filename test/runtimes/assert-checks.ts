@@ -6,13 +6,16 @@
 import assert from 'node:assert/strict'
 import { same } from '../helpers'
 
-export function assertChecks(out: any, runtime: string, context = '') {
+/** `endToEnd`: the runtime could load client-side SCRAM on first use (import()). */
+export function assertChecks(out: any, runtime: string, context = '', endToEnd = true) {
   const more = context ? `\n${context}` : ''
   assert.equal(out.globalWebSocket, 'function', `${runtime}: a global WebSocket${more}`)
   assert.equal(out.node, false, `${runtime}: not running under Node${more}`)
   same(out.client, [{ greeting: 'hi', four: 4, who: 'scram_user' }], `${runtime}: Client query${more}`)
   same(out.pool, [{ n: 42 }, { who: 'md5_user' }], `${runtime}: Pool queries${more}`)
-  assert.ok(out.pipelined?.authOffload === true, `${runtime}: the proxy selected the auth-offload subprotocol (pipelined connect); got ${JSON.stringify(out.pipelined)}${more}`)
-  same(out.pipelined.rows, [{ seven: 7 }], `${runtime}: query sent with the pipelined connect${more}`)
+  assert.ok(out.login?.taken === true, `${runtime}: the proxy took the login from the upgrade; got ${JSON.stringify(out.login)}${more}`)
+  same(out.login.rows, [{ seven: 7, pid: out.login.processID }], `${runtime}: processID set by connect(), the query after it${more}`)
+  same(out.wrongPassword, { databaseError: true, code: '28P01', severity: 'FATAL', message: 'password authentication failed for user "scram_user"' }, `${runtime}: a wrong password rejects connect() with Postgres's DatabaseError${more}`)
+  same(out.endToEnd, endToEnd ? [{ who: 'scram_user' }] : undefined, `${runtime}: SCRAM in the client (authOffload: false)${more}`)
   same(out.http, { template: [{ ten: 10, s: 'a b' }], query: [{ joined: 'edgepg' }] }, `${runtime}: httpSql over POST /sql${more}`)
 }

@@ -3,7 +3,7 @@
 // edge-runtime's EdgeVM (test/runtimes.test.ts). It defines globalThis.edgepgChecks(mod, options),
 // which resolves with what it saw; `mod` is the bundle's exports, used with the runtime's own
 // global WebSocket and fetch.
-globalThis.edgepgChecks = async function edgepgChecks(mod, { proxyPort, host, port, database, password }) {
+globalThis.edgepgChecks = async function edgepgChecks(mod, { proxyPort, host, port, database, password, dynamicImport = true }) {
   const { Client, Pool, httpSql } = mod
   const base = (user) => ({ host, port, database, user, password, wsProxy: () => `ws://127.0.0.1:${proxyPort}/v2` })
   const plain = (rows) => JSON.parse(JSON.stringify(rows))
@@ -22,14 +22,30 @@ globalThis.edgepgChecks = async function edgepgChecks(mod, { proxyPort, host, po
   out.pool = [...plain(a.rows), ...plain(b.rows)]
   await pool.end()
 
-  // Pipelined connect: the proxy selected the auth-offload subprotocol, so the password and the
-  // first query go right behind the StartupMessage.
-  const piped = new Client(base('scram_user'))
-  const connecting = piped.connect()
-  const first = piped.query('SELECT 7 AS seven')
+  // The login rides in the WebSocket upgrade: connect() resolves on Postgres's ReadyForQuery, with
+  // processID known; a query issued meanwhile waits for it. A wrong password rejects connect()
+  // with Postgres's own DatabaseError.
+  const early = new Client(base('scram_user'))
+  const connecting = early.connect()
+  const first = early.query('SELECT 7 AS seven, pg_backend_pid() AS pid')
   await connecting
-  out.pipelined = { authOffload: piped.connection.stream.authOffload, rows: plain((await first).rows) }
-  await piped.end()
+  out.login = { taken: early.connection.stream.loginTaken, processID: early.processID, rows: plain((await first).rows) }
+  await early.end()
+  const refused = new Client({ ...base('scram_user'), password: 'wrong-password' })
+  out.wrongPassword = await refused.connect().then(
+    () => 'connected',
+    (e) => ({ databaseError: e instanceof mod.DatabaseError, code: e.code, severity: e.severity, message: e.message })
+  )
+  await refused.end().catch(() => {})
+
+  // End to end (authOffload: false): the client runs SCRAM itself, with pg's SCRAM loaded on first
+  // use (import()), which a script evaluated without a module loader cannot do.
+  if (dynamicImport) {
+    const own = new Client({ ...base('scram_user'), authOffload: false })
+    await own.connect()
+    out.endToEnd = plain((await own.query('SELECT current_user AS who')).rows)
+    await own.end()
+  }
 
   // HTTP: httpSql against the proxy's POST /sql, through the runtime's fetch.
   const sql = httpSql(`postgresql://scram_user:${encodeURIComponent(password)}@${host}:${port}/${database}`, {

@@ -1,4 +1,4 @@
-// pg's own SCRAM and md5 code, which the proxy reuses for upstream authentication.
+// pg's own SCRAM and md5 code: the proxy reuses it for upstream authentication, the driver loads SCRAM lazily.
 declare module 'pg/lib/crypto/sasl.js' {
   const sasl: {
     startSession(mechanisms: string[], stream?: unknown): { mechanism: string; response: string }

@@ -1,0 +1,155 @@
+/**
+ * The login in the WebSocket upgrade. The driver offers, next to edgepg's subprotocol, one more
+ * subprotocol value, `edgepg.login.<base64url>`, carrying its first flight: a StartupMessage and
+ * (with auth offload) a PasswordMessage, or an SSLRequest and the TLS ClientHello behind it, or a
+ * CancelRequest. A subprotocol is the one header a browser lets a page set.
+ *
+ * The proxy takes that flight to Postgres before it answers the upgrade, and answers with what
+ * Postgres said: the whole login (AuthenticationOk … ReadyForQuery), or its ErrorResponse, or the
+ * authentication request the client must answer itself (no password given), or 'S' for TLS. So
+ * pg's own handshake code sees an ordinary login that took one round trip.
+ */
+import type { TLSSocket } from 'node:tls'
+import type { ByteQueue } from './bytes'
+import { FramingError, ProtocolError } from './bytes'
+import {
+  authenticate,
+  checkPasswordsAllowed,
+  cString,
+  MAX_AUTH_MESSAGE,
+  MAX_STARTUP_PACKET,
+  parseErrorFields,
+  parseStartupPacket,
+  UnexpectedMessage,
+  type StartupPacket,
+} from './startup'
+import { LOGIN_PREFIX, MAX_LOGIN_CHARS } from '../src/config'
+
+export interface Login {
+  /** Its size, decoded: bytes the client sent (for the session log). */
+  bytes: number
+  first: StartupPacket
+  /** The password from the PasswordMessage behind a StartupMessage, if the client sent one. */
+  password?: string
+  /** What followed an SSLRequest: the TLS ClientHello. */
+  rest: Buffer
+}
+
+/**
+ * Takes the login out of a `Sec-WebSocket-Protocol` header. Returns the header without it (what
+ * `ws` goes on to negotiate) and the login, or the reason it is malformed.
+ */
+export function takeLogin(header: string | undefined): { protocols?: string; login?: Login; problem?: ProtocolError } {
+  if (!header?.includes(LOGIN_PREFIX)) return { protocols: header }
+  const values = header.split(',').map((v) => v.trim())
+  const logins = values.filter((v) => v.startsWith(LOGIN_PREFIX))
+  const protocols = values.filter((v) => !v.startsWith(LOGIN_PREFIX)).join(', ') || undefined
+  try {
+    if (logins.length > 1) throw new ProtocolError('more than one login offered')
+    const encoded = logins[0].slice(LOGIN_PREFIX.length)
+    if (encoded.length > MAX_LOGIN_CHARS) throw new ProtocolError(`the login is too large (${encoded.length} characters; at most ${MAX_LOGIN_CHARS})`)
+    if (!/^[A-Za-z0-9_-]+$/.test(encoded)) throw new ProtocolError('the login is not base64url')
+    return { protocols, login: parseLogin(Buffer.from(encoded, 'base64url')) }
+  } catch (err) {
+    const { code, message } = err as ProtocolError
+    return { protocols, problem: new ProtocolError(`malformed login in the WebSocket upgrade: ${message}`, code) }
+  }
+}
+
+/** `rawHeaders` without the login, for whatever may print them. */
+export function redactLogin(rawHeaders: string[]): string[] {
+  return rawHeaders.map((value, i) => (i % 2 && rawHeaders[i - 1].toLowerCase() === 'sec-websocket-protocol' ? takeLogin(value).protocols ?? '' : value))
+}
+
+function parseLogin(bytes: Buffer): Login {
+  return { bytes: bytes.length, ...parsePackets(bytes) }
+}
+
+function parsePackets(bytes: Buffer): Omit<Login, 'bytes'> {
+  const length = bytes.length >= 4 ? bytes.readInt32BE(0) : 0
+  if (length < 8 || length > MAX_STARTUP_PACKET || length > bytes.length) throw new ProtocolError(`invalid startup packet length ${length}`)
+  const first = parseStartupPacket(bytes.subarray(0, length))
+  const rest = bytes.subarray(length)
+  if (first.kind === 'gssenc') throw new ProtocolError('GSSAPI encryption is not supported')
+  if (first.kind === 'ssl') return { first, rest }
+  if (first.kind === 'cancel' || rest.length === 0) {
+    if (rest.length) throw new ProtocolError('unexpected bytes after the CancelRequest')
+    return { first, rest }
+  }
+  // A PasswordMessage, and nothing after it.
+  if (rest[0] !== 0x70 || rest.length < 5 || rest.readInt32BE(1) !== rest.length - 1) throw new ProtocolError('expected one password message after the startup message')
+  return { first, rest: Buffer.alloc(0), password: cString(rest.subarray(5)) }
+}
+
+export interface LoginIO {
+  upstream: ByteQueue
+  toUpstream(data: Buffer): void
+  /** Whether a cleartext password may cross the client's link. */
+  passwordsAllowed: boolean
+  /** Authenticate upstream on the client's behalf when it sent a password. */
+  offload: boolean
+  secureUpstream(): Promise<TLSSocket | undefined>
+}
+
+export type LoginOutcome =
+  /** Logged in: `answer` is Postgres's whole answer, through ReadyForQuery. */
+  | { kind: 'ready'; answer: Buffer; user: string; database: string }
+  /** Postgres asked the client to authenticate (no password came): relay from here on. */
+  | { kind: 'relay'; answer: Buffer }
+  /** Postgres refused: `answer` ends with its ErrorResponse. */
+  | { kind: 'refused'; answer: Buffer; code: string; message: string }
+  /** SSLRequest (answered with `answer`) or CancelRequest: bytes are relayed as they are from now on. */
+  | { kind: 'passthrough'; answer: Buffer; what: string; plaintext: boolean }
+
+/** Runs the login upstream, before the upgrade is answered. */
+export async function runLogin(io: LoginIO, login: Login): Promise<LoginOutcome> {
+  const { first } = login
+  if (first.kind === 'cancel') {
+    io.toUpstream(first.packet)
+    return { kind: 'passthrough', answer: Buffer.alloc(0), what: 'cancel request', plaintext: false }
+  }
+  if (first.kind === 'ssl') {
+    io.toUpstream(first.packet)
+    const answer = await io.upstream.read(1)
+    const tls = answer[0] === 0x53
+    if (tls && login.rest.length) io.toUpstream(login.rest) // the ClientHello, once Postgres said yes
+    return { kind: 'passthrough', answer, what: tls ? 'TLS to Postgres' : 'SSLRequest refused by Postgres', plaintext: !tls }
+  }
+  if (first.kind !== 'startup') throw new ProtocolError('unsupported startup packet')
+  if (io.offload) checkPasswordsAllowed(io.passwordsAllowed)
+  const upstreamTls = await io.secureUpstream()
+  io.toUpstream(first.packet)
+  const answer: Buffer[] = []
+  const toClient = (raw: Buffer) => void answer.push(raw)
+  const done = () => Buffer.concat(answer)
+  try {
+    if (io.offload && login.password !== undefined) {
+      const refusal = await authenticate({ ...io, toClient }, first.user, login.password, upstreamTls)
+      if (refusal) return { kind: 'refused', answer: done(), ...refusal }
+    } else {
+      // The client authenticates itself: whatever Postgres asks for is its to answer.
+      for (;;) {
+        const msg = await io.upstream.message(MAX_AUTH_MESSAGE)
+        answer.push(msg.raw)
+        if (msg.type === 'E') return { kind: 'refused', answer: done(), ...parseErrorFields(msg.body) }
+        if (msg.type === 'v') continue
+        if (msg.type !== 'R' || msg.body.length < 4 || msg.body.readInt32BE(0) !== 0) return { kind: 'relay', answer: done() }
+        break
+      }
+    }
+    // AuthenticationOk: ParameterStatus, BackendKeyData, notices… until ReadyForQuery, or an error
+    // (no such database comes now).
+    for (;;) {
+      const msg = await io.upstream.message(MAX_AUTH_MESSAGE)
+      answer.push(msg.raw)
+      if (msg.type === 'Z') return { kind: 'ready', answer: done(), user: first.user, database: first.database }
+      if (msg.type === 'E') return { kind: 'refused', answer: done(), ...parseErrorFields(msg.body) }
+    }
+  } catch (err) {
+    // Not the PostgreSQL protocol: pass it on as it is, for the client's own parser to refuse (so
+    // pg says what it says over TCP); what follows is relayed.
+    if (err instanceof UnexpectedMessage) answer.push(err.raw)
+    else if (!(err instanceof FramingError)) throw err
+    return { kind: 'relay', answer: done() }
+  }
+}

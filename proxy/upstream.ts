@@ -1,0 +1,143 @@
+import net from 'node:net'
+import tls from 'node:tls'
+import { formatHostPort, type HostPort } from './address'
+import { ByteQueue } from './bytes'
+import { cancelRequest, UpstreamError, type BackendKey } from './startup'
+
+/** TLS from the proxy to Postgres, as libpq's sslmode names it. */
+export interface UpstreamTls {
+  mode: 'require' | 'verify-ca' | 'verify-full'
+  /** PEM of the CA(s) that signed Postgres's certificate (needed for verify-ca / verify-full). */
+  ca?: string | Buffer
+}
+
+const SSL_REQUEST = Buffer.from([0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])
+/** How long a CancelRequest's own connection may take before it is given up. */
+const CANCEL_TIMEOUT_MS = 5000
+
+/**
+ * One session's connection to Postgres: TCP, then TLS when the operator asks for it. What Postgres
+ * sends is queued (`queue`, read by the startup) until `relay()` hands the stream to the session.
+ */
+export class Upstream {
+  readonly name: string
+  readonly queue = new ByteQueue()
+  /** Where Postgres's bytes come from and go to: the TCP socket, or TLS over it. */
+  socket: net.Socket
+  connected = false
+  /** Postgres hung up (or the socket broke). */
+  gone = false
+  /** The TCP socket has closed. */
+  closed = false
+  /** Why the TCP socket failed, if it did. */
+  error?: NodeJS.ErrnoException
+  private onData: (chunk: Buffer) => void = (chunk) => this.queue.push(chunk)
+  private readonly fromTcp = (chunk: Buffer) => this.onData(chunk)
+  private readonly tcp: net.Socket
+
+  constructor(readonly target: HostPort, private readonly tlsOptions?: UpstreamTls, onConnect?: () => void) {
+    this.name = formatHostPort(target)
+    this.tcp = this.socket = net.connect({ host: target.address ?? target.host, port: target.port, noDelay: true }, () => {
+      this.connected = true
+      onConnect?.()
+    })
+    this.tcp.on('data', this.fromTcp)
+    this.tcp.on('end', () => (this.gone = true))
+    this.tcp.on('error', (err) => (this.error ??= err))
+    this.tcp.on('close', () => {
+      this.gone = this.closed = true
+      this.queue.fail(new Error('upstream closed'))
+    })
+  }
+
+  on(event: 'error', listener: (err: NodeJS.ErrnoException) => void): void
+  on(event: 'close' | 'drain', listener: () => void): void
+  on(event: string, listener: (...args: any[]) => void) {
+    // Errors and the close come from TCP; drain from whichever socket is written to.
+    ;(event === 'drain' ? this.socket : this.tcp).on(event, listener)
+  }
+
+  get destroyed() {
+    return this.tcp.destroyed
+  }
+
+  write(chunk: Buffer): boolean {
+    return this.socket.write(chunk)
+  }
+
+  pause() {
+    this.socket.pause()
+  }
+
+  resume() {
+    this.socket.resume()
+  }
+
+  /** From now on Postgres's bytes go to `onData`; returns those queued so far. */
+  relay(onData: (chunk: Buffer) => void): Buffer {
+    this.onData = onData
+    return this.queue.rest()
+  }
+
+  /** Over TLS, where the operator configured it: SSLRequest, then TLS on the same socket. */
+  async secure(): Promise<tls.TLSSocket | undefined> {
+    if (!this.tlsOptions) return undefined
+    const { mode } = this.tlsOptions
+    this.tcp.write(SSL_REQUEST)
+    if ((await this.queue.read(1))[0] !== 0x53) throw new UpstreamError(`Postgres at ${this.name} does not accept TLS (upstream sslmode=${mode})`)
+    this.tcp.off('data', this.fromTcp)
+    const secure = this.tlsOver(this.tcp)
+    await new Promise<void>((resolve, reject) => {
+      secure.once('secureConnect', resolve)
+      secure.once('error', (err) => reject(new UpstreamError(`TLS to Postgres at ${this.name} failed: ${err.message}`)))
+    })
+    secure.on('data', (chunk: Buffer) => this.onData(chunk))
+    secure.on('error', () => {}) // reported through the TCP socket's close
+    secure.on('end', () => (this.gone = true))
+    this.socket = secure
+    return secure
+  }
+
+  private tlsOver(socket: net.Socket): tls.TLSSocket {
+    const { mode, ca } = this.tlsOptions!
+    return tls.connect({
+      socket,
+      ca,
+      servername: net.isIP(this.target.host) ? undefined : this.target.host,
+      rejectUnauthorized: mode !== 'require',
+      ...(mode === 'verify-ca' && { checkServerIdentity: () => undefined }),
+    })
+  }
+
+  /**
+   * Hangs up. A backend whose client vanished may still be running a query, and PostgreSQL notices
+   * a closed socket only when it next reads or writes: with its key, ask Postgres to cancel first,
+   * as libpq's PQcancel does (a CancelRequest on a connection of its own, over TLS when this one is;
+   * cut after CANCEL_TIMEOUT_MS; best effort, nothing reported).
+   */
+  close(cancelWith?: BackendKey) {
+    if (cancelWith && !this.gone && !this.tcp.destroyed) this.sendCancel(cancelWith)
+    this.socket.destroy()
+    this.tcp.destroy()
+  }
+
+  private sendCancel(key: BackendKey) {
+    const packet = cancelRequest(key)
+    const socket = net.connect({ host: this.target.address ?? this.target.host, port: this.target.port, noDelay: true })
+    const timeout = setTimeout(() => socket.destroy(), CANCEL_TIMEOUT_MS).unref()
+    socket.on('close', () => clearTimeout(timeout))
+    socket.on('error', () => socket.destroy())
+    if (this.socket === this.tcp) {
+      socket.write(packet)
+      return
+    }
+    socket.write(SSL_REQUEST)
+    socket.once('data', (answer: Buffer) => {
+      if (answer[0] !== 0x53) return socket.destroy() // never in clear where the session used TLS
+      const secure = this.tlsOver(socket)
+      secure.on('error', () => socket.destroy())
+      secure.once('secureConnect', () => secure.write(packet))
+      secure.on('close', () => socket.destroy())
+    })
+  }
+}
