@@ -69,6 +69,8 @@ export class Client extends pg.Client {
   private readonly strict: boolean
   /** Queries queued earlier are set aside while pg queues a new one (see query()). */
   private holding = false
+  /** The active query failed before anything was sent: pg answers it on the next tick, and nothing goes behind it. */
+  private stalled = false
 
   constructor(config?: string | ClientConfig) {
     const { options, own } = splitConfig(config)
@@ -147,13 +149,17 @@ export class Client extends pg.Client {
     const pulse = (pg.Client.prototype as any)._pulseQueryQueue
     if (this.holding) return
     if (!this.pipelining || this.strict) return pulse.call(this)
-    if (!self._activeQuery && !self._sentQueryQueue.length) {
+    if (!self._sentQueryQueue.length && (self.readyForQuery === true || !self._activeQuery)) {
       const flag = self.pipeline // up while query() queues a plain query (see below)
+      const writes = self.connection.stream.writes
       self.pipeline = false
       pulse.call(this)
       self.pipeline = flag
+      this.stalled = Boolean(self._activeQuery) && self.connection.stream.writes === writes
     }
-    if (self._activeQuery && !isPlainQuery(self._activeQuery)) return // it owns the line until answered
+    // Plain queries go out right behind queries in flight; with none in flight they wait for pg's pulse.
+    const inFlight = self._sentQueryQueue.length > 0 || (self._activeQuery && !this.stalled)
+    if (!inFlight || (self._activeQuery && !isPlainQuery(self._activeQuery))) return // a portal query owns the line until answered
     const queue: unknown[] = self._queryQueue
     const firstAlone = queue.findIndex((q) => !isPlainQuery(q))
     const sendable = firstAlone === -1 ? queue.length : firstAlone

@@ -18,6 +18,8 @@ export abstract class QueuedSocket extends EventEmitter {
   protected closed = false
   /** As net.Socket's: no more I/O on this socket. */
   destroyed = false
+  /** Writes so far (the Client tells from it whether a query went out). */
+  writes = 0
 
   /** Arranges for `pending` to be sent (now or on a microtask). */
   protected abstract scheduleFlush(): void
@@ -41,6 +43,7 @@ export abstract class QueuedSocket extends EventEmitter {
       if (cb) queueMicrotask(cb)
       return false
     }
+    this.writes++
     this.pending.push(typeof data === 'string' ? Buffer.from(data) : data)
     if (cb) this.callbacks.push(cb)
     if (!this.corked) this.scheduleFlush()

@@ -1,5 +1,7 @@
 import assert from 'node:assert/strict'
-import { WebSocket } from 'ws'
+import http from 'node:http'
+import net from 'node:net'
+import { WebSocket, WebSocketServer } from 'ws'
 import pg from 'pg'
 import { createProxy, type ProxyOptions } from '../proxy/index'
 import { Client, Pool, type ClientConfig } from '../src/index'
@@ -107,4 +109,32 @@ export function tags(buf: Buffer): string {
   let out = ''
   for (let i = 0; i < buf.length; i += 1 + buf.readInt32BE(i + 1)) out += String.fromCharCode(buf[i])
   return out
+}
+
+/**
+ * The simplest WebSocket → TCP relay, knowing nothing of edgepg (as other relays are): each message
+ * goes out as it is. `select` picks a subprotocol from those offered (default: none).
+ */
+export async function startPlainWebSocketRelay(target: { host: string; port: number }, select: (offered: Set<string>) => string | false = () => false) {
+  const server = http.createServer()
+  const wss = new WebSocketServer({ server, handleProtocols: select })
+  wss.on('connection', (ws) => {
+    const tcp = net.connect(target)
+    tcp.on('error', () => ws.close())
+    tcp.on('data', (d) => ws.send(d))
+    tcp.on('close', () => ws.close())
+    ws.on('message', (d) => tcp.write(d as Buffer))
+    ws.on('close', () => tcp.destroy())
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  return {
+    port: (server.address() as net.AddressInfo).port,
+    close: () =>
+      new Promise<void>((resolve) => {
+        for (const ws of wss.clients) ws.terminate()
+        wss.close()
+        server.closeAllConnections()
+        server.close(() => resolve())
+      }),
+  }
 }

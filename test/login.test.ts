@@ -37,18 +37,22 @@ interface Upgraded {
   close?: number
 }
 
+/** Reads backend messages into `got`: each type, and each ErrorResponse's fields. */
+const recordInto = (got: Upgraded) =>
+  backendReader((type, body) => {
+    got.messages.push(type)
+    if (type !== 'E') return
+    const fields: Record<string, string> = {}
+    for (const f of body.toString('utf8').split('\0').filter(Boolean)) fields[f[0]] = f.slice(1)
+    got.errors.push(fields)
+  })
+
 /** Opens a WebSocket offering `protocols` (raw values) and records what comes back until it closes. */
 function offer(protocols: string[]): Promise<Upgraded> {
   return within(10000, 'the upgrade and its answer', new Promise((resolve, reject) => {
     const ws = new WebSocket(proxy.url, protocols)
     const got: Upgraded = { status: 0, headers: {}, messages: [], errors: [] }
-    const read = backendReader((type, body) => {
-      got.messages.push(type)
-      if (type !== 'E') return
-      const fields: Record<string, string> = {}
-      for (const f of body.toString('utf8').split('\0').filter(Boolean)) fields[f[0]] = f.slice(1)
-      got.errors.push(fields)
-    })
+    const read = recordInto(got)
     ws.on('upgrade', (res) => ((got.status = 101), (got.headers = res.headers)))
     ws.on('open', () => {
       got.protocol = ws.protocol
@@ -70,13 +74,7 @@ function offer(protocols: string[]): Promise<Upgraded> {
 function offerRaw(header: string): Promise<Upgraded> {
   return within(10000, 'the raw upgrade and its answer', new Promise((resolve, reject) => {
     const got: Upgraded = { status: 0, headers: {}, messages: [], errors: [] }
-    const read = backendReader((type, body) => {
-      got.messages.push(type)
-      if (type !== 'E') return
-      const fields: Record<string, string> = {}
-      for (const f of body.toString('utf8').split('\0').filter(Boolean)) fields[f[0]] = f.slice(1)
-      got.errors.push(fields)
-    })
+    const read = recordInto(got)
     const socket = net.connect(proxy.port, '127.0.0.1')
     socket.on('error', reject)
     socket.write(`GET /v2 HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: ${header}\r\n\r\n`)

@@ -21,14 +21,14 @@ import { execFile, spawn, type ChildProcess } from 'node:child_process'
 import { createRequire } from 'node:module'
 import { promisify } from 'node:util'
 import { setTimeout as sleep } from 'node:timers/promises'
-import { WebSocket, WebSocketServer, type ClientOptions, type RawData } from 'ws'
+import { WebSocket, type ClientOptions, type RawData } from 'ws'
 import pg from 'pg'
 import { neonConfig, Client as NeonClient } from '@neondatabase/serverless'
 import { createProxy, type ProxyOptions, type SessionLog } from '../proxy/index'
 import { Client, Pool, type ClientConfig } from '../src/index'
 import { LOGIN_PREFIX, SUBPROTOCOL } from '../src/config'
 import { PASSWORD, type Role } from './stack'
-import { edgeConfig, pgConfig, testPostgres, within } from './helpers'
+import { edgeConfig, pgConfig, startPlainWebSocketRelay, testPostgres, within } from './helpers'
 import { generateCerts, type TestCerts } from './certs'
 
 const PG = testPostgres()
@@ -554,28 +554,8 @@ describe('negotiation: edgepg’s subprotocol says the proxy took the login; oth
     assert.deepEqual(rec.upgradeHeaders.map((h) => h['sec-websocket-protocol']), [SUBPROTOCOL], 'the upgrade response names edgepg.v2 and nothing else')
   })
 
-  /** A WebSocket → TCP relay to the test Postgres that knows nothing of edgepg, as other relays are. */
-  async function plainRelay(select: (offered: Set<string>) => string | false) {
-    const server = http.createServer()
-    const wss = new WebSocketServer({ server, handleProtocols: select })
-    wss.on('connection', (ws) => {
-      const tcp = net.connect(PG.port, PG.host)
-      tcp.on('error', () => ws.close())
-      tcp.on('data', (d) => ws.send(d))
-      tcp.on('close', () => ws.close())
-      ws.on('message', (d) => tcp.write(d as Buffer))
-      ws.on('close', () => tcp.destroy())
-    })
-    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
-    return {
-      port: (server.address() as net.AddressInfo).port,
-      close: () => new Promise<void>((resolve) => {
-        for (const ws of wss.clients) ws.terminate()
-        wss.close()
-        server.close(() => resolve())
-      }),
-    }
-  }
+  /** A WebSocket → TCP relay to the test Postgres that knows nothing of edgepg. */
+  const plainRelay = (select: (offered: Set<string>) => string | false) => startPlainWebSocketRelay({ host: PG.host, port: PG.port }, select)
 
   test('a relay that selects no subprotocol: the StartupMessage goes in band, the password only when asked; SCRAM by the client', async () => {
     const other = await plainRelay(() => false)

@@ -5,9 +5,8 @@
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import http from 'node:http'
 import net from 'node:net'
-import { WebSocket, WebSocketServer } from 'ws'
+import { WebSocket } from 'ws'
 import pg from 'pg'
 import { serialize } from 'pg-protocol'
 import { createProxy } from '../proxy/index'
@@ -16,6 +15,7 @@ import { WebSocketSocket } from '../src/socket'
 import { TlsSocket } from '../src/tls'
 import { generateCerts, type TestCerts } from './certs'
 import { startDelayRelay } from './delay-relay'
+import { startPlainWebSocketRelay as startPlainRelay } from './helpers'
 import { PASSWORD, startPostgres, testPostgres, tlsOnly, type Postgres } from './stack'
 
 const unhandled: unknown[] = []
@@ -368,27 +368,9 @@ async function startRecordingRelay(target: { host: string; port: number }) {
   }
 }
 
-/** The simplest WebSocket → TCP relay: each message goes out as it is, with no SSLRequest handling. */
+/** A plain WebSocket relay (test/helpers.ts), closed after the file: its port. */
 async function startPlainWebSocketRelay(target: { host: string; port: number }): Promise<number> {
-  const server = http.createServer()
-  const wss = new WebSocketServer({ server, handleProtocols: () => false })
-  wss.on('connection', (ws) => {
-    const tcp = net.connect(target)
-    tcp.on('error', () => ws.close())
-    tcp.on('data', (d) => ws.send(d))
-    tcp.on('close', () => ws.close())
-    ws.on('message', (d) => tcp.write(d as Buffer))
-    ws.on('close', () => tcp.destroy())
-  })
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
-  closers.push({
-    close: () =>
-      new Promise<void>((resolve) => {
-        for (const ws of wss.clients) ws.terminate()
-        wss.close()
-        server.closeAllConnections()
-        server.close(() => resolve())
-      }),
-  })
-  return (server.address() as net.AddressInfo).port
+  const relay = await startPlainRelay(target)
+  closers.push(relay)
+  return relay.port
 }
