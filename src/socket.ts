@@ -81,6 +81,7 @@ export class WebSocketSocket extends QueuedSocket {
       this.flush()
     })
     ws.addEventListener('message', ({ data }: MessageEvent) => {
+      if (this.closed) return // as net.Socket: no data after destroy()
       if (typeof data === 'string') return this.fail(new Error(`edgepg: the proxy at ${this.url} sent a text frame; expected binary Postgres protocol data`))
       this.emit('data', Buffer.isBuffer(data) ? data : Buffer.from(data as ArrayBuffer))
     })
