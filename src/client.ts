@@ -47,7 +47,7 @@ function openSocket(own: EdgeConfig, ssl: unknown): WebSocketSocket | TlsSocket 
 
 /** A query that keeps a portal open across round trips (pg-cursor, query streams, COPY, `rows`). */
 const isPortalQuery = (config: any) =>
-  typeof config === 'object' && config !== null && (typeof config.submit === 'function' && !(config instanceof PgQuery) ? true : Boolean(config.rows))
+  typeof config === 'object' && config !== null && ((typeof config.submit === 'function' && !(config instanceof PgQuery)) || Boolean(config.rows))
 
 /** PasswordMessage: 'p', int32 length, the password as a C string. */
 function passwordMessage(password: string): Buffer {
