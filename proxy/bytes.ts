@@ -57,8 +57,7 @@ export class ByteQueue {
 
   private take(n: number): Buffer {
     const head = this.view(n)
-    const all = this.chunks[0]
-    this.chunks = all?.length > n ? [all.subarray(n)] : []
+    this.chunks = this.size > n ? [this.chunks[0].subarray(n)] : []
     this.size -= n
     return head
   }

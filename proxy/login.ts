@@ -49,7 +49,8 @@ export function takeLogin(header: string | undefined): { protocols?: string; log
     const encoded = logins[0].slice(LOGIN_PREFIX.length)
     if (encoded.length > MAX_LOGIN_CHARS) throw new ProtocolError(`the login is too large (${encoded.length} characters; at most ${MAX_LOGIN_CHARS})`)
     if (!/^[A-Za-z0-9_-]+$/.test(encoded)) throw new ProtocolError('the login is not base64url')
-    return { protocols, login: parseLogin(Buffer.from(encoded, 'base64url')) }
+    const bytes = Buffer.from(encoded, 'base64url')
+    return { protocols, login: { bytes: bytes.length, ...parseLogin(bytes) } }
   } catch (err) {
     const { code, message } = err as ProtocolError
     return { protocols, problem: new ProtocolError(`malformed login in the WebSocket upgrade: ${message}`, code) }
@@ -61,11 +62,7 @@ export function redactLogin(rawHeaders: string[]): string[] {
   return rawHeaders.map((value, i) => (i % 2 && rawHeaders[i - 1].toLowerCase() === 'sec-websocket-protocol' ? takeLogin(value).protocols ?? '' : value))
 }
 
-function parseLogin(bytes: Buffer): Login {
-  return { bytes: bytes.length, ...parsePackets(bytes) }
-}
-
-function parsePackets(bytes: Buffer): Omit<Login, 'bytes'> {
+function parseLogin(bytes: Buffer): Omit<Login, 'bytes'> {
   const length = bytes.length >= 4 ? bytes.readInt32BE(0) : 0
   if (length < 8 || length > MAX_STARTUP_PACKET || length > bytes.length) throw new ProtocolError(`invalid startup packet length ${length}`)
   const first = parseStartupPacket(bytes.subarray(0, length))
@@ -93,27 +90,27 @@ export interface LoginIO {
 
 export type LoginOutcome =
   /** Logged in: `answer` is Postgres's whole answer, through ReadyForQuery. */
-  | { kind: 'ready'; answer: Buffer; user: string; database: string }
+  | { kind: 'ready'; answer: Buffer }
   /** Postgres asked the client to authenticate (no password came): relay from here on. */
   | { kind: 'relay'; answer: Buffer }
   /** Postgres refused: `answer` ends with its ErrorResponse. */
   | { kind: 'refused'; answer: Buffer; code: string; message: string }
   /** SSLRequest (answered with `answer`) or CancelRequest: bytes are relayed as they are from now on. */
-  | { kind: 'passthrough'; answer: Buffer; what: string; plaintext: boolean }
+  | { kind: 'passthrough'; answer: Buffer; plaintext: boolean }
 
 /** Runs the login upstream, before the upgrade is answered. */
 export async function runLogin(io: LoginIO, login: Login): Promise<LoginOutcome> {
   const { first } = login
   if (first.kind === 'cancel') {
     io.toUpstream(first.packet)
-    return { kind: 'passthrough', answer: Buffer.alloc(0), what: 'cancel request', plaintext: false }
+    return { kind: 'passthrough', answer: Buffer.alloc(0), plaintext: false }
   }
   if (first.kind === 'ssl') {
     io.toUpstream(first.packet)
     const answer = await io.upstream.read(1)
     const tls = answer[0] === 0x53
     if (tls && login.rest.length) io.toUpstream(login.rest) // the ClientHello, once Postgres said yes
-    return { kind: 'passthrough', answer, what: tls ? 'TLS to Postgres' : 'SSLRequest refused by Postgres', plaintext: !tls }
+    return { kind: 'passthrough', answer, plaintext: !tls }
   }
   if (first.kind !== 'startup') throw new ProtocolError('unsupported startup packet')
   if (io.offload) checkPasswordsAllowed(io.passwordsAllowed)
@@ -142,7 +139,7 @@ export async function runLogin(io: LoginIO, login: Login): Promise<LoginOutcome>
     for (;;) {
       const msg = await io.upstream.message(MAX_AUTH_MESSAGE)
       answer.push(msg.raw)
-      if (msg.type === 'Z') return { kind: 'ready', answer: done(), user: first.user, database: first.database }
+      if (msg.type === 'Z') return { kind: 'ready', answer: done() }
       if (msg.type === 'E') return { kind: 'refused', answer: done(), ...parseErrorFields(msg.body) }
     }
   } catch (err) {

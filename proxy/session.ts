@@ -61,7 +61,7 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
   let bytesOut = 0
   let outcome = 'closed by client'
   /** Startup is over (or left to Postgres): bytes flow straight through. */
-  let relaying = !o.offload || o.opened !== undefined
+  let relaying = false
   let refused = false
   const fromClient = new ByteQueue()
   /** Watches Postgres's first messages, while they are relayed, for the backend's cancel key. */
@@ -127,7 +127,7 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
     fromClient.push(chunk)
     if (fromClient.length > MAX_HELD_BYTES) ws.pause() // pipelined queries wait for upstream auth
   })
-  upstream.on('drain', () => ws.resume())
+  upstream.onDrain = () => ws.resume()
 
   const refuse = (why: string) => {
     outcome = why

@@ -68,12 +68,12 @@ export interface StartupIO {
 }
 
 export type StartupOutcome =
-  | { kind: 'authenticated'; user: string; database: string }
+  | { kind: 'authenticated' }
   /**
    * SSLRequest or CancelRequest: relay bytes as they are from now on. `plaintext`: Postgres's
    * replies stay readable protocol messages (an SSLRequest it refused; the client goes on in clear).
    */
-  | { kind: 'passthrough'; what: string; plaintext: boolean }
+  | { kind: 'passthrough'; plaintext: boolean }
   /** Postgres refused (e.g. wrong password); its ErrorResponse was passed to the client. */
   | { kind: 'refused'; code: string; message: string }
 
@@ -94,14 +94,13 @@ export async function runStartup(io: StartupIO): Promise<StartupOutcome> {
   if (startup.kind === 'gssenc') throw new ProtocolError('unsupported frontend protocol 1234.5680')
   if (startup.kind === 'cancel') {
     io.toUpstream(startup.packet)
-    return { kind: 'passthrough', what: 'cancel request', plaintext: false }
+    return { kind: 'passthrough', plaintext: false }
   }
   if (startup.kind === 'ssl') {
     io.toUpstream(startup.packet)
     const answer = await io.upstream.read(1)
     io.toClient(answer)
-    const tls = answer[0] === 0x53
-    return { kind: 'passthrough', what: tls ? 'TLS to Postgres' : 'SSLRequest refused by Postgres', plaintext: !tls }
+    return { kind: 'passthrough', plaintext: answer[0] !== 0x53 } // 'N': the client goes on in clear
   }
   checkPasswordsAllowed(io.passwordsAllowed)
   const upstreamTls = await io.secureUpstream()
@@ -114,7 +113,7 @@ export async function runStartup(io: StartupIO): Promise<StartupOutcome> {
     throw new ProtocolError(`expected a password message, got message type ${shown}`, '28000')
   }
   const refusal = await authenticate(io, startup.user, cString(reply.body), upstreamTls)
-  return refusal ? { kind: 'refused', ...refusal } : { kind: 'authenticated', user: startup.user, database: startup.database }
+  return refusal ? { kind: 'refused', ...refusal } : { kind: 'authenticated' }
 }
 
 /**

@@ -31,6 +31,8 @@ export class Upstream {
   closed = false
   /** Why the TCP socket failed, if it did. */
   error?: NodeJS.ErrnoException
+  /** The socket written to has drained (backpressure). */
+  onDrain?: () => void
   private onData: (chunk: Buffer) => void = (chunk) => this.queue.push(chunk)
   private readonly fromTcp = (chunk: Buffer) => this.onData(chunk)
   private readonly tcp: net.Socket
@@ -42,6 +44,7 @@ export class Upstream {
       onConnect?.()
     })
     this.tcp.on('data', this.fromTcp)
+    this.tcp.on('drain', () => this.socket === this.tcp && this.onDrain?.())
     this.tcp.on('end', () => (this.gone = true))
     this.tcp.on('error', (err) => (this.error ??= err))
     this.tcp.on('close', () => {
@@ -50,11 +53,11 @@ export class Upstream {
     })
   }
 
+  /** Errors and the close come from the TCP socket, with TLS over it or not. */
   on(event: 'error', listener: (err: NodeJS.ErrnoException) => void): void
-  on(event: 'close' | 'drain', listener: () => void): void
+  on(event: 'close', listener: () => void): void
   on(event: string, listener: (...args: any[]) => void) {
-    // Errors and the close come from TCP; drain from whichever socket is written to.
-    ;(event === 'drain' ? this.socket : this.tcp).on(event, listener)
+    this.tcp.on(event, listener)
   }
 
   get destroyed() {
@@ -92,6 +95,7 @@ export class Upstream {
       secure.once('error', (err) => reject(new UpstreamError(`TLS to Postgres at ${this.name} failed: ${err.message}`)))
     })
     secure.on('data', (chunk: Buffer) => this.onData(chunk))
+    secure.on('drain', () => this.onDrain?.())
     secure.on('error', () => {}) // reported through the TCP socket's close
     secure.on('end', () => (this.gone = true))
     this.socket = secure

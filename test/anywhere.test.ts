@@ -12,6 +12,7 @@ import { chmod, cp, lstat, mkdtemp, readlink, rm, writeFile } from 'node:fs/prom
 import { tmpdir } from 'node:os'
 import { dirname, join, relative } from 'node:path'
 import { runner, runnerCan } from './pg-server'
+import { eventually, within } from './helpers'
 
 const ROOT = process.cwd()
 const isRoot = process.getuid?.() === 0
@@ -169,4 +170,25 @@ test('as an ordinary user (made for the purpose), from a 0700 clone of its own: 
     ranFrom(server, realpathSync(copy))
   }
   assert.ok((await lstat(join(copy, '.edgepg', 'data'))).isDirectory(), "the demo's data stays in the clone")
+})
+
+test('a test process killed by a signal takes its Postgres with it', async () => {
+  const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', `
+    import { startPostgres } from './test/stack.ts'
+    const pg = await startPostgres({ name: 'signal' })
+    const admin = pg.admin()
+    await admin.connect()
+    const { rows } = await admin.query("SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'")
+    console.log(JSON.stringify({ checkpointer: rows[0].pid }))
+    await admin.end()
+    setInterval(() => {}, 1000)
+  `], { cwd: ROOT, stdio: ['ignore', 'pipe', 'inherit'] })
+  const line: string = await within(30000, 'the child to start Postgres', new Promise((resolve) => child.stdout.once('data', (d) => resolve(String(d)))))
+  const { checkpointer } = JSON.parse(line)
+  const alive = (pid: number) => { try { return process.kill(pid, 0), true } catch { return false } }
+  assert.ok(alive(checkpointer), 'Postgres runs')
+  child.kill('SIGTERM')
+  const [, signal] = await new Promise<[number | null, string | null]>((resolve) => child.once('exit', (code, sig) => resolve([code, sig])))
+  assert.equal(signal, 'SIGTERM', 'the process still dies of its signal')
+  await eventually(() => !alive(checkpointer), "Postgres's processes to be gone", 10000)
 })

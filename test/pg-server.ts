@@ -174,6 +174,28 @@ function run(file: string, args: string[]): Promise<{ code: number | null; outpu
   })
 }
 
+/** Servers this process started and that still run. */
+const running = new Set<ChildProcess>()
+let hooked = false
+const stopAll = () => running.forEach((child) => child.kill('SIGQUIT')) // immediate shutdown, backends included
+
+/**
+ * A server dies with the process that started it, whatever way that ends: on 'exit', and on a
+ * signal nothing else here handles (a test runner's SIGTERM ends a process without 'exit'), after
+ * which the process dies of that signal as it would have.
+ */
+function dieWithThisProcess(child: ChildProcess) {
+  running.add(child)
+  child.once('exit', () => running.delete(child))
+  if (hooked) return
+  hooked = true
+  process.once('exit', stopAll)
+  for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
+    if (process.listenerCount(signal)) continue // whoever handles it stops the servers
+    process.once(signal, () => (stopAll(), process.kill(process.pid, signal)))
+  }
+}
+
 export interface Server {
   process: ChildProcess
   /** Fast shutdown (SIGINT, as `pg_ctl stop -m fast`), then SIGQUIT if it lingers; the data stays. */
@@ -188,10 +210,8 @@ export async function startServer(major: 16 | 18, dataDir: string, port: number,
   const bin = await binDir(major)
   const { uid, gid } = runner()
   const child = spawn(join(bin, 'postgres'), ['-D', dataDir, '-p', String(port), ...flags], { uid, gid, stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, LC_ALL: 'C' } })
-  // A server this process started dies with it, whatever way it exits.
-  const kill = () => child.kill('SIGQUIT')
-  process.once('exit', kill)
-  const exited = new Promise<void>((resolve) => child.once('exit', () => (process.off('exit', kill), resolve())))
+  dieWithThisProcess(child)
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()))
   const recent: string[] = []
   await new Promise<void>((resolve, reject) => {
     let pending = ''

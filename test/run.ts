@@ -12,21 +12,22 @@ const files = readdirSync('test')
   .filter((f) => f.endsWith('.test.ts') && (!filters.length || filters.some((p) => f.includes(p))))
   .map((f) => `test/${f}`)
 
+// Before Postgres starts: a signal now goes to the tests (Postgres then stops, below), or ends
+// this process before they run (test/pg-server.ts stops Postgres on exit).
+let child: ReturnType<typeof spawn> | undefined
+for (const signal of ['SIGINT', 'SIGTERM'] as const) {
+  process.once(signal, () => (child ? child.kill(signal) : process.exit(130)))
+}
+
 const pg = await startPostgres().catch((err) => {
   if (!(err instanceof SetupError)) throw err
   console.error(`npm test: ${err.message}`)
   process.exit(1)
 })
-let stopping: Promise<void> | undefined
-const stop = () => (stopping ??= pg.stop())
-
-const child = spawn(process.execPath, ['--import', 'tsx', '--test', '--test-timeout=180000', ...files], {
+child = spawn(process.execPath, ['--import', 'tsx', '--test', '--test-timeout=180000', ...files], {
   stdio: 'inherit',
   env: { ...process.env, EDGEPG_TEST_PG: JSON.stringify({ host: pg.host, port: pg.port, database: pg.database }) },
 })
-for (const signal of ['SIGINT', 'SIGTERM'] as const) {
-  process.once(signal, () => child.kill(signal))
-}
-const code: number = await new Promise((resolve) => child.once('exit', (c, s) => resolve(c ?? (s ? 1 : 0))))
-await stop()
+const code: number = await new Promise((resolve) => child!.once('exit', (c, s) => resolve(c ?? (s ? 1 : 0))))
+await pg.stop()
 process.exit(code)
