@@ -6,7 +6,7 @@ import type { Duplex } from 'node:stream'
 import { WebSocketServer, type WebSocket } from 'ws'
 import { formatHostPort, parseHostPort, type HostPort } from './address'
 import { runSession, type SessionLog } from './session'
-import { Upstream, type UpstreamTls } from './upstream'
+import { Upstream, type ClientTls, type UpstreamTls } from './upstream'
 import { redactLogin, runLogin, takeLogin, type LoginOutcome } from './login'
 import { UpstreamError } from './startup'
 import { createMetrics, type Metrics, type RefusalReason } from './metrics'
@@ -217,7 +217,7 @@ export function createProxy(options: ProxyOptions): Proxy {
       if (problem) upgrade(problem)
       else if (!login) upgrade()
       else {
-        const io = { upstream: up.queue, toUpstream: (b: Buffer) => void up.write(b), passwordsAllowed: passwordsAllowed(req), offload, secureUpstream: () => up.secure() }
+        const io = { upstream: up.queue, toUpstream: (b: Buffer) => void up.write(b), passwordsAllowed: passwordsAllowed(req), offload, secureUpstream: (asked?: ClientTls) => up.secure(asked) }
         runLogin(io, login).then(upgrade, upgrade)
       }
 

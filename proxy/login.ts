@@ -2,7 +2,9 @@
  * The login in the WebSocket upgrade. The driver offers, next to edgepg's subprotocol, one more
  * subprotocol value, `edgepg.login.<base64url>`, carrying its first flight: a StartupMessage and
  * (with auth offload) a PasswordMessage, or an SSLRequest and the TLS ClientHello behind it, or a
- * CancelRequest. A subprotocol is the one header a browser lets a page set.
+ * CancelRequest. A subprotocol is the one header a browser lets a page set. Ahead of a
+ * StartupMessage or CancelRequest may come edgepg's UPSTREAM_TLS_REQUEST (pg's `ssl`): the proxy
+ * then reaches Postgres over TLS first, verified as asked.
  *
  * The proxy takes that flight to Postgres before it answers the upgrade, and answers with what
  * Postgres said: the whole login (AuthenticationOk … ReadyForQuery), or its ErrorResponse, or the
@@ -20,10 +22,12 @@ import {
   MAX_STARTUP_PACKET,
   parseErrorFields,
   parseStartupPacket,
+  parseStartupParams,
   UnexpectedMessage,
   type StartupPacket,
 } from './startup'
-import { LOGIN_PREFIX, MAX_LOGIN_CHARS } from '../src/config'
+import type { ClientTls } from './upstream'
+import { LOGIN_PREFIX, MAX_LOGIN_CHARS, UPSTREAM_TLS_REQUEST } from '../src/config'
 
 export interface Login {
   /** Its size, decoded: bytes the client sent (for the session log). */
@@ -33,6 +37,8 @@ export interface Login {
   password?: string
   /** What followed an SSLRequest: the TLS ClientHello. */
   rest: Buffer
+  /** TLS to Postgres the client asked the proxy for. */
+  tls?: ClientTls
 }
 
 /**
@@ -63,8 +69,13 @@ export function redactLogin(rawHeaders: string[]): string[] {
 }
 
 function parseLogin(bytes: Buffer): Omit<Login, 'bytes'> {
-  const length = bytes.length >= 4 ? bytes.readInt32BE(0) : 0
+  const length = bytes.length >= 8 ? bytes.readInt32BE(0) : 0
   if (length < 8 || length > MAX_STARTUP_PACKET || length > bytes.length) throw new ProtocolError(`invalid startup packet length ${length}`)
+  if (bytes.readInt32BE(4) === UPSTREAM_TLS_REQUEST) {
+    const behind = parseLogin(bytes.subarray(length))
+    if (behind.tls || behind.first.kind === 'ssl') throw new ProtocolError('TLS asked for twice')
+    return { ...behind, tls: parseTlsRequest(bytes.subarray(8, length)) }
+  }
   const first = parseStartupPacket(bytes.subarray(0, length))
   const rest = bytes.subarray(length)
   if (first.kind === 'gssenc') throw new ProtocolError('GSSAPI encryption is not supported')
@@ -78,6 +89,13 @@ function parseLogin(bytes: Buffer): Omit<Login, 'bytes'> {
   return { first, rest: Buffer.alloc(0), password: cString(rest.subarray(5)) }
 }
 
+function parseTlsRequest(body: Buffer): ClientTls {
+  const { sslmode, sslnegotiation, servername } = parseStartupParams(body)
+  if (sslmode !== 'require' && sslmode !== 'verify-ca' && sslmode !== 'verify-full') throw new ProtocolError(`invalid sslmode "${sslmode}"`)
+  if (sslnegotiation !== 'postgres' && sslnegotiation !== 'direct') throw new ProtocolError(`invalid sslnegotiation "${sslnegotiation}"`)
+  return { mode: sslmode, direct: sslnegotiation === 'direct', servername: servername || undefined }
+}
+
 export interface LoginIO {
   upstream: ByteQueue
   toUpstream(data: Buffer): void
@@ -85,7 +103,7 @@ export interface LoginIO {
   passwordsAllowed: boolean
   /** Authenticate upstream on the client's behalf when it sent a password. */
   offload: boolean
-  secureUpstream(): Promise<TLSSocket | undefined>
+  secureUpstream(asked?: ClientTls): Promise<TLSSocket | undefined>
 }
 
 export type LoginOutcome =
@@ -102,6 +120,7 @@ export type LoginOutcome =
 export async function runLogin(io: LoginIO, login: Login): Promise<LoginOutcome> {
   const { first } = login
   if (first.kind === 'cancel') {
+    if (login.tls) await io.secureUpstream(login.tls)
     io.toUpstream(first.packet)
     return { kind: 'passthrough', answer: Buffer.alloc(0), plaintext: false }
   }
@@ -114,7 +133,7 @@ export async function runLogin(io: LoginIO, login: Login): Promise<LoginOutcome>
   }
   if (first.kind !== 'startup') throw new ProtocolError('unsupported startup packet')
   if (io.offload) checkPasswordsAllowed(io.passwordsAllowed)
-  const upstreamTls = await io.secureUpstream()
+  const upstreamTls = await io.secureUpstream(login.tls)
   io.toUpstream(first.packet)
   const answer: Buffer[] = []
   const toClient = (raw: Buffer) => void answer.push(raw)

@@ -2,7 +2,7 @@ import type { WebSocket, RawData } from 'ws'
 import { ByteQueue, ProtocolError } from './bytes'
 import type { LoginOutcome } from './login'
 import { BackendKeyWatch, errorResponse, runStartup, UpstreamError, type BackendKey } from './startup'
-import type { Upstream } from './upstream'
+import { TlsError, type Upstream } from './upstream'
 
 export type { UpstreamTls } from './upstream'
 
@@ -134,8 +134,17 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
     refused = true
     fromClient.rest() // queries held for a session that will not be: dropped
   }
-  /** The startup failed before Postgres could answer: say why as Postgres would, and hang up. */
+  /**
+   * The startup failed before Postgres could answer: say why as Postgres would, and hang up. TLS the
+   * client asked for failed below the protocol: that is reported in a text frame, as the error its
+   * own TLS socket would have raised.
+   */
   const startupFailed = (err: Error) => {
+    if (err instanceof TlsError) {
+      outcome = `TLS to Postgres failed: ${err.message}`
+      ws.send(JSON.stringify({ message: err.message, code: err.code }))
+      return closeClient(1000)
+    }
     if (!(err instanceof ProtocolError || err instanceof UpstreamError)) return // the upstream (or the session) closed first
     outcome = `startup refused: ${err.message}`
     toClient(errorResponse(err instanceof ProtocolError ? err.code : '08P01', err.message))

@@ -309,7 +309,7 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
       application_name: applicationName,
       statement_timeout: startupTimeout ? statementTimeout : undefined,
       types: RAW_TYPES,
-      ssl: options.upstreamTls ? pgSsl(options.upstreamTls, named ? target.host : undefined) : false,
+      ssl: options.upstreamTls && options.upstreamTls.mode !== 'disable' ? pgSsl(options.upstreamTls, named ? target.host : undefined) : false,
     } as pg.PoolConfig)
     const entry: PoolEntry = { key, pool, target, types: new Map(), leased: 0, startupTimeout }
     // An idle connection that breaks (backend terminated, network) is removed by the pool itself.
@@ -920,7 +920,7 @@ function sendCancel(target: HostPort, upstreamTls: UpstreamTls | undefined, pid:
   socket.on('error', () => socket.destroy())
   // Written, not ended: like libpq, wait for the server to hang up. (PgBouncer drops a cancel whose
   // connection is half-closed before it has forwarded it.)
-  if (!upstreamTls) {
+  if (!upstreamTls || upstreamTls.mode === 'disable') {
     socket.write(packet)
     return
   }

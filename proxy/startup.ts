@@ -246,7 +246,7 @@ export function cString(buf: Buffer): string {
   return buf.toString('utf8', 0, end < 0 ? buf.length : end)
 }
 
-function parseStartupParams(buf: Buffer): Record<string, string> {
+export function parseStartupParams(buf: Buffer): Record<string, string> {
   if (buf.length === 0 || buf[buf.length - 1] !== 0) throw new ProtocolError('startup packet parameters are not terminated')
   const parts = buf.toString('utf8', 0, buf.length - 1).split('\0')
   if (parts.at(-1) !== '' || parts.length % 2 !== 1) throw new ProtocolError('malformed startup packet parameters')

@@ -4,11 +4,33 @@ import { formatHostPort, type HostPort } from './address'
 import { ByteQueue } from './bytes'
 import { cancelRequest, UpstreamError, type BackendKey } from './startup'
 
-/** TLS from the proxy to Postgres, as libpq's sslmode names it. */
+/**
+ * TLS from the proxy to Postgres, as libpq's sslmode names it: the operator's floor (clients may
+ * ask for more with pg's `ssl`, never for less).
+ */
 export interface UpstreamTls {
-  mode: 'require' | 'verify-ca' | 'verify-full'
-  /** PEM of the CA(s) that signed Postgres's certificate (needed for verify-ca / verify-full). */
+  mode: 'disable' | 'require' | 'verify-ca' | 'verify-full'
+  /**
+   * PEM of the CA(s) that signed Postgres's certificate: needed for verify-ca / verify-full, and
+   * trusted when a client asks to verify it (else Node's own roots are).
+   */
   ca?: string | Buffer
+  /** TLS from the first byte, with ALPN `postgresql` (PostgreSQL 17+), instead of an SSLRequest. */
+  direct?: boolean
+  /** The name Postgres's certificate must carry (and SNI); default: the upstream host, if a name. */
+  servername?: string
+}
+
+/** The TLS a client asked for in its login (pg's `ssl`): made as asked, and never weaker than the operator's. */
+export type ClientTls = Pick<UpstreamTls, 'direct' | 'servername'> & { mode: 'require' | 'verify-ca' | 'verify-full' }
+
+const STRENGTH = { disable: -1, require: 0, 'verify-ca': 1, 'verify-full': 2 }
+
+/** TLS made at a client's request failed: the error pg would have had from its own TLS socket. */
+export class TlsError extends Error {
+  constructor(message: string, readonly code?: string) {
+    super(message)
+  }
 }
 
 const SSL_REQUEST = Buffer.from([0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])
@@ -37,7 +59,7 @@ export class Upstream {
   private readonly fromTcp = (chunk: Buffer) => this.onData(chunk)
   private readonly tcp: net.Socket
 
-  constructor(readonly target: HostPort, private readonly tlsOptions?: UpstreamTls, onConnect?: () => void) {
+  constructor(readonly target: HostPort, private tlsOptions?: UpstreamTls, onConnect?: () => void) {
     this.name = formatHostPort(target)
     this.tcp = this.socket = net.connect({ host: target.address ?? target.host, port: target.port, noDelay: true }, () => {
       this.connected = true
@@ -82,17 +104,32 @@ export class Upstream {
     return this.queue.rest()
   }
 
-  /** Over TLS, where the operator configured it: SSLRequest, then TLS on the same socket. */
-  async secure(): Promise<tls.TLSSocket | undefined> {
-    if (!this.tlsOptions) return undefined
-    const { mode } = this.tlsOptions
-    this.tcp.write(SSL_REQUEST)
-    if ((await this.queue.read(1))[0] !== 0x53) throw new UpstreamError(`Postgres at ${this.name} does not accept TLS (upstream sslmode=${mode})`)
+  /**
+   * Over TLS, where the operator configured it or the client asked (the stronger of the two):
+   * SSLRequest, then TLS on the same socket, or TLS at once for direct negotiation. Fails as pg
+   * would for a client's request (TlsError), with the operator's setting named otherwise.
+   */
+  async secure(asked?: ClientTls): Promise<tls.TLSSocket | undefined> {
+    const operator = this.tlsOptions
+    const floor = operator?.mode === 'disable' ? undefined : operator
+    const options = asked ? { ...operator, ...asked, mode: floor && STRENGTH[floor.mode] > STRENGTH[asked.mode] ? floor.mode : asked.mode } : floor
+    if (!options) return undefined
+    this.tlsOptions = options
+    if (!options.direct) {
+      this.tcp.write(SSL_REQUEST)
+      const answer = (await this.queue.read(1))[0]
+      if (answer !== 0x53) {
+        if (!asked) throw new UpstreamError(`Postgres at ${this.name} does not accept TLS (upstream sslmode=${options.mode})`)
+        throw new TlsError(answer === 0x4e ? 'The server does not support SSL connections' : 'There was an error establishing an SSL connection')
+      }
+    }
     this.tcp.off('data', this.fromTcp)
     const secure = this.tlsOver(this.tcp)
     await new Promise<void>((resolve, reject) => {
       secure.once('secureConnect', resolve)
-      secure.once('error', (err) => reject(new UpstreamError(`TLS to Postgres at ${this.name} failed: ${err.message}`)))
+      secure.once('error', (err: NodeJS.ErrnoException) =>
+        reject(asked ? new TlsError(err.message, err.code) : new UpstreamError(`TLS to Postgres at ${this.name} failed: ${err.message}`))
+      )
     })
     secure.on('data', (chunk: Buffer) => this.onData(chunk))
     secure.on('drain', () => this.onDrain?.())
@@ -103,12 +140,15 @@ export class Upstream {
   }
 
   private tlsOver(socket: net.Socket): tls.TLSSocket {
-    const { mode, ca } = this.tlsOptions!
+    const { mode, ca, direct, servername } = this.tlsOptions!
+    const { host } = this.target
     return tls.connect({
       socket,
       ca,
-      servername: net.isIP(this.target.host) ? undefined : this.target.host,
+      host, // the name (or address) checked when no servername is sent
+      servername: servername ?? (net.isIP(host) ? undefined : host),
       rejectUnauthorized: mode !== 'require',
+      ...(direct && { ALPNProtocols: ['postgresql'] }),
       ...(mode === 'verify-ca' && { checkServerIdentity: () => undefined }),
     })
   }
@@ -135,13 +175,14 @@ export class Upstream {
       socket.write(packet)
       return
     }
-    socket.write(SSL_REQUEST)
-    socket.once('data', (answer: Buffer) => {
-      if (answer[0] !== 0x53) return socket.destroy() // never in clear where the session used TLS
+    const cancelOverTls = () => {
       const secure = this.tlsOver(socket)
       secure.on('error', () => socket.destroy())
       secure.once('secureConnect', () => secure.write(packet))
       secure.on('close', () => socket.destroy())
-    })
+    }
+    if (this.tlsOptions?.direct) return cancelOverTls()
+    socket.write(SSL_REQUEST)
+    socket.once('data', (answer: Buffer) => (answer[0] === 0x53 ? cancelOverTls() : socket.destroy())) // never in clear where the session used TLS
   }
 }

@@ -1,6 +1,7 @@
 /// <reference path="./pg-internals.d.ts" />
 import './install-buffer'
 import pg from 'pg'
+import { isIP } from 'net'
 import { configKeys, setting, type EdgeConfig } from './config'
 import { WebSocketSocket } from './socket'
 import { TlsSocket } from './tls'
@@ -36,13 +37,35 @@ const PgQuery = (pg as any).Query
 /** A query that is answered in one go (no portal kept open), so it can share the pipeline. */
 const isPlainQuery = (q: any) => q instanceof PgQuery && !q.rows
 
-/** The transport for one connection: a WebSocket, with TLS to Postgres inside it when asked for. */
-function openSocket(own: EdgeConfig, ssl: unknown): WebSocketSocket | TlsSocket {
+/** pg's connection config, as pg hands it to the stream factory. */
+interface StreamConfig {
+  ssl?: unknown
+  sslNegotiation?: string
+}
+
+type SslOptions = { ca?: unknown; servername?: string; rejectUnauthorized?: boolean; checkServerIdentity?: unknown; key?: unknown; cert?: unknown; pfx?: unknown }
+
+/**
+ * The transport for one connection: a WebSocket, with TLS to Postgres when pg's `ssl` asks for it.
+ * With `rootCerts` (or `ssl.ca`) edgepg runs it inside the WebSocket; otherwise edgepg-proxy makes
+ * it, verified as pg would (`rejectUnauthorized: false` is sslmode require; a `checkServerIdentity`
+ * of the user's, which cannot run at the proxy, verify-ca).
+ */
+function openSocket(own: EdgeConfig, { ssl, sslNegotiation }: StreamConfig): WebSocketSocket | TlsSocket {
   const socket = new WebSocketSocket(own)
-  const sslOptions = typeof ssl === 'object' && ssl !== null ? (ssl as { ca?: unknown; servername?: string }) : {}
-  const rootCerts = setting(own, 'rootCerts') ?? (typeof sslOptions.ca === 'string' ? sslOptions.ca : undefined)
-  if (!ssl || !rootCerts) return socket
-  return new TlsSocket(socket, { host: sslOptions.servername, rootCerts, pipelineTLS: setting(own, 'pipelineTLS') })
+  if (!ssl) return socket
+  const options: SslOptions = typeof ssl === 'object' ? ssl : {}
+  if (options.key || options.cert || options.pfx) {
+    socket.refusal = new Error('edgepg: client certificates (ssl.key, ssl.cert, ssl.pfx) are not supported: the proxy cannot present them for you. Authenticate with a password instead.')
+  }
+  const rootCerts = setting(own, 'rootCerts') ?? (typeof options.ca === 'string' ? options.ca : undefined)
+  if (rootCerts) return new TlsSocket(socket, { host: options.servername, rootCerts, pipelineTLS: setting(own, 'pipelineTLS') })
+  socket.upstreamTls = {
+    sslmode: options.rejectUnauthorized === false ? 'require' : typeof options.checkServerIdentity === 'function' ? 'verify-ca' : 'verify-full',
+    sslnegotiation: sslNegotiation === 'direct' ? 'direct' : 'postgres',
+    servername: options.servername,
+  }
+  return socket
 }
 
 /** A query that keeps a portal open across round trips (pg-cursor, query streams, COPY, `rows`). */
@@ -75,13 +98,13 @@ export class Client extends pg.Client {
   constructor(config?: string | ClientConfig) {
     const { options, own } = splitConfig(config)
     // pg hands the stream factory its connection config, `ssl` (from options or sslmode) included.
-    if (!options.stream) options.stream = ((conn: { ssl?: unknown }) => openSocket(own, conn.ssl)) as any
+    if (!options.stream) options.stream = ((conn: StreamConfig) => openSocket(own, conn)) as any
     super(options)
     this.edgeConfig = own
     this.pipelining = options.pipeline !== false
     this.strict = options.pipeline === true
-    // pg must not negotiate TLS itself: TlsSocket does it inside the WebSocket, or wss:// secures
-    // the channel (as with Neon's forceDisablePgSSL).
+    // pg must not negotiate TLS itself: TlsSocket does it inside the WebSocket, or edgepg-proxy
+    // to Postgres (see openSocket).
     this.ssl = false
     ;(this.connection as any).ssl = false
   }
@@ -95,6 +118,8 @@ export class Client extends pg.Client {
     const con = this.connection as any
     const socket: WebSocketSocket | TlsSocket = con.stream
     if (socket instanceof WebSocketSocket) socket.deferOpen = true
+    // As pg: a host name (not an address) is the name the certificate must carry, whatever ssl.servername says.
+    if (socket instanceof WebSocketSocket && socket.upstreamTls && !isIP(this.host)) socket.upstreamTls.servername = this.host
     ;(pg.Client.prototype as any)._connect.call(this, callback)
     // pg's own listener has just written the StartupMessage (before the WebSocket opens). The
     // password joins the first flight, so it is needed now (pg resolves a password function, or

@@ -33,7 +33,8 @@ export interface EdgeConfig {
   /**
    * PEM of the CA(s) to trust for TLS to Postgres itself, inside the WebSocket (the proxy then
    * relays only ciphertext). Used when the connection asks for TLS (`ssl`, `sslmode`); `ssl.ca`
-   * works too. Without it, `ssl`/`sslmode` is set aside and the channel relies on wss://.
+   * works too. Without it, `ssl`/`sslmode` asks edgepg-proxy to reach Postgres over TLS, verified
+   * as pg would verify it (a server that does not take the login from the upgrade sets it aside).
    */
   rootCerts?: string
   /**
@@ -69,6 +70,13 @@ export const SUBPROTOCOL = 'edgepg.v2'
 export const LOGIN_PREFIX = 'edgepg.login.'
 /** Longest login offered in the upgrade (base64url characters); a longer first flight goes in band. */
 export const MAX_LOGIN_CHARS = 8192
+/**
+ * A login packet of edgepg's own, shaped like a StartupMessage (Int32 length, Int32 code, name and
+ * value C strings, a NUL): edgepg-proxy is to reach Postgres over TLS, as pg's `ssl` asks, before
+ * the StartupMessage (or CancelRequest) behind it goes on. Names: `sslmode` (require, verify-ca,
+ * verify-full), `sslnegotiation` (postgres, direct), `servername`. It never reaches Postgres.
+ */
+export const UPSTREAM_TLS_REQUEST = (1234 << 16) | 5690
 
 /** Global config overlaid with the keys a client was given explicitly. */
 export function resolveConfig(own: EdgeConfig) {

@@ -1,5 +1,5 @@
 import { QueuedSocket } from './queued-socket'
-import { LOGIN_PREFIX, MAX_LOGIN_CHARS, resolveConfig, webSocketUrl, SUBPROTOCOL, type EdgeConfig } from './config'
+import { LOGIN_PREFIX, MAX_LOGIN_CHARS, resolveConfig, webSocketUrl, SUBPROTOCOL, UPSTREAM_TLS_REQUEST, type EdgeConfig } from './config'
 
 const OPEN = 1
 /** URLs whose server answered without a subprotocol, where `ws` needs none offered. */
@@ -10,6 +10,33 @@ const privateLink = (url: string) => /^(wss:|ws:\/\/(127\.[\d.]+|localhost|\[::1
 
 /** base64url without padding: the characters a subprotocol value may hold. */
 const base64url = (bytes: Uint8Array) => Buffer.from(bytes).toString('base64').replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '')
+
+/** What pg's `ssl` asks of the link to Postgres, for edgepg-proxy to make (see UPSTREAM_TLS_REQUEST). */
+export interface UpstreamTls {
+  sslmode: 'require' | 'verify-ca' | 'verify-full'
+  sslnegotiation: 'postgres' | 'direct'
+  servername?: string
+}
+
+function upstreamTlsRequest(tls: UpstreamTls): Buffer {
+  const body = Buffer.from(Object.entries(tls).map(([name, value]) => (value === undefined ? '' : `${name}\0${value}\0`)).join('') + '\0')
+  const head = Buffer.alloc(8)
+  head.writeInt32BE(8 + body.length, 0)
+  head.writeInt32BE(UPSTREAM_TLS_REQUEST, 4)
+  return Buffer.concat([head, body])
+}
+
+/**
+ * A text frame from edgepg-proxy reports a failure below the Postgres protocol (TLS to Postgres),
+ * as JSON `{ "message", "code"? }`: the error pg would have had from its own socket.
+ */
+function reportedError(text: string, url: string): Error {
+  try {
+    const { message, code } = JSON.parse(text)
+    if (typeof message === 'string') return Object.assign(new Error(message), typeof code === 'string' ? { code } : {})
+  } catch {}
+  return new Error(`edgepg: the proxy at ${url} sent a text frame; expected binary Postgres protocol data`)
+}
 
 /**
  * A WebSocket dressed as the `net.Socket` that pg's Connection drives. Writes made in one tick
@@ -34,6 +61,13 @@ export class WebSocketSocket extends QueuedSocket {
   loginTaken = false
   /** Sends the first flight in band, for a server that did not take the login. */
   fallback = (first: Uint8Array) => this.send(first)
+  /** TLS for edgepg-proxy to make to Postgres (pg's `ssl` without `rootCerts`): asked for in the login. */
+  upstreamTls?: UpstreamTls
+  /** As tls.TLSSocket's, once the proxy took a login asking for TLS: the link to Postgres is TLS. */
+  encrypted?: true
+  alpnProtocol?: string | false
+  /** Why this connection cannot be made as configured: connect() fails with it. */
+  refusal?: Error
   private ws?: WebSocket
   private opened = false
   private cfg?: ReturnType<typeof resolveConfig>
@@ -45,6 +79,10 @@ export class WebSocketSocket extends QueuedSocket {
   connect(port: number | string, host: string) {
     this.writable = true
     this.url = `${host}:${port}`
+    if (this.refusal) {
+      queueMicrotask(() => this.fail(this.refusal!))
+      return this
+    }
     try {
       this.cfg = resolveConfig(this.own)
       this.url = webSocketUrl(host, Number(port), this.cfg)
@@ -63,8 +101,12 @@ export class WebSocketSocket extends QueuedSocket {
   /** Opens the WebSocket; `first`: the first flight, offered as the login. */
   private open(first?: Uint8Array, offer = !refusesSubprotocol.has(this.url)) {
     const secret = this.secret && privateLink(this.url) ? [this.secret] : []
-    const login = first && base64url(Buffer.concat([first, ...secret]))
-    const protocols = !offer ? undefined : login && login.length <= MAX_LOGIN_CHARS ? [SUBPROTOCOL, LOGIN_PREFIX + login] : SUBPROTOCOL
+    const tls = this.upstreamTls && first ? [upstreamTlsRequest(this.upstreamTls)] : []
+    const login = first && base64url(Buffer.concat([...tls, first, ...secret]))
+    const fits = login !== undefined && login.length <= MAX_LOGIN_CHARS
+    // In band, TLS to Postgres could not be asked for: better no connection than one without it.
+    if (tls.length && offer && !fits) return this.failSoon(new Error(`the login is too large for the upgrade (${login!.length} characters, at most ${MAX_LOGIN_CHARS}), and \`ssl\` needs it there`))
+    const protocols = !offer ? undefined : fits ? [SUBPROTOCOL, LOGIN_PREFIX + login] : SUBPROTOCOL
     let ws: WebSocket
     try {
       ws = this.ws = new this.cfg!.webSocketConstructor(this.url, protocols)
@@ -76,13 +118,17 @@ export class WebSocketSocket extends QueuedSocket {
     ws.addEventListener('open', () => {
       this.opened = this.readable = true
       this.loginTaken = ws.protocol === SUBPROTOCOL && Array.isArray(protocols)
+      if (this.loginTaken && tls.length) {
+        this.encrypted = true
+        this.alpnProtocol = this.upstreamTls!.sslnegotiation === 'direct' && 'postgresql' // PostgreSQL requires it there
+      }
       if (first && !this.loginTaken) ws.protocol === SUBPROTOCOL ? this.send(first) : this.fallback(first)
       if (!this.deferOpen) this.emit('connect')
       this.flush()
     })
     ws.addEventListener('message', ({ data }: MessageEvent) => {
       if (this.closed) return // as net.Socket: no data after destroy()
-      if (typeof data === 'string') return this.fail(new Error(`edgepg: the proxy at ${this.url} sent a text frame; expected binary Postgres protocol data`))
+      if (typeof data === 'string') return this.fail(reportedError(data, this.url))
       this.emit('data', Buffer.isBuffer(data) ? data : Buffer.from(data as ArrayBuffer))
     })
     ws.addEventListener('error', (event: Event) => {

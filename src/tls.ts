@@ -33,6 +33,9 @@ const loadHandshake = () => (handshakeModule ??= import('./tls-handshake').catch
  * carries decrypted bytes, and writes are encrypted in order, those of one tick in one record.
  */
 export class TlsSocket extends QueuedSocket {
+  /** As tls.TLSSocket's (subtls offers no ALPN). */
+  readonly encrypted = true
+  readonly alpnProtocol = false
   private queue?: ReadQueue
   private tls?: Tls
   private writing = false

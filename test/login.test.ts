@@ -9,7 +9,7 @@ import assert from 'node:assert/strict'
 import http from 'node:http'
 import net from 'node:net'
 import { WebSocket } from 'ws'
-import { LOGIN_PREFIX, MAX_LOGIN_CHARS, SUBPROTOCOL } from '../src/config'
+import { LOGIN_PREFIX, MAX_LOGIN_CHARS, SUBPROTOCOL, UPSTREAM_TLS_REQUEST } from '../src/config'
 import type { SessionLog } from '../proxy/index'
 import { backendReader, CANCEL_CODE, gssencRequest, int32, packet, passwordMessage, startupMessage } from './protocol'
 import { startProxy, testPostgres, within } from './helpers'
@@ -121,6 +121,7 @@ test("a good login: Postgres's whole answer is the first frame; the response sel
 })
 
 test('malformed or oversized logins: the upgrade completes, then a FATAL 08P01 saying what is wrong, and a normal close', async () => {
+  const tlsRequest = packet(UPSTREAM_TLS_REQUEST, Buffer.from('sslmode\0require\0sslnegotiation\0postgres\0\0'))
   const cases: Array<[string, string[], RegExp]> = [
     ['not base64url', [SUBPROTOCOL, `${LOGIN_PREFIX}abc/def=`], /the login is not base64url/],
     ['too large', [SUBPROTOCOL, LOGIN_PREFIX + 'A'.repeat(MAX_LOGIN_CHARS + 4)], new RegExp(`the login is too large \\(${MAX_LOGIN_CHARS + 4} characters; at most ${MAX_LOGIN_CHARS}\\)`)],
@@ -131,6 +132,9 @@ test('malformed or oversized logins: the upgrade completes, then a FATAL 08P01 s
     ['garbage after the startup', [SUBPROTOCOL, LOGIN_PREFIX + b64(Buffer.concat([login('scram_user', undefined), Buffer.from('Qxyz')]))], /expected one password message after the startup message/],
     ['bytes after a CancelRequest', [SUBPROTOCOL, LOGIN_PREFIX + b64(Buffer.concat([packet(CANCEL_CODE, Buffer.alloc(8)), Buffer.from('x')]))], /unexpected bytes after the CancelRequest/],
     ['GSSENCRequest', [SUBPROTOCOL, LOGIN_PREFIX + b64(gssencRequest())], /GSSAPI encryption is not supported/],
+    ['a TLS request with an unknown sslmode', [SUBPROTOCOL, LOGIN_PREFIX + b64(Buffer.concat([packet(UPSTREAM_TLS_REQUEST, Buffer.from('sslmode\0sometimes\0sslnegotiation\0postgres\0\0')), login()]))], /invalid sslmode "sometimes"/],
+    ['TLS asked for twice', [SUBPROTOCOL, LOGIN_PREFIX + b64(Buffer.concat([tlsRequest, tlsRequest, login()]))], /TLS asked for twice/],
+    ['a TLS request and nothing behind it', [SUBPROTOCOL, LOGIN_PREFIX + b64(tlsRequest)], /invalid startup packet length 0/],
   ]
   for (const [what, protocols, reason] of cases) {
     const r = await offerRaw(protocols.join(', '))

@@ -736,7 +736,8 @@ describe('cleartext passwords over plain ws:// only from loopback, over TLS, or 
       for (const r of [rec, rec2]) {
         const login = types(loginMessages(r.session()))
         assert.deepEqual(login, ['startup'], `the password never left the client (the upgrade carried: ${login})`)
-        assert.deepEqual(types(sent(r.session())), [], 'and nothing went in band')
+        // (end() may write pg's Terminate before the proxy's close arrives, as over TCP.)
+        assert.deepEqual(types(sent(r.session())).filter((t) => t !== 'X'), [], 'and nothing went in band but a Terminate')
       }
 
       // One session per WebSocket the clients opened (an attempt declined for its subprotocol counts).

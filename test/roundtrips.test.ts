@@ -22,7 +22,7 @@ import { createProxy } from '../proxy/index'
 import { Client, Pool, type ClientConfig } from '../src/index'
 import { generateCerts, type TestCerts } from './certs'
 import { startDelayRelay } from './delay-relay'
-import { edgeConfig, startProxy } from './helpers'
+import { edgeConfig, pgConfig, startProxy } from './helpers'
 import { PASSWORD, startPostgres, tlsOnly, type Postgres, type Role } from './stack'
 
 const ONE_WAY_MS = 100
@@ -203,6 +203,31 @@ test('wss:// (the proxy terminates TLS): new Client + connect() + first query = 
   const { best, runs } = await bestOfTwo(() => connectAndQuery(config(tlsDelayed)))
   t.diagnostic(`wss://: ${best.toFixed(2)} round trips (expected 3: TLS handshake + upgrade carrying the login + the query; runs: ${runs})`)
   assertRounds(best, 3, 'wss://')
+})
+
+test("pg's `ssl` without rootCerts (the proxy makes the TLS to Postgres): still 2 round trips, and the backend is on TLS", async (t) => {
+  const config = (port: number, extra: ClientConfig) => wsConfig(port, 'scram_user', { ...pgConfig('scram_user', pg18!), ssl: { rejectUnauthorized: false }, ...extra })
+  for (const sslnegotiation of ['postgres', 'direct'] as const) {
+    await warmUp(config(proxy18, { sslnegotiation } as ClientConfig))
+    const measure = async () => {
+      let client: Client | undefined
+      try {
+        const measured = await rounds(async () => {
+          client = new Client(config(delayed18, { sslnegotiation } as ClientConfig))
+          await client.connect()
+          await client.query('SELECT 1')
+        })
+        // scram_user may log in only over TLS here (hostssl); checked after the clock stopped.
+        assert.deepEqual((await client!.query('SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()')).rows, [{ ssl: true }])
+        return measured
+      } finally {
+        await client?.end().catch(() => {})
+      }
+    }
+    const { best, runs } = await bestOfTwo(measure)
+    t.diagnostic(`ssl made by the proxy (sslnegotiation ${sslnegotiation}): ${best.toFixed(2)} round trips (expected 2; runs: ${runs})`)
+    assertRounds(best, 2, `ssl made by the proxy, sslnegotiation ${sslnegotiation}`)
+  }
 })
 
 /** TLS to Postgres itself inside the WebSocket, as a user configures it: `ssl` + `rootCerts`. */
