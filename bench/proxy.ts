@@ -35,23 +35,30 @@ process.on('exit', () => {
 export interface ProxyStartOptions {
   /** false: relay the startup untouched, like a plain wsproxy (clients do md5/SCRAM themselves). */
   authOffload?: boolean
+  /** false: no warm backends (--no-pool). */
+  pool?: boolean
 }
 
 export async function startProxy(upstream: string, mode: ProxyMode, options: ProxyStartOptions = {}): Promise<RunningProxy> {
   if (mode === 'in-process') {
-    const proxy = createProxy({ upstream, authOffload: options.authOffload })
+    const proxy = createProxy({ upstream, authOffload: options.authOffload, pool: { enabled: options.pool !== false } })
     const { port } = await proxy.listen(0, '127.0.0.1')
     return { port, url: `ws://127.0.0.1:${port}/v2`, mode, stop: () => proxy.close() }
   }
   // The CLI refuses port 0, so pick a free port here (a tiny race, harmless on a bench machine).
   const listen = `127.0.0.1:${await freePort()}`
-  const flags = options.authOffload === false ? ['--no-auth-offload'] : []
+  const flags = [...(options.authOffload === false ? ['--no-auth-offload'] : []), ...(options.pool === false ? ['--no-pool'] : [])]
   const { port, stop } = await startChild(['proxy/cli.ts', '--upstream', upstream, '--listen', listen, ...flags], 'edgepg-proxy')
   return { port, url: `ws://127.0.0.1:${port}/v2`, mode, stop }
 }
 
 export function startTcpRelay(upstream: string): Promise<RunningRelay> {
   return startChild(['bench/tcp-relay.ts', upstream], 'tcp relay')
+}
+
+/** A bare WebSocket server (bench/ws-echo.ts): the floor for a cold session. */
+export function startWsEcho(): Promise<RunningRelay> {
+  return startChild(['bench/ws-echo.ts'], 'ws echo')
 }
 
 /** Runs a TypeScript entry point under tsx and waits for its {"listening":"host:port"} line. */

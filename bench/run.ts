@@ -12,6 +12,7 @@ import { WebSocket } from 'ws'
 import { SetupError } from '../test/pg-server'
 import { PASSWORD, startPostgres } from '../test/stack'
 import { connect } from './connect'
+import { sessions } from './sessions'
 import { core } from './core'
 import { proxycost } from './proxycost'
 import { httpBench } from './http'
@@ -19,7 +20,7 @@ import { bundle } from './bundle'
 import { passes, type BenchContext, type ProxyMode, type Row, type Section } from './lib'
 import { startProxy, type RunningProxy } from './proxy'
 
-const SECTIONS: Section[] = [core, connect, proxycost]
+const SECTIONS: Section[] = [core, connect, sessions, proxycost]
 SECTIONS.push(httpBench, bundle)
 
 const args = process.argv.slice(2)

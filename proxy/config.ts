@@ -37,6 +37,11 @@ export const SETTINGS = {
   sqlMaxRequests: { flag: 'sql-max-requests', env: 'EDGEPG_SQL_MAX_REQUESTS', arg: 'n', kind: 'count', default: '500', help: 'POST /sql: requests at once; more get HTTP 503' },
   sqlPoolMax: { flag: 'sql-pool-max', env: 'EDGEPG_SQL_POOL_MAX', arg: 'n', kind: 'count', default: '10', help: 'POST /sql: pooled connections per user, database and password' },
   sqlPoolIdleTimeout: { flag: 'sql-pool-idle-timeout', env: 'EDGEPG_SQL_POOL_IDLE_TIMEOUT', arg: 'ms', kind: 'ms', default: '30000', help: 'POST /sql: close pooled connections idle this long' },
+  noPool: { flag: 'no-pool', env: 'EDGEPG_NO_POOL', kind: 'switch', help: 'no warm backends: every session forks and authenticates its own' },
+  poolMaxIdlePerKey: { flag: 'pool-max-idle-per-key', env: 'EDGEPG_POOL_MAX_IDLE_PER_KEY', arg: 'n', kind: 'count', default: '10', help: 'idle backends kept per upstream, startup parameters and password' },
+  poolMaxBackends: { flag: 'pool-max-backends', env: 'EDGEPG_POOL_MAX_BACKENDS', arg: 'n', kind: 'count', default: '100', help: 'backends the pool owns in all (idle or lent); sessions beyond get their own' },
+  poolIdleTimeout: { flag: 'pool-idle-timeout', env: 'EDGEPG_POOL_IDLE_TIMEOUT', arg: 'ms', kind: 'ms', default: '60000', help: 'close a pooled backend idle this long' },
+  poolMaxLifetime: { flag: 'pool-max-lifetime', env: 'EDGEPG_POOL_MAX_LIFETIME', arg: 'ms', kind: 'ms', default: '1800000', help: 'close a pooled backend this old (a changed password stops being honoured within it)' },
   noSql: { flag: 'no-sql', env: 'EDGEPG_NO_SQL', kind: 'switch', help: 'turn off POST /sql' },
   noAuthOffload: { flag: 'no-auth-offload', env: 'EDGEPG_NO_AUTH_OFFLOAD', kind: 'switch', help: 'relay the startup untouched: clients authenticate with Postgres end to end' },
   allowInsecurePasswords: { flag: 'allow-insecure-passwords', env: 'EDGEPG_ALLOW_INSECURE_PASSWORDS', kind: 'switch', help: 'accept passwords over plain ws:// from non-loopback clients (TLS ends in front)' },
@@ -158,6 +163,13 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
       idleTimeoutMs: value('idleTimeout', number(0)),
       maxMessageBytes: value('maxMessageBytes', number(1)),
       authOffload: !on('noAuthOffload'),
+      pool: {
+        enabled: !on('noPool'),
+        maxIdlePerKey: value('poolMaxIdlePerKey', number(0)),
+        maxBackends: value('poolMaxBackends', number(0)),
+        idleTimeoutMs: value('poolIdleTimeout', number(1)),
+        maxLifetimeMs: value('poolMaxLifetime', number(1)),
+      },
       sql: on('noSql')
         ? false
         : {

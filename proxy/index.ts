@@ -7,7 +7,8 @@ import { WebSocketServer, type WebSocket } from 'ws'
 import { formatHostPort, parseHostPort, type HostPort } from './address'
 import { runSession, type SessionLog } from './session'
 import { Upstream, type ClientTls, type UpstreamTls } from './upstream'
-import { redactLogin, runLogin, takeLogin, type LoginOutcome } from './login'
+import { redactLogin, runLogin, takeLogin, type Login, type LoginOutcome } from './login'
+import { BackendPool, type Backend, type PoolOptions } from './pool'
 import { UpstreamError } from './startup'
 import { createMetrics, type Metrics, type RefusalReason } from './metrics'
 import { healthHandler } from './health'
@@ -54,6 +55,8 @@ export interface ProxyOptions {
   sqlLog?: (entry: SqlLog) => void
   /** Called once per ended session; never given passwords or payloads. */
   log?: (entry: SessionLog) => void
+  /** Warm backends for sessions whose login the proxy runs (default on; see proxy/pool.ts). */
+  pool?: PoolOptions
 }
 
 export type { SessionLog, UpstreamTls, SqlLog }
@@ -76,6 +79,9 @@ export interface Proxy {
 
 /** Sent to clients whose session is cut by a shutdown. */
 const SHUTDOWN_REASON = 'edgepg-proxy is shutting down'
+
+/** ReadyForQuery's status for an idle backend outside a transaction. */
+const IDLE = 0x49
 
 const isLoopback = (address: string) => /^(127\.|::1$|::ffff:127\.)/.test(address)
 
@@ -115,7 +121,8 @@ export function createProxy(options: ProxyOptions): Proxy {
   const origins = new Set(options.allowedOrigins ?? [])
   let closing = false
 
-  const metrics = createMetrics()
+  const pool = new BackendPool(options.pool, (event) => metrics.poolEvent(event))
+  const metrics = createMetrics(() => pool.size)
   const health = healthHandler(upstream)
   const sql =
     options.sql === false
@@ -202,27 +209,47 @@ export function createProxy(options: ProxyOptions): Proxy {
       else req.headers['sec-websocket-protocol'] = protocols
       req.rawHeaders = redactLogin(req.rawHeaders)
 
-      const connectStarted = performance.now()
-      const up = new Upstream(target, options.upstreamTls, () => metrics.upstreamConnected((performance.now() - connectStarted) / 1000))
+      let up: Upstream | undefined
+      /** The pool's backend this session runs on, if any. */
+      let backend: Backend | undefined
       let ws: WebSocket | undefined
+      const connect = () => {
+        const started = performance.now()
+        return (up = new Upstream(target, options.upstreamTls, () => metrics.upstreamConnected((performance.now() - started) / 1000)))
+      }
       // Until the Postgres startup is done: a stalled login is answered with an error, a stalled session closed.
       const handshake = timer(handshakeMs, () =>
-        ws ? ws.close(1008, 'edgepg-proxy: startup not finished in time') : upgrade(new UpstreamError(`login timed out: Postgres at ${up.name} did not answer within ${handshakeMs} ms`))
+        ws ? ws.close(1008, 'edgepg-proxy: startup not finished in time') : upgrade(new UpstreamError(`login timed out: Postgres at ${formatHostPort(target)} did not answer within ${handshakeMs} ms`))
       )
+      /** No session after all: the backend goes back idle (its login just finished), or the connection is closed. */
+      const drop = () => (backend ? pool.giveBack(backend, { pending: 0, status: IDLE, reusable: true }) : up?.close())
       socket.once('close', () => {
         if (upgrading.delete(socket)) release()
         handshake.stop()
-        if (!ws) up.close()
+        if (!ws) drop()
       })
-      if (problem) upgrade(problem)
-      else if (!login) upgrade()
-      else {
-        const io = { upstream: up.queue, toUpstream: (b: Buffer) => void up.write(b), passwordsAllowed: passwordsAllowed(req), offload, secureUpstream: (asked?: ClientTls) => up.secure(asked) }
-        runLogin(io, login).then(upgrade, upgrade)
+      if (login?.first.kind === 'cancel') login.first.packet = pool.cancelRequest(login.first.packet)
+      // A login the proxy runs in full, with a password it can compare, may get a warm backend.
+      const poolKey = login && offload && pool.enabled && login.first.kind === 'startup' ? pool.key(formatHostPort(target), login.tls, login.first.packet, login.password) : undefined
+      if (problem) connect(), upgrade(problem)
+      else if (!login) connect(), upgrade()
+      else if (poolKey) pool.take(poolKey).then((warm) => (warm ? ((backend = warm), (up = warm.upstream), upgrade({ kind: 'ready', answer: pool.lend(warm) })) : cold(login)))
+      else cold(login)
+
+      function cold(login: Login) {
+        const fresh = connect()
+        const io = { upstream: fresh.queue, toUpstream: (b: Buffer) => void fresh.write(b), passwordsAllowed: passwordsAllowed(req), offload, secureUpstream: (asked?: ClientTls) => fresh.secure(asked) }
+        runLogin(io, login).then((outcome) => {
+          if (poolKey && outcome.kind === 'ready') backend = pool.adopt(poolKey, fresh, outcome.answer)
+          upgrade(backend ? { kind: 'ready', answer: pool.lend(backend) } : outcome)
+        }, upgrade)
       }
 
       function upgrade(opened?: LoginOutcome | Error) {
-        if (ws || socket.destroyed) return
+        if (ws) return
+        if (socket.destroyed) return void drop()
+        // The 101 response and Postgres's answer (sent as the session starts) leave in one write.
+        socket.cork()
         wss.handleUpgrade(req, socket, head, (session) => {
           ws = session
           upgrading.delete(socket)
@@ -236,7 +263,9 @@ export function createProxy(options: ProxyOptions): Proxy {
             idle.stop()
           })
           runSession(session, {
-            upstream: up, opened, loginBytes: login?.bytes, peer, offload, passwordsAllowed: passwordsAllowed(req),
+            upstream: up!, opened, loginBytes: login?.bytes, peer, offload, passwordsAllowed: passwordsAllowed(req),
+            giveBack: backend && ((ending) => pool.giveBack(backend!, ending)),
+            mapCancel: (packet) => pool.cancelRequest(packet),
             log: (entry) => {
               metrics.sessionClosed(entry)
               options.log?.(entry)
@@ -245,6 +274,7 @@ export function createProxy(options: ProxyOptions): Proxy {
             onActivity: idle.touch,
           })
         })
+        socket.uncork()
       }
     }
   })
@@ -279,6 +309,7 @@ export function createProxy(options: ProxyOptions): Proxy {
       const cut = setTimeout(() => sessions.forEach((ws) => ws.terminate()), 2000)
       while (sessions.size) await new Promise((r) => setTimeout(r, 20))
       clearTimeout(cut)
+      pool.close()
       await sqlClosed
       server.closeAllConnections()
       await stopped

@@ -13,6 +13,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client'
 import type { SessionLog } from './session'
+import type { PoolEvent } from './pool'
 
 /**
  * Why an HTTP upgrade (a would-be session) was refused before any WebSocket opened:
@@ -96,6 +97,8 @@ export interface Metrics {
   upstreamConnected(seconds: number): void
   /** An upgrade was refused before a WebSocket opened. */
   refused(reason: RefusalReason): void
+  /** The backend pool handed out a warm backend, missed, reset one or closed one. */
+  poolEvent(event: PoolEvent): void
   /** Serves the Prometheus exposition (GET or HEAD; 405 otherwise). */
   handle(req: IncomingMessage, res: ServerResponse): Promise<void>
 }
@@ -104,7 +107,7 @@ const PREFIX = 'edgepg_proxy_'
 /** 0.5 ms (same host) to 5 s (a connect timeout in the making). */
 export const CONNECT_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5]
 
-export function createMetrics(): Metrics {
+export function createMetrics(poolSize: () => { pooled: number; idle: number } = () => ({ pooled: 0, idle: 0 })): Metrics {
   const registry = new Registry()
   collectDefaultMetrics({ register: registry })
   const registers = [registry]
@@ -135,6 +138,14 @@ export function createMetrics(): Metrics {
     labelNames: ['reason'] as const,
     registers,
   })
+  new Gauge({ name: `${PREFIX}pool_backends`, help: 'Backends the pool owns (idle or lent to a session)', registers, collect() { this.set(poolSize().pooled) } })
+  new Gauge({ name: `${PREFIX}pool_idle_backends`, help: 'Pooled backends waiting for a session', registers, collect() { this.set(poolSize().idle) } })
+  const poolEvents = {
+    hit: new Counter({ name: `${PREFIX}pool_hits_total`, help: 'Sessions served by a warm backend (no fork, no authentication at Postgres)', registers }),
+    miss: new Counter({ name: `${PREFIX}pool_misses_total`, help: 'Poolable logins that found no warm backend and went to Postgres', registers }),
+    reset: new Counter({ name: `${PREFIX}pool_resets_total`, help: 'Backends reset and kept when their session ended', registers }),
+    discard: new Counter({ name: `${PREFIX}pool_discards_total`, help: 'Pooled backends closed (busy or broken at the end of a session, failed reset or ping, idle timeout, lifetime, limits)', registers }),
+  }
   // Every series exists from the start, at 0, so rate() and alerts work before the first event.
   for (const kind of OUTCOME_KINDS) sessions.inc({ outcome_kind: kind }, 0)
   for (const reason of REFUSAL_REASONS) refusals.inc({ reason }, 0)
@@ -152,6 +163,7 @@ export function createMetrics(): Metrics {
     upstreamConnected(seconds) {
       if (Number.isFinite(seconds) && seconds >= 0) connect.observe(seconds)
     },
+    poolEvent: (event) => poolEvents[event].inc(),
     refused(reason) {
       refusals.inc({ reason: (REFUSAL_REASONS as readonly string[]).includes(reason) ? reason : 'other' })
     },

@@ -3,6 +3,7 @@ import { ByteQueue, ProtocolError } from './bytes'
 import type { LoginOutcome } from './login'
 import { BackendKeyWatch, errorResponse, runStartup, UpstreamError, type BackendKey } from './startup'
 import { TlsError, type Upstream } from './upstream'
+import { IdleWatch, type Ending } from './idle-watch'
 
 export type { UpstreamTls } from './upstream'
 
@@ -34,6 +35,13 @@ export interface SessionOptions {
   onEstablished?: () => void
   /** Bytes moved, either way: the idle timeout starts again. */
   onActivity?: () => void
+  /**
+   * The backend is the pool's: when the session ends it goes back instead of being closed, with
+   * how the session left it (undefined: busy).
+   */
+  giveBack?: (ending: Ending | undefined) => void
+  /** A CancelRequest sent in band, as it is to go to Postgres (see BackendPool.cancelRequest). */
+  mapCancel?: (packet: Buffer) => Buffer
 }
 
 /** Bytes queued on a client's WebSocket past which we stop reading from Postgres. */
@@ -69,6 +77,8 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
   let backendKey: BackendKey | undefined
   /** The client's last message was Terminate: the backend is exiting by itself. */
   let clientTerminated = false
+  /** For a pooled backend: whether the session leaves it idle (and the Terminate that must not reach it). */
+  const watch = o.giveBack && new IdleWatch()
 
   // Ends the session from our side. The client may be paused by backpressure; read (and drop)
   // what it still sends, or its close reply would wait behind that until ws's 30 s close timeout.
@@ -96,6 +106,7 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
   }
   const fromUpstream = (chunk: Buffer) => {
     if (keyWatch) watchForKey(chunk)
+    if (watch) watch.fromBackend(chunk)
     toClient(chunk)
   }
   /** From here on, both ways, bytes as they come. */
@@ -118,9 +129,18 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
       outcome = 'refused a text frame'
       return closeClient(1003, 'edgepg-proxy: expected binary frames')
     }
-    const chunk = data as Buffer
+    let chunk = data as Buffer
     o.onActivity?.()
     bytesIn += chunk.length
+    if (watch && relaying) {
+      if (abandoned) return
+      chunk = watch.fromClient(chunk)
+      if (chunk.length) toUpstream(chunk)
+      // The session is over: the backend goes back now, not when the WebSocket has closed, so that
+      // a session right behind this one finds it.
+      if ((clientTerminated = watch.terminated)) abandon()
+      return
+    }
     clientTerminated = chunk.length >= 5 && chunk.subarray(-5).equals(TERMINATE)
     if (relaying) return toUpstream(chunk)
     if (refused) return // Postgres said no; it is closing, and gets nothing more
@@ -153,8 +173,9 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
   const { opened } = o
   if (opened instanceof Error) startupFailed(opened)
   else if (opened) {
-    // Postgres's answer to the login the upgrade carried: the session's first frame.
-    if (opened.answer.length) fromUpstream(opened.answer)
+    // Postgres's answer to the login the upgrade carried: the session's first frame. (A pooled
+    // backend's carries the session's own cancel key; the pool cancels for it.)
+    if (opened.answer.length) (watch ? toClient : fromUpstream)(opened.answer)
     if (opened.kind === 'refused') {
       refuse(`refused by Postgres: ${opened.code} ${opened.message}`)
       closeClient(1000)
@@ -168,6 +189,7 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
       toUpstream,
       passwordsAllowed: o.passwordsAllowed,
       secureUpstream: () => upstream.secure(),
+      mapCancel: o.mapCancel,
     }).then((result) => {
       if (result.kind === 'refused') return refuse(`refused by Postgres: ${result.code} ${result.message}`)
       relay(result.kind === 'authenticated' || result.plaintext)
@@ -197,7 +219,18 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
   // It may have failed or hung up already, while the upgrade was answered.
   upstream.error ? onUpstreamError(upstream.error) : upstream.on('error', onUpstreamError)
   upstream.closed ? onUpstreamClose() : upstream.on('close', onUpstreamClose)
-  const abandon = () => upstream.close(clientTerminated ? undefined : backendKey)
+  let abandoned = false
+  const abandon = () => {
+    if (abandoned) return
+    abandoned = true
+    if (!o.giveBack) return upstream.close(clientTerminated ? undefined : backendKey)
+    upstream.off('error', onUpstreamError)
+    upstream.off('close', onUpstreamClose)
+    upstream.onDrain = undefined
+    // Answers still to come count only behind a Terminate: a client gone without one left them running.
+    const ending = watch ? watch.ending : undefined
+    o.giveBack(ending && (ending.pending === 0 || clientTerminated) ? ending : undefined)
+  }
   ws.on('close', () => {
     fromClient.fail(new Error('client closed'))
     abandon()

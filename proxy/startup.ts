@@ -65,6 +65,8 @@ export interface StartupIO {
   passwordsAllowed: boolean
   /** TLS to Postgres, where the operator configured it: negotiated before the startup is forwarded. */
   secureUpstream(): Promise<TLSSocket | undefined>
+  /** The CancelRequest to forward for the one the client sent. */
+  mapCancel?: (packet: Buffer) => Buffer
 }
 
 export type StartupOutcome =
@@ -93,7 +95,7 @@ export async function runStartup(io: StartupIO): Promise<StartupOutcome> {
   }
   if (startup.kind === 'gssenc') throw new ProtocolError('unsupported frontend protocol 1234.5680')
   if (startup.kind === 'cancel') {
-    io.toUpstream(startup.packet)
+    io.toUpstream(io.mapCancel ? io.mapCancel(startup.packet) : startup.packet)
     return { kind: 'passthrough', plaintext: false }
   }
   if (startup.kind === 'ssl') {

@@ -82,6 +82,10 @@ export class Upstream {
     this.tcp.on(event, listener)
   }
 
+  off(event: 'error' | 'close', listener: (...args: any[]) => void) {
+    this.tcp.off(event, listener)
+  }
+
   get destroyed() {
     return this.tcp.destroyed
   }

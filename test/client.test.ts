@@ -16,11 +16,20 @@ test('connects through the proxy under every auth method', async () => {
   }
 })
 
-test('client.end() leaves no Postgres backend behind', async () => {
-  const client = edgeClient(proxy.port, 'scram_user', { application_name: 'edgepg-end-test' })
-  await client.connect()
-  await client.query('SELECT 1') // a pipelined connect() resolves before the backend is ready
-  assert.equal(await backends('edgepg-end-test'), 1)
-  await client.end()
-  await eventually(async () => (await backends('edgepg-end-test')) === 0, 'backend to exit')
+test('client.end() leaves no Postgres backend behind: none without the pool; with it, one idle backend until the proxy closes', async () => {
+  for (const enabled of [false, true]) {
+    const app = `edgepg-end-test-${enabled}`
+    const own = await startProxy({ pool: { enabled } })
+    const client = edgeClient(own.port, 'scram_user', { application_name: app })
+    await client.connect()
+    await client.query('SELECT 1')
+    assert.equal(await backends(app), 1)
+    await client.end()
+    if (enabled) {
+      await eventually(async () => (await own.metrics.registry.getSingleMetric('edgepg_proxy_pool_idle_backends')!.get()).values[0].value === 1, 'the backend to be pooled')
+      assert.equal(await backends(app), 1, 'kept, idle, for the next session')
+    }
+    await own.close()
+    await eventually(async () => (await backends(app)) === 0, `pool ${enabled ? 'on' : 'off'}: the backend to exit`)
+  }
 })

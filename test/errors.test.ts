@@ -139,7 +139,8 @@ test('a Pool reports an unreachable proxy per request, then recovers', async () 
     await revived.close()
     await pool.end()
   }
-  assert.equal(await backends('edgepg-evict'), 0)
+  // Of the evicting test's backends, at most the one the file's proxy keeps warm remains.
+  await eventually(async () => (await backends('edgepg-evict')) <= 1, 'the evicted backends to exit')
 })
 
 test('a proxy sending text frames is a clear error', async () => {

@@ -168,7 +168,7 @@ test('client vanishes mid-query with TLS from the proxy to Postgres: the cancel 
 
 test('a client that ends cleanly gets no CancelRequest sent after it', async () => {
   const upstream = testPostgres()
-  const proxy = await proxyTo(`${upstream.host}:${upstream.port}`)
+  const proxy = await proxyTo(`${upstream.host}:${upstream.port}`, { pool: { enabled: false } }) // (a pooled backend stays: test/pool.test.ts)
   try {
     const app = 'edgepg-clean-end'
     const before = connectsTo(upstream.port)

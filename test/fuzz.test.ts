@@ -817,7 +817,8 @@ describe('floods of half-open connections', { concurrency: false }, () => {
   test('500 stalled HTTP upgrades + 500 stalled startups + 100 sessions waiting for a password: still serving, then all released', async (t) => {
     // Limits raised above the flood (the defaults would refuse it with 429/503, which is their job)
     // and the handshake timeout out of the way: here the proxy must hold them, bounded, until they go.
-    const p = await startCountingProxy({ maxSessions: 5000, maxSessionsPerIp: 5000, handshakeTimeoutMs: 120_000 })
+    // No warm backends: every upstream socket and backend must be gone at the end (the pool's are test/pool.test.ts's).
+    const p = await startCountingProxy({ maxSessions: 5000, maxSessionsPerIp: 5000, handshakeTimeoutMs: 120_000, pool: { enabled: false } })
     let raw: net.Socket[] = []
     let stalled: WebSocket[] = []
     let waiting: WebSocket[] = []

@@ -85,7 +85,7 @@ test('handshake timeout: a stalled upgrade is dropped; a session that never fini
 })
 
 test('idle timeout: a session with no traffic is closed; traffic keeps it open', async () => {
-  const proxy = await startProxy({ idleTimeoutMs: 600 })
+  const proxy = await startProxy({ idleTimeoutMs: 600, pool: { enabled: false } }) // (a pooled backend would outlive its session)
   try {
     const busy = edgeClient(proxy.port)
     const idle = edgeClient(proxy.port, 'scram_user', { application_name: 'edgepg-idle' })

@@ -54,7 +54,8 @@ async function startGcProxy(upstream: string): Promise<GcProxy> {
   const gcWaiters: Array<(m: MemoryUsage) => void> = []
   const proxy = await startChildProxy(upstream, {
     nodeArgs: ['--expose-gc', '--import', GC_PRELOAD],
-    flags: LIFTED_LIMITS,
+    // No warm backends: the baselines wait for the warm-up sessions' backends to exit.
+    flags: [...LIFTED_LIMITS, '--no-pool'],
     onStderrLine(line) {
       if (!line.startsWith('{"memoryAfterGc"')) return false
       gcWaiters.shift()?.(JSON.parse(line).memoryAfterGc)

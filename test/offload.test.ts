@@ -303,7 +303,7 @@ before(async () => {
   process.on('uncaughtException', onUncaught)
   pgCryptoUtils.deriveKey = wrappedDeriveKey
   relay = await startRelay()
-  offload = await startProxy({ upstream: relay.address })
+  offload = await startProxy({ upstream: relay.address, pool: { enabled: false } }) // every login goes to Postgres, to be recorded
   plain = await startProxy({ upstream: relay.address, authOffload: false })
 })
 

@@ -418,10 +418,12 @@ test('Pool idleTimeoutMillis: idle clients are removed and their backends exit',
     return { busy, idle }
   }
   const app = `edgepg-parity-idle-${process.pid}`
+  // Without warm backends, which would keep the backends past their clients by design (test/pool.test.ts).
+  const unpooled = await startProxy({ pool: { enabled: false } })
   const [fromEdge, fromPg] = await Promise.all([
-    run(track(edgePool(proxy.port, { idleTimeoutMillis: 300, application_name: `${app}-edge` })), `${app}-edge`),
+    run(track(edgePool(unpooled.port, { idleTimeoutMillis: 300, application_name: `${app}-edge` })), `${app}-edge`),
     run(track(new pg.Pool({ ...pgConfig(), idleTimeoutMillis: 300, application_name: `${app}-pg` })), `${app}-pg`),
-  ])
+  ]).finally(() => unpooled.close())
   assert.deepEqual(fromPg, { busy: { total: 3, idle: 3 }, idle: { total: 0, idle: 0, removed: 3 } })
   same(fromEdge, fromPg, 'idleTimeoutMillis: edgepg Pool vs pg.Pool')
 })

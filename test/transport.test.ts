@@ -8,7 +8,8 @@ import { WebSocketSocket } from '../src/socket'
 
 let proxy: Awaited<ReturnType<typeof startProxy>>
 const sessions: { outcome: string; bytesIn: number }[] = []
-before(async () => (proxy = await startProxy({ log: (s) => sessions.push(s) })))
+// Without warm backends: these tests watch each backend exit with its client (the pool's are test/pool.test.ts's).
+before(async () => (proxy = await startProxy({ log: (s) => sessions.push(s), pool: { enabled: false } })))
 after(() => proxy.close())
 
 test('a parameterized query is one WebSocket message, with no timer', async () => {

@@ -1,0 +1,115 @@
+/**
+ * Whether a relayed session left its backend idle, for the pool: every Query, Sync and
+ * FunctionCall the client sent has had its ReadyForQuery, and no extended-protocol message waits
+ * for a Sync. Both directions are walked message by message (headers only, nothing copied). The
+ * client's Terminate is taken out: a pooled backend outlives its session.
+ *
+ * One thing DISCARD ALL cannot undo: a custom setting (`SET app.user_id`, `set_config('app.x', …)`)
+ * leaves a placeholder that later reads as '' where a fresh backend has none (NULL), and Postgres
+ * lists placeholders nowhere. A backend whose session sent such a statement is not reused.
+ */
+const TYPES_AWAITING_SYNC = new Set([0x50, 0x42, 0x44, 0x45, 0x43, 0x48]) // Parse Bind Describe Execute Close Flush
+const ANSWERED = new Set([0x51, 0x53, 0x46]) // Query Sync FunctionCall
+const TERMINATE = 0x58
+const READY_FOR_QUERY = 0x5a
+const QUERY = 0x51
+const PARSE = 0x50
+/** set_config(), or SET [SESSION | LOCAL] of a dotted (custom) name, anywhere in a statement's text. */
+const CUSTOM_SETTING = /set_config|(^|[;(\s])set\s+((session|local)\s+)?("[^"]*"|[a-z_][\w$]*)\s*\./i
+
+/** Finds message boundaries in a stream of protocol messages, chunk by chunk. */
+class Boundaries {
+  private readonly header = Buffer.alloc(5)
+  /** Header bytes of the next message seen so far. */
+  private have = 0
+  /** Body bytes of the current message still to come. */
+  private left = 0
+
+  /** Calls `each(type, start, body, end)` for each message whose header ends in `chunk` (offsets into it; `end` may lie beyond it). */
+  feed(chunk: Buffer, each: (type: number, start: number, body: number, end: number) => void) {
+    let at = 0
+    while (at < chunk.length) {
+      if (this.left > 0) {
+        const n = Math.min(this.left, chunk.length - at)
+        this.left -= n
+        at += n
+        continue
+      }
+      const n = Math.min(5 - this.have, chunk.length - at)
+      chunk.copy(this.header, this.have, at, at + n)
+      this.have += n
+      at += n
+      if (this.have < 5) return
+      this.have = 0
+      this.left = this.header.readInt32BE(1) - 4
+      each(this.header[0], at - 5, at, at + this.left)
+    }
+  }
+
+  get midMessage() {
+    return this.have > 0 || this.left > 0
+  }
+}
+
+export interface Ending {
+  pending: number
+  status: number
+  reusable: boolean
+}
+
+export class IdleWatch {
+  private readonly client = new Boundaries()
+  private readonly backend = new Boundaries()
+  /** Queries and Syncs not yet answered with ReadyForQuery. */
+  private unanswered = 0
+  private awaitingSync = false
+  /** The next backend byte is a ReadyForQuery's status. */
+  private statusNext = false
+  private status?: number
+  terminated = false
+  private split = false
+  private customSetting = false
+
+  /** The client's bytes to pass on: all of them, but a Terminate. */
+  fromClient(chunk: Buffer): Buffer {
+    let cut = -1
+    this.client.feed(chunk, (type, start, body, end) => {
+      // A statement split across chunks cannot be read whole: counted as one that set something.
+      if ((type === QUERY || type === PARSE) && !this.customSetting) this.customSetting = end > chunk.length || CUSTOM_SETTING.test(chunk.toString('latin1', body, end))
+      if (ANSWERED.has(type)) {
+        this.unanswered++
+        this.awaitingSync = false
+      } else if (TYPES_AWAITING_SYNC.has(type)) this.awaitingSync = true
+      else if (type === TERMINATE && cut < 0) {
+        this.terminated = true
+        this.split ||= start < 0 // part of it went on already: the backend cannot be reused
+        cut = Math.max(0, start)
+      }
+    })
+    return cut < 0 ? chunk : chunk.subarray(0, cut)
+  }
+
+  fromBackend(chunk: Buffer) {
+    if (this.statusNext && chunk.length) {
+      this.status = chunk[0]
+      this.statusNext = false
+    }
+    this.backend.feed(chunk, (type, _start, body) => {
+      if (type !== READY_FOR_QUERY) return
+      this.unanswered--
+      if (body < chunk.length) this.status = chunk[body]
+      else this.statusNext = true
+    })
+  }
+
+  /**
+   * How the session leaves its backend: undefined while a message is half sent or extended-protocol
+   * messages wait for their Sync; else the ReadyForQuery still to come (`pending`: answers Postgres
+   * has yet to send, as after a Terminate right behind a query), the last status seen (I, T or E),
+   * and whether a reset can clean up after it.
+   */
+  get ending(): Ending | undefined {
+    if (this.awaitingSync || this.client.midMessage) return undefined
+    return { pending: this.unanswered, status: this.status ?? 0x49, reusable: !this.split && !this.customSetting }
+  }
+}

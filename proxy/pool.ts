@@ -1,0 +1,287 @@
+/**
+ * Warm backends. A Postgres connection whose login the proxy ran is kept when its session ends
+ * idle: reset (ROLLBACK if a transaction was left open, then DISCARD ALL: SET, temp tables,
+ * prepared statements, cursors, LISTEN, advisory locks, role), and handed to the next session
+ * whose login matches exactly: same upstream, TLS, StartupMessage (user, database and every
+ * parameter) and password. That session's login is answered from the backend's own state
+ * (AuthenticationOk, its ParameterStatus values, its BackendKeyData, ReadyForQuery): no fork, no
+ * authentication at Postgres.
+ *
+ * Passwords are compared as HMACs under a per-process key; a login whose password differs misses
+ * and goes to Postgres, which judges it. Each session on a pooled backend is given a cancel secret
+ * of its own (the backend's real process ID), so a late CancelRequest from an earlier session
+ * cannot cancel a later one's query. Before a backend is handed out it is pinged (a Sync), so one
+ * that died while idle is never given to anyone.
+ */
+import { createHmac, randomBytes } from 'node:crypto'
+import { ByteQueue } from './bytes'
+import { cancelRequest, type BackendKey } from './startup'
+import type { Upstream } from './upstream'
+import type { Ending } from './idle-watch'
+
+export interface PoolOptions {
+  /** Keep backends for later sessions (default true); false: each session forks its own. */
+  enabled?: boolean
+  /** Idle backends kept per key (upstream, TLS, startup parameters, password). Default 10. */
+  maxIdlePerKey?: number
+  /** Backends the pool owns in all, idle or lent; sessions beyond it get backends of their own. Default 100. */
+  maxBackends?: number
+  /** Close a backend idle this long (ms). Default 60 s. */
+  idleTimeoutMs?: number
+  /** Close a backend this old (ms) rather than pool it again: a changed password stops being honoured within it. Default 30 min. */
+  maxLifetimeMs?: number
+}
+
+export type PoolEvent = 'hit' | 'miss' | 'reset' | 'discard'
+
+/** Longest wait for Postgres's answer to a reset or a ping. */
+const ANSWER_TIMEOUT_MS = 5000
+const SYNC = Buffer.from([0x53, 0, 0, 0, 4])
+const Z = 0x5a
+/** ReadyForQuery's status outside a transaction. */
+const IDLE = 0x49
+
+/** A simple-protocol Query message. */
+function query(text: string): Buffer {
+  const body = Buffer.from(text + '\0')
+  const head = Buffer.from([0x51, 0, 0, 0, 0])
+  head.writeInt32BE(4 + body.length, 1)
+  return Buffer.concat([head, body])
+}
+const ROLLBACK = query('ROLLBACK')
+const DISCARD_ALL = query('DISCARD ALL')
+
+/** Splits whole protocol messages. */
+function messages(bytes: Buffer): Buffer[] {
+  const out: Buffer[] = []
+  for (let at = 0; at + 5 <= bytes.length; ) {
+    const end = at + 1 + bytes.readInt32BE(at + 1)
+    out.push(bytes.subarray(at, end))
+    at = end
+  }
+  return out
+}
+
+/** A Postgres connection that finished a login, and what its login said. */
+export class Backend {
+  readonly born = Date.now()
+  readonly key: BackendKey
+  /** The login's answer, message by message; ParameterStatus kept current. */
+  private answer: Buffer[]
+  /** The cancel secret of the session it is lent to. */
+  lentSecret?: Buffer
+  /** While pooled: what Postgres sends. */
+  queue?: ByteQueue
+  /** Its reset, while under way: whether it succeeded. */
+  resetting?: Promise<boolean>
+  idleTimer?: NodeJS.Timeout
+
+  constructor(readonly upstream: Upstream, readonly poolKey: string, answer: Buffer) {
+    this.answer = messages(answer).map((m) => Buffer.from(m))
+    const k = this.answer.find((m) => m[0] === 0x4b)!
+    this.key = { pid: k.readInt32BE(5), secret: k.subarray(9) }
+  }
+
+  /** Postgres's login answer as a session on this backend sees it: with its own cancel secret. */
+  answerWith(secret: Buffer): Buffer {
+    return Buffer.concat(this.answer.map((m) => (m[0] === 0x4b ? Buffer.concat([m.subarray(0, 9), secret]) : m)))
+  }
+
+  /** A ParameterStatus Postgres sent after the login (a reset, a configuration reload). */
+  noteParameter(msg: Buffer) {
+    const name = msg.subarray(5, msg.indexOf(0, 5)).toString()
+    const at = this.answer.findIndex((m) => m[0] === 0x53 && m.subarray(5, m.indexOf(0, 5)).toString() === name)
+    if (at >= 0) this.answer[at] = Buffer.from(msg)
+  }
+}
+
+export class BackendPool {
+  readonly enabled: boolean
+  private readonly idle = new Map<string, Backend[]>()
+  /** Backends owned, idle or lent, by process ID (for cancel requests). */
+  private readonly owned = new Map<number, Backend>()
+  private readonly hmacKey = randomBytes(32)
+  private readonly maxIdlePerKey: number
+  private readonly maxBackends: number
+  private readonly idleTimeoutMs: number
+  private readonly maxLifetimeMs: number
+  private closed = false
+
+  constructor(options: PoolOptions = {}, private readonly onEvent: (event: PoolEvent) => void = () => {}) {
+    this.enabled = options.enabled !== false
+    this.maxIdlePerKey = options.maxIdlePerKey ?? 10
+    this.maxBackends = options.maxBackends ?? 100
+    this.idleTimeoutMs = options.idleTimeoutMs ?? 60_000
+    this.maxLifetimeMs = options.maxLifetimeMs ?? 30 * 60_000
+  }
+
+  /** Backends owned, and how many of them are idle. */
+  get size(): { pooled: number; idle: number } {
+    let idle = 0
+    for (const list of this.idle.values()) idle += list.length
+    return { pooled: this.owned.size, idle }
+  }
+
+  /** The pool key of a login: never the password itself. */
+  key(upstream: string, tls: unknown, startup: Buffer, password: string | undefined): string {
+    const secret = password === undefined ? '' : createHmac('sha256', this.hmacKey).update(password).digest('base64')
+    return JSON.stringify([upstream, tls ?? null, startup.toString('base64'), secret])
+  }
+
+  /**
+   * An idle backend for `key`, or undefined (a miss): one still being reset once that is done (a
+   * session right behind another need not fork), else one that answers a ping.
+   */
+  async take(key: string): Promise<Backend | undefined> {
+    const list = this.idle.get(key)
+    while (list?.length) {
+      const backend = list.pop()!
+      if (!list.length) this.idle.delete(key)
+      clearTimeout(backend.idleTimer)
+      const ok = backend.resetting ? await backend.resetting : !this.expired(backend) && (await this.ping(backend))
+      if (!ok) {
+        this.discard(backend)
+        continue
+      }
+      this.onEvent('hit')
+      return backend
+    }
+    this.onEvent('miss')
+    return undefined
+  }
+
+  /** A backend a session just logged in: the pool owns it from now on, if there is room. */
+  adopt(key: string, upstream: Upstream, answer: Buffer): Backend | undefined {
+    if (!this.enabled || this.closed || this.owned.size >= this.maxBackends) return undefined
+    const backend = new Backend(upstream, key, answer)
+    this.owned.set(backend.key.pid, backend)
+    upstream.on('close', () => this.forget(backend))
+    return backend
+  }
+
+  /** Lends a backend to a session: Postgres's login answer, with a cancel secret for that session alone. */
+  lend(backend: Backend): Buffer {
+    backend.lentSecret = randomBytes(backend.key.secret.length)
+    backend.queue = undefined
+    return backend.answerWith(backend.lentSecret)
+  }
+
+  /**
+   * The session is over. A backend it left idle, or about to be (answers still coming after a
+   * Terminate), is reset once those are in and kept (available at once: a take() waits for the
+   * reset); a busy one is closed, its running query cancelled; one a reset cannot clean (see
+   * IdleWatch) is closed.
+   */
+  giveBack(backend: Backend, ending: Ending | undefined) {
+    backend.lentSecret = undefined
+    if (!ending) return this.discard(backend, true)
+    const list = this.idle.get(backend.poolKey) ?? []
+    if (!ending.reusable || this.closed || this.expired(backend) || backend.upstream.gone || list.length >= this.maxIdlePerKey) return this.discard(backend)
+    list.push(backend)
+    this.idle.set(backend.poolKey, list)
+    const reset = ending.pending === 0 && ending.status === IDLE ? [DISCARD_ALL] : [ROLLBACK, DISCARD_ALL]
+    backend.resetting = this.exchange(backend, reset, ending.pending).then((ok) => {
+      backend.resetting = undefined
+      if (!ok) return this.evict(backend, true), false // (a query of the session's may still be running)
+      this.onEvent('reset')
+      const left = Math.min(this.idleTimeoutMs, backend.born + this.maxLifetimeMs - Date.now())
+      backend.idleTimer = setTimeout(() => this.evict(backend), Math.max(0, left)).unref()
+      return true
+    })
+  }
+
+  /**
+   * The CancelRequest to send for one a client sent: with the backend's real key when it names the
+   * session now holding a pooled backend; otherwise as it is (Postgres ignores a key it never gave).
+   */
+  cancelRequest(packet: Buffer): Buffer {
+    const backend = packet.length > 12 ? this.owned.get(packet.readInt32BE(8)) : undefined
+    return backend?.lentSecret?.equals(packet.subarray(12)) ? cancelRequest(backend.key) : packet
+  }
+
+  close() {
+    this.closed = true
+    for (const list of this.idle.values()) for (const backend of [...list]) this.discard(backend)
+    this.idle.clear()
+  }
+
+  private expired(backend: Backend) {
+    return Date.now() - backend.born >= this.maxLifetimeMs
+  }
+
+  /**
+   * Sends `sent` and reads Postgres's answers up to as many ReadyForQuery, after `pending` answers
+   * to the session's own last queries (whatever they say); true if all went well and it is idle.
+   */
+  private exchange(backend: Backend, sent: Buffer[], pending = 0): Promise<boolean> {
+    const queue = (backend.queue = new ByteQueue())
+    const early = backend.upstream.relay((chunk) => queue.push(chunk))
+    if (early.length) queue.push(early)
+    backend.upstream.resume()
+    backend.upstream.write(Buffer.concat(sent))
+    const timeout = setTimeout(() => queue.fail(new Error('no answer')), ANSWER_TIMEOUT_MS)
+    const read = async () => {
+      let ok = true
+      for (let left = pending + sent.length; left > 0; ) {
+        const msg = await queue.message(1 << 20)
+        if (msg.type === 'E' && left <= sent.length) ok = false
+        else if (msg.type === 'S') backend.noteParameter(msg.raw)
+        else if (msg.raw[0] === Z) {
+          left--
+          if (!left && msg.body[0] !== IDLE) ok = false
+        }
+      }
+      return ok
+    }
+    return read().then(
+      (ok) => {
+        clearTimeout(timeout)
+        if (ok) this.watchIdle(backend, queue)
+        return ok
+      },
+      () => (clearTimeout(timeout), false)
+    )
+  }
+
+  /** A pinged backend still speaks: Sync, answered by ReadyForQuery (idle). */
+  private ping(backend: Backend): Promise<boolean> {
+    return this.exchange(backend, [SYNC])
+  }
+
+  /** While idle, Postgres may report a changed setting; anything else (a FATAL, say) ends the backend. */
+  private watchIdle(backend: Backend, queue: ByteQueue) {
+    const next = (): Promise<void> =>
+      queue.message(1 << 20).then(
+        (msg) => {
+          if (backend.queue !== queue) return
+          if (msg.type === 'S') backend.noteParameter(msg.raw)
+          if (msg.type === 'S' || msg.type === 'N') return next()
+          this.evict(backend)
+        },
+        () => void (backend.queue === queue && this.evict(backend))
+      )
+    next()
+  }
+
+  /** An idle backend leaves the pool and is closed. */
+  private evict(backend: Backend, cancel = false) {
+    const list = this.idle.get(backend.poolKey)
+    const at = list?.indexOf(backend) ?? -1
+    if (at < 0) return
+    list!.splice(at, 1)
+    if (!list!.length) this.idle.delete(backend.poolKey)
+    this.discard(backend, cancel)
+  }
+
+  private discard(backend: Backend, cancel = false) {
+    clearTimeout(backend.idleTimer)
+    backend.queue = undefined
+    this.forget(backend)
+    backend.upstream.close(cancel ? backend.key : undefined)
+    this.onEvent('discard')
+  }
+
+  private forget(backend: Backend) {
+    if (this.owned.get(backend.key.pid) === backend) this.owned.delete(backend.key.pid)
+  }
+}

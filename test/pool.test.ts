@@ -1,0 +1,344 @@
+/**
+ * Warm backends: a session whose login matches an idle pooled backend is served by it, with no
+ * fork and no authentication at Postgres, and finds nothing of the sessions before it. Against a
+ * Postgres of this file's own, through the real proxy.
+ */
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import pg from 'pg'
+import { WebSocket } from 'ws'
+import { createProxy, type ProxyOptions } from '../proxy/index'
+import { Client, Pool, type ClientConfig } from '../src/index'
+import { generateCerts } from './certs'
+import { eventually, within } from './helpers'
+import { startPgBouncer } from './pgbouncer'
+import { pgConfig, startPostgres, tlsOnly, type Postgres, type Role } from './stack'
+
+let own: Postgres
+before(async () => {
+  own = await startPostgres({ name: 'pool-pg' })
+})
+after(async () => {
+  await own?.stop()
+})
+
+type TestProxy = Awaited<ReturnType<typeof startProxy>>
+async function startProxy(pool: ProxyOptions['pool'] = {}, options: Partial<ProxyOptions> = {}) {
+  const proxy = createProxy({ upstream: `${own.host}:${own.port}`, pool, ...options })
+  const { port } = await proxy.listen(0, '127.0.0.1')
+  const metric = async (name: string) => (await proxy.metrics.registry.getSingleMetric(`edgepg_proxy_${name}`)!.get()).values[0]?.value ?? 0
+  const stats = async () => ({
+    hits: await metric('pool_hits_total'),
+    misses: await metric('pool_misses_total'),
+    resets: await metric('pool_resets_total'),
+    discards: await metric('pool_discards_total'),
+    pooled: await metric('pool_backends'),
+    idle: await metric('pool_idle_backends'),
+  })
+  return Object.assign(proxy, { port, stats })
+}
+
+const config = (proxy: TestProxy, role: Role = 'scram_user', extra: ClientConfig = {}): ClientConfig => ({
+  ...pgConfig(role, own),
+  webSocketConstructor: WebSocket as any,
+  wsProxy: () => `ws://127.0.0.1:${proxy.port}/v2`,
+  ...extra,
+})
+
+/** Backends Postgres has for `application_name` (other than the asker's). */
+async function backendsOf(app: string): Promise<number[]> {
+  const admin = own.admin()
+  await admin.connect()
+  try {
+    const { rows } = await admin.query('SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid() ORDER BY pid', [app])
+    return rows.map((r) => r.pid)
+  } finally {
+    await admin.end()
+  }
+}
+
+/** Runs `fn` on a new connected client, then ends it; resolves with what fn returned and the backend's pid. */
+async function session<T>(cfg: ClientConfig, fn: (c: Client) => Promise<T> = async () => undefined as T, direct = true) {
+  const client = new Client(cfg)
+  await within(10000, 'connect', client.connect())
+  try {
+    const pid = (await client.query('SELECT pg_backend_pid() AS pid')).rows[0].pid
+    // (Behind PgBouncer, processID is PgBouncer's, as over TCP.)
+    if (direct) assert.equal((client as any).processID, pid, 'processID is the real backend pid')
+    return { pid, result: await fn(client) }
+  } finally {
+    await client.end()
+  }
+}
+
+/** Everything a session can leave behind, as the next session on the same backend would see it. */
+const STATE = `SELECT current_setting('search_path') AS search_path,
+  current_setting('edgepg_test.leak', true) AS custom,
+  current_setting('statement_timeout') AS statement_timeout,
+  current_setting('application_name') AS application_name,
+  current_user::text AS current_user, session_user::text AS session_user,
+  (SELECT count(*)::int FROM pg_prepared_statements) AS prepared,
+  (SELECT count(*)::int FROM pg_cursors) AS cursors,
+  (SELECT count(*)::int FROM pg_listening_channels()) AS listening,
+  (SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS advisory_locks,
+  (SELECT count(*)::int FROM pg_class WHERE relnamespace = pg_my_temp_schema()) AS temp_relations,
+  (SELECT xact_start = query_start FROM pg_stat_activity WHERE pid = pg_backend_pid()) AS no_open_transaction`
+
+const LEAVE_BEHIND = [
+  'SET search_path TO pg_catalog',
+  "SET statement_timeout = '1234s'",
+  "SET application_name = 'changed'",
+  'CREATE TEMP TABLE leak (x int)',
+  'PREPARE leak_stmt AS SELECT 1',
+  'BEGIN',
+  'DECLARE leak_cursor CURSOR WITH HOLD FOR SELECT 1',
+  'COMMIT',
+  'LISTEN leak_channel',
+  'SELECT pg_advisory_lock(4242)',
+  'SET ROLE md5_user',
+]
+
+test('nothing leaks into the next session: SET, set_config, temp tables, prepared statements, cursors, LISTEN, advisory locks, role, open or failed transactions', async () => {
+  const proxy = await startProxy()
+  try {
+    const app = 'edgepg-pool-leak'
+    const cfg = config(proxy, 'scram_user', { application_name: app })
+    // What a fresh backend looks like, to the same login over TCP.
+    const fresh = new pg.Client({ ...pgConfig('scram_user', own), application_name: app })
+    await fresh.connect()
+    const clean = (await fresh.query(STATE)).rows[0]
+    await fresh.end()
+
+    for (const ending of ['idle', 'in a transaction', 'in a failed transaction'] as const) {
+      const first = await session(cfg, async (c) => {
+        for (const sql of LEAVE_BEHIND) await c.query(sql)
+        assert.notDeepEqual((await c.query(STATE)).rows[0], clean, 'the session did change things')
+        if (ending !== 'idle') await c.query('BEGIN')
+        if (ending === 'in a failed transaction') await c.query('SELECT 1/0').catch(() => {})
+      })
+      const second = await session(cfg, async (c) => (await c.query(STATE)).rows[0])
+      assert.equal(second.pid, first.pid, `${ending}: the same backend served the next session`)
+      assert.deepEqual(second.result, clean, `${ending}: it looks like a fresh backend`)
+    }
+    await eventually(async () => (await proxy.stats()).resets === 6, 'each session’s backend reset after it (six resets)')
+    const stats = await proxy.stats()
+    assert.deepEqual([stats.misses, stats.hits], [1, 5], 'one cold session, five warm ones')
+    const { pid } = await session(cfg)
+    assert.deepEqual(await backendsOf(app), [pid], 'one backend forked in all')
+
+    // A custom setting leaves a placeholder DISCARD ALL cannot remove ('' instead of NULL): that
+    // backend is not reused, however the setting was made.
+    for (const sql of ["SELECT set_config('edgepg_test.leak', 'secret', false)", "SET edgepg_test.leak = 'secret'", "BEGIN; SET LOCAL \"edgepg_test\".leak = 'x'; COMMIT"]) {
+      const setter = await session(cfg, (c) => c.query(sql))
+      const next = await session(cfg, async (c) => (await c.query(STATE)).rows[0])
+      assert.notEqual(next.pid, setter.pid, `${sql}: a fresh backend next`)
+      assert.deepEqual(next.result, clean, `${sql}: nothing of it seen`)
+    }
+  } finally {
+    await proxy.close()
+  }
+})
+
+test('a client that vanishes mid-transaction commits nothing; its backend is not handed out busy', async () => {
+  const proxy = await startProxy()
+  const admin = own.admin()
+  await admin.connect()
+  try {
+    await admin.query('CREATE TABLE IF NOT EXISTS pool_vanish (x int)')
+    const cfg = config(proxy, 'scram_user', { application_name: 'edgepg-pool-vanish' })
+    for (const busy of [false, true]) {
+      const client = new Client(cfg)
+      await client.connect()
+      await client.query('BEGIN')
+      await client.query('INSERT INTO pool_vanish VALUES (1)')
+      if (busy) void client.query('SELECT pg_sleep(30)').catch(() => {})
+      await new Promise((r) => setTimeout(r, 100))
+      ;(client as any).connection.stream.destroy() // gone, no Terminate
+      client.on('error', () => {})
+      // The next session works at once, on a backend with nothing open.
+      const next = await session(cfg, async (c) => (await c.query(STATE)).rows[0])
+      assert.equal(next.result.no_open_transaction, true)
+    }
+    assert.deepEqual((await admin.query('SELECT count(*)::int AS n FROM pool_vanish')).rows, [{ n: 0 }], 'nothing committed')
+    await eventually(async () => (await admin.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)' AND state = 'active'")).rows[0].n === 0, 'the busy backend’s query cancelled')
+  } finally {
+    await admin.query('DROP TABLE IF EXISTS pool_vanish')
+    await admin.end()
+    await proxy.close()
+  }
+})
+
+test('passwords stay checked: a wrong one gets Postgres’s own 28P01 while matching backends sit idle', async () => {
+  const proxy = await startProxy()
+  try {
+    for (const role of ['password_user', 'md5_user', 'scram_user'] as const) {
+      const app = `edgepg-pool-pw-${role}`
+      await session(config(proxy, role, { application_name: app }))
+      const tcp = await new pg.Client({ ...pgConfig(role, own), application_name: app, password: 'wrong' }).connect().then(() => assert.fail('TCP connected'), (e) => e)
+      const before = await proxy.stats()
+      const edge = await new Client(config(proxy, role, { application_name: app, password: 'wrong' })).connect().then(() => assert.fail('connected'), (e) => e)
+      assert.deepEqual({ ...edge, message: edge.message }, { ...tcp, message: tcp.message }, `${role}: as pg over TCP`)
+      assert.equal(edge.code, '28P01')
+      const after = await proxy.stats()
+      assert.equal(after.hits, before.hits, `${role}: the wrong password was not served from the pool`)
+      assert.equal(after.idle, before.idle, `${role}: the pooled backend still waits`)
+    }
+  } finally {
+    await proxy.close()
+  }
+})
+
+test('a password changed in Postgres stops being honoured once the pooled backend reaches its max lifetime', async () => {
+  const admin = own.admin()
+  await admin.connect()
+  await admin.query("CREATE ROLE pool_pw_user LOGIN SUPERUSER PASSWORD 'old-password'")
+  const proxy = await startProxy({ maxLifetimeMs: 1500 })
+  try {
+    const cfg = (password: string) => ({ ...config(proxy, 'scram_user'), user: 'pool_pw_user', password })
+    const first = await session(cfg('old-password'))
+    await admin.query("ALTER ROLE pool_pw_user PASSWORD 'new-password'")
+    const stale = await session(cfg('old-password'))
+    assert.equal(stale.pid, first.pid, 'within the lifetime the pool still honours the old password (documented)')
+    await new Promise((r) => setTimeout(r, 1600))
+    const err: any = await new Client(cfg('old-password')).connect().then(() => assert.fail('connected'), (e) => e)
+    assert.equal(err.code, '28P01', 'past the lifetime: refused by Postgres')
+    const renewed = await session(cfg('new-password'))
+    assert.notEqual(renewed.pid, first.pid)
+  } finally {
+    await proxy.close()
+    await admin.query('DROP ROLE pool_pw_user')
+    await admin.end()
+  }
+})
+
+test('keys: other startup parameters, another user or database get backends of their own', async () => {
+  const proxy = await startProxy()
+  try {
+    const a = await session(config(proxy, 'scram_user', { application_name: 'edgepg-pool-key-a' }))
+    const b = await session(config(proxy, 'scram_user', { application_name: 'edgepg-pool-key-b' }))
+    const c = await session(config(proxy, 'md5_user', { application_name: 'edgepg-pool-key-a' }))
+    assert.equal(new Set([a.pid, b.pid, c.pid]).size, 3)
+    assert.equal((await session(config(proxy, 'scram_user', { application_name: 'edgepg-pool-key-b' }))).pid, b.pid)
+  } finally {
+    await proxy.close()
+  }
+})
+
+test('faults: a pooled backend killed, or Postgres restarted, costs the next session nothing', async () => {
+  const proxy = await startProxy()
+  const admin = own.admin()
+  await admin.connect()
+  try {
+    const cfg = config(proxy, 'scram_user', { application_name: 'edgepg-pool-faults' })
+    const first = await session(cfg)
+    await admin.query('SELECT pg_terminate_backend($1)', [first.pid])
+    const next = await session(cfg, async (c) => (await c.query('SELECT 1 AS one')).rows)
+    assert.notEqual(next.pid, first.pid)
+    assert.deepEqual(next.result, [{ one: 1 }])
+    await admin.end()
+
+    await own.shutdown()
+    await own.start()
+    const afterRestart = await session(cfg, async (c) => (await c.query('SELECT 1 AS one')).rows)
+    assert.deepEqual(afterRestart.result, [{ one: 1 }])
+    assert.ok((await proxy.stats()).discards >= 2, 'the dead backends were discarded')
+  } finally {
+    await admin.end().catch(() => {})
+    await proxy.close()
+  }
+})
+
+test('cancel: a session on a pooled backend cancels its query; a stale key from an earlier session cancels nothing', async () => {
+  const proxy = await startProxy()
+  try {
+    const cfg = config(proxy, 'scram_user', { application_name: 'edgepg-pool-cancel' })
+    const earlier = new Client(cfg)
+    await earlier.connect()
+    const staleKey = { pid: (earlier as any).processID, secretKey: (earlier as any).secretKey }
+    await earlier.end()
+
+    const client = new Client(cfg)
+    await client.connect()
+    assert.equal((client as any).processID, staleKey.pid, 'the same backend')
+    try {
+      const sleeping = client.query('SELECT pg_sleep(1.5) AS slept')
+      await new Promise((r) => setTimeout(r, 200))
+      // The earlier session's key: Postgres must not see it as this one's.
+      // pg's cancel: a connection of the canceller's own, closed by Postgres once it has read the request.
+      const cancel = (target: unknown, query: unknown) => {
+        const canceller = new Client(cfg) as any
+        const done = new Promise((resolve) => canceller.connection.once('end', resolve))
+        canceller.connection.on('error', () => {})
+        canceller.cancel(target, query)
+        return within(5000, 'the cancel connection to close', done)
+      }
+      await cancel({ processID: staleKey.pid, secretKey: staleKey.secretKey, activeQuery: 'q' }, 'q')
+      assert.deepEqual((await within(5000, 'the query', sleeping)).rows, [{ slept: '' }], 'not cancelled by a stale key')
+
+      const running = client.query('SELECT pg_sleep(30)').then(() => assert.fail('not cancelled'), (e) => e)
+      await new Promise((r) => setTimeout(r, 200))
+      await cancel(client, (client as any)._activeQuery ?? (client as any)._sentQueryQueue[0])
+      const err: any = await within(5000, 'the cancelled query', running)
+      assert.equal(err.code, '57014')
+    } finally {
+      await client.end()
+    }
+  } finally {
+    await proxy.close()
+  }
+})
+
+test('bounded: idle backends per key and in all, idle timeout; off means a backend per session', async () => {
+  const proxy = await startProxy({ maxIdlePerKey: 2, idleTimeoutMs: 800 })
+  try {
+    const app = 'edgepg-pool-bounds'
+    const pool = new Pool({ ...config(proxy, 'scram_user', { application_name: app }), max: 4 })
+    const clients = await Promise.all([1, 2, 3, 4].map(() => pool.connect()))
+    clients.forEach((c) => c.release(true)) // ends each
+    await pool.end()
+    await eventually(async () => (await proxy.stats()).idle === 2, 'two kept idle')
+    assert.equal((await backendsOf(app)).length, 2, 'the others closed')
+    await eventually(async () => (await backendsOf(app)).length === 0, 'the idle ones closed after the idle timeout', 3000)
+  } finally {
+    await proxy.close()
+  }
+  const off = await startProxy({ enabled: false })
+  try {
+    const cfg = config(off, 'scram_user', { application_name: 'edgepg-pool-off' })
+    const pids = [(await session(cfg)).pid, (await session(cfg)).pid]
+    assert.notEqual(pids[0], pids[1])
+    assert.deepEqual(await off.stats(), { hits: 0, misses: 0, resets: 0, discards: 0, pooled: 0, idle: 0 })
+  } finally {
+    await off.close()
+  }
+})
+
+test('through PgBouncer (session mode) and over upstream TLS, warm backends work the same', async () => {
+  const bouncer = await startPgBouncer(own, { pool_mode: 'session', max_client_conn: 20 })
+  const certs = await generateCerts()
+  const tlsPg = await startPostgres(tlsOnly(18, certs.server))
+  try {
+    for (const [what, upstream, upstreamTls] of [
+      ['PgBouncer', `127.0.0.1:${bouncer.port}`, undefined],
+      ['upstream TLS (verify-full)', `127.0.0.1:${tlsPg.port}`, { mode: 'verify-full' as const, ca: certs.ca.cert }],
+    ] as const) {
+      const proxy = await startProxy({}, { upstream, upstreamTls })
+      try {
+        const target = what === 'PgBouncer' ? own : tlsPg
+        const cfg = { ...config(proxy, 'scram_user', { application_name: 'edgepg-pool-via' }), host: '127.0.0.1', port: Number(upstream.split(':')[1]), database: target.database }
+        const direct = what !== 'PgBouncer'
+        const first = await session(cfg, (c) => c.query('SET search_path TO pg_catalog'), direct)
+        const second = await session(cfg, async (c) => (await c.query("SELECT current_setting('search_path') AS path, (SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()) AS ssl")).rows[0], direct)
+        assert.equal(second.pid, first.pid, `${what}: the same backend`)
+        assert.deepEqual(second.result, { path: '"$user", public', ssl: what !== 'PgBouncer' }, `${what}: reset, and on TLS where asked`)
+        assert.equal((await proxy.stats()).hits, 1, `${what}: one warm session`)
+      } finally {
+        await proxy.close()
+      }
+    }
+  } finally {
+    await bouncer.stop()
+    await tlsPg.stop()
+    await certs.cleanup()
+  }
+})
