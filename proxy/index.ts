@@ -8,7 +8,7 @@ import { formatHostPort, parseHostPort, type HostPort } from './address'
 import { runSession, type SessionLog } from './session'
 import { Upstream, type ClientTls, type UpstreamTls } from './upstream'
 import { redactLogin, runLogin, takeLogin, type Login, type LoginOutcome } from './login'
-import { BackendPool, type Backend, type PoolOptions } from './pool'
+import { BackendPool, UNUSED, type Backend, type PoolOptions } from './pool'
 import { UpstreamError } from './startup'
 import { createMetrics, type Metrics, type RefusalReason } from './metrics'
 import { healthHandler } from './health'
@@ -79,9 +79,6 @@ export interface Proxy {
 
 /** Sent to clients whose session is cut by a shutdown. */
 const SHUTDOWN_REASON = 'edgepg-proxy is shutting down'
-
-/** ReadyForQuery's status for an idle backend outside a transaction. */
-const IDLE = 0x49
 
 const isLoopback = (address: string) => /^(127\.|::1$|::ffff:127\.)/.test(address)
 
@@ -222,7 +219,7 @@ export function createProxy(options: ProxyOptions): Proxy {
         ws ? ws.close(1008, 'edgepg-proxy: startup not finished in time') : upgrade(new UpstreamError(`login timed out: Postgres at ${formatHostPort(target)} did not answer within ${handshakeMs} ms`))
       )
       /** No session after all: the backend goes back idle (its login just finished), or the connection is closed. */
-      const drop = () => (backend ? pool.giveBack(backend, { pending: 0, status: IDLE, reusable: true }) : up?.close())
+      const drop = () => (backend ? pool.giveBack(backend, UNUSED) : up?.close())
       socket.once('close', () => {
         if (upgrading.delete(socket)) release()
         handshake.stop()

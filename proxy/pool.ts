@@ -10,8 +10,9 @@
  * Passwords are compared as HMACs under a per-process key; a login whose password differs misses
  * and goes to Postgres, which judges it. Each session on a pooled backend is given a cancel secret
  * of its own (the backend's real process ID), so a late CancelRequest from an earlier session
- * cannot cancel a later one's query. Before a backend is handed out it is pinged (a Sync), so one
- * that died while idle is never given to anyone.
+ * cannot cancel a later one's query. Before a backend is handed out it has answered: its reset, if
+ * that is just under way (a session right behind another), else a ping (a Sync), so one that died
+ * while idle is never given to anyone.
  */
 import { createHmac, randomBytes } from 'node:crypto'
 import { ByteQueue } from './bytes'
@@ -40,6 +41,8 @@ const SYNC = Buffer.from([0x53, 0, 0, 0, 4])
 const Z = 0x5a
 /** ReadyForQuery's status outside a transaction. */
 const IDLE = 0x49
+/** How a backend is left whose login just finished, by a session that never started. */
+export const UNUSED: Ending = { pending: 0, status: IDLE, reusable: true }
 
 /** A simple-protocol Query message. */
 function query(text: string): Buffer {

@@ -288,28 +288,31 @@ test('cancel: a session on a pooled backend cancels its query; a stale key from 
   }
 })
 
-test('bounded: idle backends per key and in all, idle timeout; off means a backend per session', async () => {
-  const proxy = await startProxy({ maxIdlePerKey: 2, idleTimeoutMs: 800 })
+test('bounded: idle backends per key and in all, idle timeout; off (or end-to-end auth) means a backend per session', async () => {
+  const proxy = await startProxy({ maxIdlePerKey: 2, maxBackends: 3, idleTimeoutMs: 800 })
   try {
     const app = 'edgepg-pool-bounds'
     const pool = new Pool({ ...config(proxy, 'scram_user', { application_name: app }), max: 4 })
     const clients = await Promise.all([1, 2, 3, 4].map(() => pool.connect()))
+    assert.equal((await proxy.stats()).pooled, 3, 'the pool owns three of the four backends (maxBackends)')
     clients.forEach((c) => c.release(true)) // ends each
     await pool.end()
-    await eventually(async () => (await proxy.stats()).idle === 2, 'two kept idle')
+    await eventually(async () => (await proxy.stats()).idle === 2, 'two kept idle (maxIdlePerKey)')
     assert.equal((await backendsOf(app)).length, 2, 'the others closed')
     await eventually(async () => (await backendsOf(app)).length === 0, 'the idle ones closed after the idle timeout', 3000)
   } finally {
     await proxy.close()
   }
-  const off = await startProxy({ enabled: false })
-  try {
-    const cfg = config(off, 'scram_user', { application_name: 'edgepg-pool-off' })
-    const pids = [(await session(cfg)).pid, (await session(cfg)).pid]
-    assert.notEqual(pids[0], pids[1])
-    assert.deepEqual(await off.stats(), { hits: 0, misses: 0, resets: 0, discards: 0, pooled: 0, idle: 0 })
-  } finally {
-    await off.close()
+  // Without the pool, and for sessions whose login the proxy does not run (end-to-end authentication).
+  for (const [what, unpooled] of [['--no-pool', await startProxy({ enabled: false })], ['end-to-end auth', await startProxy({}, { authOffload: false })]] as const) {
+    try {
+      const cfg = config(unpooled, 'scram_user', { application_name: 'edgepg-pool-unpooled' })
+      const pids = [(await session(cfg)).pid, (await session(cfg)).pid]
+      assert.notEqual(pids[0], pids[1], `${what}: a backend per session`)
+      assert.deepEqual(await unpooled.stats(), { hits: 0, misses: 0, resets: 0, discards: 0, pooled: 0, idle: 0 }, what)
+    } finally {
+      await unpooled.close()
+    }
   }
 })
 
