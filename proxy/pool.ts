@@ -153,9 +153,12 @@ export class BackendPool {
     return undefined
   }
 
-  /** A backend a session just logged in: the pool owns it from now on, if there is room. */
+  /**
+   * A backend a session just logged in: the pool owns it from now on, if there is room (and it
+   * has a cancel key, without which a lent one could not be cancelled).
+   */
   adopt(key: string, upstream: Upstream, answer: Buffer): Backend | undefined {
-    if (!this.enabled || this.closed || this.owned.size >= this.maxBackends) return undefined
+    if (!this.enabled || this.closed || this.owned.size >= this.maxBackends || !messages(answer).some((m) => m[0] === 0x4b)) return undefined
     const backend = new Backend(upstream, key, answer)
     this.owned.set(backend.key.pid, backend)
     upstream.on('close', () => this.forget(backend))
