@@ -225,7 +225,7 @@ export function createProxy(options: ProxyOptions): Proxy {
         handshake.stop()
         if (!ws) drop()
       })
-      if (login?.first.kind === 'cancel') login.first.packet = pool.cancelRequest(login.first.packet)
+      if (login?.first.kind === 'cancel') login.first.packet = pool.cancelRequest(formatHostPort(target), login.first.packet)
       // A login the proxy runs in full, with a password it can compare, may get a warm backend.
       const poolKey = login && offload && pool.enabled && login.first.kind === 'startup' ? pool.key(formatHostPort(target), login.tls, login.first.packet, login.password) : undefined
       if (problem) connect(), upgrade(problem)
@@ -262,7 +262,7 @@ export function createProxy(options: ProxyOptions): Proxy {
           runSession(session, {
             upstream: up!, opened, loginBytes: login?.bytes, peer, offload, passwordsAllowed: passwordsAllowed(req),
             giveBack: backend && ((ending) => pool.giveBack(backend!, ending)),
-            mapCancel: (packet) => pool.cancelRequest(packet),
+            mapCancel: (packet) => pool.cancelRequest(formatHostPort(target), packet),
             log: (entry) => {
               metrics.sessionClosed(entry)
               options.log?.(entry)

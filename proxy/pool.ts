@@ -101,8 +101,8 @@ export class Backend {
 export class BackendPool {
   readonly enabled: boolean
   private readonly idle = new Map<string, Backend[]>()
-  /** Backends owned, idle or lent, by process ID (for cancel requests). */
-  private readonly owned = new Map<number, Backend>()
+  /** Backends owned, idle or lent, by upstream and process ID (for cancel requests). */
+  private readonly owned = new Map<string, Backend>()
   private readonly hmacKey = randomBytes(32)
   private readonly maxIdlePerKey: number
   private readonly maxBackends: number
@@ -160,7 +160,7 @@ export class BackendPool {
   adopt(key: string, upstream: Upstream, answer: Buffer): Backend | undefined {
     if (!this.enabled || this.closed || this.owned.size >= this.maxBackends || !messages(answer).some((m) => m[0] === 0x4b)) return undefined
     const backend = new Backend(upstream, key, answer)
-    this.owned.set(backend.key.pid, backend)
+    this.owned.set(`${upstream.name} ${backend.key.pid}`, backend)
     upstream.on('close', () => this.forget(backend))
     return backend
   }
@@ -200,8 +200,8 @@ export class BackendPool {
    * The CancelRequest to send for one a client sent: with the backend's real key when it names the
    * session now holding a pooled backend; otherwise as it is (Postgres ignores a key it never gave).
    */
-  cancelRequest(packet: Buffer): Buffer {
-    const backend = packet.length > 12 ? this.owned.get(packet.readInt32BE(8)) : undefined
+  cancelRequest(upstream: string, packet: Buffer): Buffer {
+    const backend = packet.length > 12 ? this.owned.get(`${upstream} ${packet.readInt32BE(8)}`) : undefined
     return backend?.lentSecret?.equals(packet.subarray(12)) ? cancelRequest(backend.key) : packet
   }
 
@@ -288,6 +288,7 @@ export class BackendPool {
   }
 
   private forget(backend: Backend) {
-    if (this.owned.get(backend.key.pid) === backend) this.owned.delete(backend.key.pid)
+    const id = `${backend.upstream.name} ${backend.key.pid}`
+    if (this.owned.get(id) === backend) this.owned.delete(id)
   }
 }
