@@ -12,6 +12,8 @@ const TYPES_AWAITING_SYNC = new Set([0x50, 0x42, 0x44, 0x45, 0x43, 0x48]) // Par
 const ANSWERED = new Set([0x51, 0x53, 0x46]) // Query Sync FunctionCall
 const TERMINATE = 0x58
 const READY_FOR_QUERY = 0x5a
+/** CommandComplete, ErrorResponse, EmptyQueryResponse: a statement's last word before ReadyForQuery. */
+const STATEMENT_ENDS = new Set([0x43, 0x45, 0x49])
 const QUERY = 0x51
 const PARSE = 0x50
 /** set_config(), or SET [SESSION | LOCAL] of a dotted (custom) name, anywhere in a statement's text. */
@@ -66,6 +68,8 @@ export class IdleWatch {
   /** The next backend byte is a ReadyForQuery's status. */
   private statusNext = false
   private status?: number
+  /** The type of the backend's last message. */
+  private last = 0
   terminated = false
   private split = false
   private customSetting = false
@@ -95,6 +99,7 @@ export class IdleWatch {
       this.statusNext = false
     }
     this.backend.feed(chunk, (type, _start, body) => {
+      this.last = type
       if (type !== READY_FOR_QUERY) return
       this.unanswered--
       if (body < chunk.length) this.status = chunk[body]
@@ -103,13 +108,15 @@ export class IdleWatch {
   }
 
   /**
-   * How the session leaves its backend: undefined while a message is half sent or extended-protocol
-   * messages wait for their Sync; else the ReadyForQuery still to come (`pending`: answers Postgres
-   * has yet to send, as after a Terminate right behind a query), the last status seen (I, T or E),
-   * and whether a reset can clean up after it.
+   * How the session leaves its backend: undefined while it is busy (a statement running, a message
+   * half sent, extended-protocol messages waiting for their Sync); else the ReadyForQuery still to
+   * come (`pending`: 1 when the last statement has ended but its ReadyForQuery is on its way, as
+   * when pg rejects a query on its ErrorResponse and the client ends at once), the last status
+   * seen (I, T or E), and whether a reset can clean up after it.
    */
   get ending(): Ending | undefined {
     if (this.awaitingSync || this.client.midMessage) return undefined
+    if (this.unanswered > 1 || (this.unanswered === 1 && (this.backend.midMessage || !STATEMENT_ENDS.has(this.last)))) return undefined
     return { pending: this.unanswered, status: this.status ?? 0x49, reusable: !this.split && !this.customSetting }
   }
 }

@@ -173,10 +173,10 @@ export class BackendPool {
   }
 
   /**
-   * The session is over. A backend it left idle, or about to be (answers still coming after a
-   * Terminate), is reset once those are in and kept (available at once: a take() waits for the
-   * reset); a busy one is closed, its running query cancelled; one a reset cannot clean (see
-   * IdleWatch) is closed.
+   * The session is over. A backend it left idle, or about to be (its last ReadyForQuery on the
+   * way), is reset once that is in and kept (available at once: a take() waits for the reset); a
+   * busy one is closed, its running query cancelled; one a reset cannot clean (see IdleWatch) is
+   * closed.
    */
   giveBack(backend: Backend, ending: Ending | undefined) {
     backend.lentSecret = undefined
@@ -216,8 +216,8 @@ export class BackendPool {
   }
 
   /**
-   * Sends `sent` and reads Postgres's answers up to as many ReadyForQuery, after `pending` answers
-   * to the session's own last queries (whatever they say); true if all went well and it is idle.
+   * Sends `sent` and reads Postgres's answers up to as many ReadyForQuery, after `pending` ones
+   * still due to the session (whatever they say); true if all went well and it is idle.
    */
   private exchange(backend: Backend, sent: Buffer[], pending = 0): Promise<boolean> {
     const queue = (backend.queue = new ByteQueue())

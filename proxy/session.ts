@@ -227,9 +227,7 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
     upstream.off('error', onUpstreamError)
     upstream.off('close', onUpstreamClose)
     upstream.onDrain = undefined
-    // Answers still to come count only behind a Terminate: a client gone without one left them running.
-    const ending = watch ? watch.ending : undefined
-    o.giveBack(ending && (ending.pending === 0 || clientTerminated) ? ending : undefined)
+    o.giveBack(watch ? watch.ending : undefined)
   }
   ws.on('close', () => {
     fromClient.fail(new Error('client closed'))

@@ -146,19 +146,27 @@ test('a client that vanishes mid-transaction commits nothing; its backend is not
   try {
     await admin.query('CREATE TABLE IF NOT EXISTS pool_vanish (x int)')
     const cfg = config(proxy, 'scram_user', { application_name: 'edgepg-pool-vanish' })
-    for (const busy of [false, true]) {
+    // Gone without a Terminate, idle or busy; or ending (Terminate) while a query runs.
+    for (const [busy, ends] of [[false, 'vanishes'], [true, 'vanishes'], [true, 'ends']] as const) {
       const client = new Client(cfg)
       await client.connect()
       await client.query('BEGIN')
       await client.query('INSERT INTO pool_vanish VALUES (1)')
+      client.on('error', () => {})
       if (busy) void client.query('SELECT pg_sleep(30)').catch(() => {})
       await new Promise((r) => setTimeout(r, 100))
-      ;(client as any).connection.stream.destroy() // gone, no Terminate
-      client.on('error', () => {})
-      // The next session works at once, on a backend with nothing open.
-      const next = await session(cfg, async (c) => (await c.query(STATE)).rows[0])
-      assert.equal(next.result.no_open_transaction, true)
+      if (ends === 'vanishes') (client as any).connection.stream.destroy()
+      else await client.end()
+      // The next session works at once, not after the busy backend (a 5 s wait would be a bug), with nothing open.
+      const next = await within(3000, 'the next session', session(cfg, async (c) => (await c.query(STATE)).rows[0]))
+      assert.equal(next.result.no_open_transaction, true, `busy ${busy}, ${ends}`)
     }
+    // pg's own suite does this: end() in connect()'s callback, right behind a query, so that the
+    // Terminate follows the query in one flight while it runs.
+    const ender = new Client(cfg)
+    ender.on('error', () => {})
+    await new Promise<void>((resolve) => ender.connect(() => (ender.query('SELECT pg_sleep(30)').catch(() => {}), ender.end(), resolve())))
+    await within(3000, 'the session after one that ended behind a running query', session(cfg))
     assert.deepEqual((await admin.query('SELECT count(*)::int AS n FROM pool_vanish')).rows, [{ n: 0 }], 'nothing committed')
     await eventually(async () => (await admin.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)' AND state = 'active'")).rows[0].n === 0, 'the busy backend’s query cancelled')
   } finally {
