@@ -77,5 +77,17 @@ export class ProtocolError extends Error {
   }
 }
 
+/** The whole protocol messages at the start of `bytes` (up to a partial or malformed one), as views. */
+export function messages(bytes: Buffer): Buffer[] {
+  const out: Buffer[] = []
+  for (let at = 0; at + 5 <= bytes.length; ) {
+    const end = at + 1 + bytes.readInt32BE(at + 1)
+    if (end <= at + 4 || end > bytes.length) break
+    out.push(bytes.subarray(at, end))
+    at = end
+  }
+  return out
+}
+
 /** Bytes that do not frame as protocol messages (left unread in the queue). */
 export class FramingError extends ProtocolError {}

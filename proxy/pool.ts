@@ -15,7 +15,8 @@
  * while idle is never given to anyone.
  */
 import { createHmac, randomBytes } from 'node:crypto'
-import { ByteQueue } from './bytes'
+import { serialize } from 'pg-protocol'
+import { ByteQueue, messages } from './bytes'
 import { cancelRequest, type BackendKey } from './startup'
 import type { Upstream } from './upstream'
 import type { Ending } from './idle-watch'
@@ -37,33 +38,15 @@ export type PoolEvent = 'hit' | 'miss' | 'reset' | 'discard'
 
 /** Longest wait for Postgres's answer to a reset or a ping. */
 const ANSWER_TIMEOUT_MS = 5000
-const SYNC = Buffer.from([0x53, 0, 0, 0, 4])
+const SYNC = serialize.sync()
 const Z = 0x5a
 /** ReadyForQuery's status outside a transaction. */
 const IDLE = 0x49
 /** How a backend is left whose login just finished, by a session that never started. */
 export const UNUSED: Ending = { pending: 0, status: IDLE, reusable: true }
 
-/** A simple-protocol Query message. */
-function query(text: string): Buffer {
-  const body = Buffer.from(text + '\0')
-  const head = Buffer.from([0x51, 0, 0, 0, 0])
-  head.writeInt32BE(4 + body.length, 1)
-  return Buffer.concat([head, body])
-}
-const ROLLBACK = query('ROLLBACK')
-const DISCARD_ALL = query('DISCARD ALL')
-
-/** Splits whole protocol messages. */
-function messages(bytes: Buffer): Buffer[] {
-  const out: Buffer[] = []
-  for (let at = 0; at + 5 <= bytes.length; ) {
-    const end = at + 1 + bytes.readInt32BE(at + 1)
-    out.push(bytes.subarray(at, end))
-    at = end
-  }
-  return out
-}
+const ROLLBACK = serialize.query('ROLLBACK')
+const DISCARD_ALL = serialize.query('DISCARD ALL')
 
 /** A Postgres connection that finished a login, and what its login said. */
 export class Backend {
@@ -79,8 +62,8 @@ export class Backend {
   resetting?: Promise<boolean>
   idleTimer?: NodeJS.Timeout
 
-  constructor(readonly upstream: Upstream, readonly poolKey: string, answer: Buffer) {
-    this.answer = messages(answer).map((m) => Buffer.from(m))
+  constructor(readonly upstream: Upstream, readonly poolKey: string, answer: Buffer[]) {
+    this.answer = answer.map((m) => Buffer.from(m))
     const k = this.answer.find((m) => m[0] === 0x4b)!
     this.key = { pid: k.readInt32BE(5), secret: k.subarray(9) }
   }
@@ -158,8 +141,9 @@ export class BackendPool {
    * has a cancel key, without which a lent one could not be cancelled).
    */
   adopt(key: string, upstream: Upstream, answer: Buffer): Backend | undefined {
-    if (!this.enabled || this.closed || this.owned.size >= this.maxBackends || !messages(answer).some((m) => m[0] === 0x4b)) return undefined
-    const backend = new Backend(upstream, key, answer)
+    const answered = messages(answer)
+    if (!this.enabled || this.closed || this.owned.size >= this.maxBackends || !answered.some((m) => m[0] === 0x4b)) return undefined
+    const backend = new Backend(upstream, key, answered)
     this.owned.set(`${upstream.name} ${backend.key.pid}`, backend)
     upstream.on('close', () => this.forget(backend))
     return backend

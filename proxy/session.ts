@@ -1,5 +1,5 @@
 import type { WebSocket, RawData } from 'ws'
-import { ByteQueue, ProtocolError } from './bytes'
+import { ByteQueue, messages, ProtocolError } from './bytes'
 import type { LoginOutcome } from './login'
 import { BackendKeyWatch, errorResponse, runStartup, UpstreamError, type BackendKey } from './startup'
 import { TlsError, type Upstream } from './upstream'
@@ -72,8 +72,8 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
   let relaying = false
   let refused = false
   const fromClient = new ByteQueue()
-  /** Watches Postgres's first messages, while they are relayed, for the backend's cancel key. */
-  let keyWatch: BackendKeyWatch | undefined = new BackendKeyWatch()
+  /** Watches Postgres's first messages, while they are relayed, for the backend's cancel key (the pool knows a pooled one's). */
+  let keyWatch: BackendKeyWatch | undefined = o.giveBack ? undefined : new BackendKeyWatch()
   let backendKey: BackendKey | undefined
   /** The client's last message was Terminate: the backend is exiting by itself. */
   let clientTerminated = false
@@ -174,7 +174,7 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
   if (opened instanceof Error) startupFailed(opened)
   else if (opened) {
     // Postgres's answer to the login the upgrade carried: the session's first frame. (A pooled
-    // backend's carries the session's own cancel key; the pool cancels for it.)
+    // backend's carries the session's own cancel key, and is no answer for the idle watch.)
     if (opened.answer.length) (watch ? toClient : fromUpstream)(opened.answer)
     if (opened.kind === 'refused') {
       refuse(`refused by Postgres: ${opened.code} ${opened.message}`)
@@ -241,11 +241,4 @@ export function runSession(ws: WebSocket, o: SessionOptions) {
 }
 
 /** The first complete ErrorResponse among whole backend messages, if any. */
-function firstErrorResponse(bytes: Buffer): Buffer | undefined {
-  for (let at = 0; at + 5 <= bytes.length; ) {
-    const end = at + 1 + bytes.readInt32BE(at + 1)
-    if (end <= at + 4 || end > bytes.length) return
-    if (bytes[at] === 0x45) return bytes.subarray(at, end)
-    at = end
-  }
-}
+const firstErrorResponse = (bytes: Buffer) => messages(bytes).find((m) => m[0] === 0x45)

@@ -2,6 +2,7 @@
 import './install-buffer'
 import pg from 'pg'
 import { isIP } from 'net'
+import { serialize } from 'pg-protocol'
 import { configKeys, setting, type EdgeConfig } from './config'
 import { WebSocketSocket } from './socket'
 import { TlsSocket } from './tls'
@@ -72,14 +73,6 @@ function openSocket(own: EdgeConfig, { ssl, sslNegotiation }: StreamConfig): Web
 const isPortalQuery = (config: any) =>
   typeof config === 'object' && config !== null && ((typeof config.submit === 'function' && !(config instanceof PgQuery)) || Boolean(config.rows))
 
-/** PasswordMessage: 'p', int32 length, the password as a C string. */
-function passwordMessage(password: string): Buffer {
-  const text = Buffer.from(password + '\0')
-  const head = Buffer.from([0x70, 0, 0, 0, 0])
-  head.writeInt32BE(4 + text.length, 1)
-  return Buffer.concat([head, text])
-}
-
 /** node-postgres's Client, connected over a WebSocket to edgepg-proxy. */
 export class Client extends pg.Client {
   /** This client's overrides of the global `config`. */
@@ -117,9 +110,11 @@ export class Client extends pg.Client {
     const self = this.internals
     const con = this.connection as any
     const socket: WebSocketSocket | TlsSocket = con.stream
-    if (socket instanceof WebSocketSocket) socket.deferOpen = true
-    // As pg: a host name (not an address) is the name the certificate must carry, whatever ssl.servername says.
-    if (socket instanceof WebSocketSocket && socket.upstreamTls && !isIP(this.host)) socket.upstreamTls.servername = this.host
+    if (socket instanceof WebSocketSocket) {
+      socket.deferOpen = true
+      // As pg: a host name (not an address) is the name the certificate must carry, whatever ssl.servername says.
+      if (socket.upstreamTls && !isIP(this.host)) socket.upstreamTls.servername = this.host
+    }
     ;(pg.Client.prototype as any)._connect.call(this, callback)
     // pg's own listener has just written the StartupMessage (before the WebSocket opens). The
     // password joins the first flight, so it is needed now (pg resolves a password function, or
@@ -142,7 +137,7 @@ export class Client extends pg.Client {
       if (inBand) ((this.connection as any).password(password), (this.passwordSent = true))
       return
     }
-    const message = passwordMessage(password)
+    const message = serialize.password(password)
     if (setting(this.edgeConfig, 'authOffload') !== false) socket.secret = message
     // A server that does not take the login gets the password right behind the StartupMessage, if asked to.
     if (inBand) socket.fallback = (first) => (socket.send(first), socket.send(message), (this.passwordSent = true))

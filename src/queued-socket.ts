@@ -17,7 +17,9 @@ export abstract class QueuedSocket extends EventEmitter {
   /** 'close' is emitted (or about to be). */
   protected closed = false
   /** As net.Socket's: no more I/O on this socket. */
-  destroyed = false
+  get destroyed() {
+    return this.closed
+  }
   /** Writes so far (the Client tells from it whether a query went out). */
   writes = 0
 

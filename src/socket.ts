@@ -205,7 +205,7 @@ export class WebSocketSocket extends QueuedSocket {
 
   private finish() {
     if (this.closed) return
-    this.closed = this.destroyed = true
+    this.closed = true
     this.writable = this.readable = false
     this.pending = []
     for (const cb of this.callbacks.splice(0)) cb()

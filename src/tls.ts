@@ -85,7 +85,7 @@ export class TlsSocket extends QueuedSocket {
       this.writable = this.readable = false
       this.queue?.dequeue() // a read waiting for more now gets what there is
       if (this.closed) return
-      this.closed = this.destroyed = true
+      this.closed = true
       this.pending = []
       for (const cb of this.callbacks.splice(0)) cb()
       this.emit('close', false)
