@@ -16,8 +16,14 @@ const READY_FOR_QUERY = 0x5a
 const STATEMENT_ENDS = new Set([0x43, 0x45, 0x49])
 const QUERY = 0x51
 const PARSE = 0x50
-/** set_config(), or SET [SESSION | LOCAL] of a dotted (custom) name, anywhere in a statement's text. */
-const CUSTOM_SETTING = /set_config|(^|[;(\s])set\s+((session|local)\s+)?("[^"]*"|[a-z_][\w$]*)\s*\./i
+/**
+ * set_config() of anything but a plain literal name without a dot, or SET [SESSION | LOCAL] of a
+ * dotted (custom) name, anywhere in a statement's text.
+ */
+const CUSTOM_SETTING = /set_config(?!\s*\(\s*'[^'.]*'\s*,)|(^|[;(\s])set\s+((session|local)\s+)?("[^"]*"|[a-z_][\w$]*)\s*\./i
+
+/** Whether a statement may make a custom setting (which no reset takes back: see above). */
+export const setsCustomSetting = (text: string) => CUSTOM_SETTING.test(text)
 
 /** Finds message boundaries in a stream of protocol messages, chunk by chunk. */
 class Boundaries {
@@ -79,7 +85,7 @@ export class IdleWatch {
     let cut = -1
     this.client.feed(chunk, (type, start, body, end) => {
       // A statement split across chunks cannot be read whole: counted as one that set something.
-      if ((type === QUERY || type === PARSE) && !this.customSetting) this.customSetting = end > chunk.length || CUSTOM_SETTING.test(chunk.toString('latin1', body, end))
+      if ((type === QUERY || type === PARSE) && !this.customSetting) this.customSetting = end > chunk.length || setsCustomSetting(chunk.toString('latin1', body, end))
       if (ANSWERED.has(type)) {
         this.unanswered++
         this.awaitingSync = false

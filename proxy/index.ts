@@ -7,7 +7,7 @@ import { WebSocketServer, type WebSocket } from 'ws'
 import { formatHostPort, parseHostPort, type HostPort } from './address'
 import { runSession, type SessionLog } from './session'
 import { Upstream, type ClientTls, type UpstreamTls } from './upstream'
-import { redactLogin, runLogin, takeLogin, type Login, type LoginOutcome } from './login'
+import { redactLogin, runLogin, takeLogin, type LoginOutcome } from './login'
 import { BackendPool, UNUSED, type Backend, type PoolOptions } from './pool'
 import { UpstreamError } from './startup'
 import { createMetrics, type Metrics, type RefusalReason } from './metrics'
@@ -135,6 +135,7 @@ export function createProxy(options: ProxyOptions): Proxy {
           },
           allowedOrigins: options.allowedOrigins,
           upstreamTls: options.upstreamTls,
+          backends: pool,
           allowInsecurePasswords: options.allowInsecurePasswords,
           log: options.sqlLog,
           ...options.sql,
@@ -230,15 +231,16 @@ export function createProxy(options: ProxyOptions): Proxy {
       const poolKey = login && offload && pool.enabled && login.first.kind === 'startup' ? pool.key(formatHostPort(target), login.tls, login.first.packet, login.password) : undefined
       if (problem) connect(), upgrade(problem)
       else if (!login) connect(), upgrade()
-      else if (poolKey) pool.take(poolKey).then((warm) => (warm ? ((backend = warm), (up = warm.upstream), upgrade({ kind: 'ready', answer: pool.lend(warm) })) : cold(login)))
-      else cold(login)
-
-      function cold(login: Login) {
-        const fresh = connect()
-        const io = { upstream: fresh.queue, toUpstream: (b: Buffer) => void fresh.write(b), passwordsAllowed: passwordsAllowed(req), offload, secureUpstream: (asked?: ClientTls) => fresh.secure(asked) }
-        runLogin(io, login).then((outcome) => {
-          if (poolKey && outcome.kind === 'ready') backend = pool.adopt(poolKey, fresh, outcome.answer)
-          upgrade(backend ? { kind: 'ready', answer: pool.lend(backend) } : outcome)
+      else {
+        const fresh = () => {
+          const upstream = connect()
+          const io = { upstream: upstream.queue, toUpstream: (b: Buffer) => void upstream.write(b), passwordsAllowed: passwordsAllowed(req), offload, secureUpstream: (asked?: ClientTls) => upstream.secure(asked) }
+          return runLogin(io, login).then((outcome) => ({ upstream, outcome }))
+        }
+        pool.open(poolKey, fresh).then((opened) => {
+          up = opened.upstream
+          backend = opened.backend
+          ws ? drop() : upgrade(opened.outcome) // (a session already open was refused: the login timed out)
         }, upgrade)
       }
 

@@ -20,6 +20,7 @@ import { ByteQueue, messages } from './bytes'
 import { cancelRequest, type BackendKey } from './startup'
 import type { Upstream } from './upstream'
 import type { Ending } from './idle-watch'
+import type { LoginOutcome } from './login'
 
 export interface PoolOptions {
   /** Keep backends for later sessions (default true); false: each session forks its own. */
@@ -134,6 +135,19 @@ export class BackendPool {
     }
     this.onEvent('miss')
     return undefined
+  }
+
+  /**
+   * A logged-in backend for a login: a warm one for `key` (when given), else what `login` makes of a
+   * fresh connection, kept by the pool when the login succeeded and there is room. The outcome is
+   * Postgres's answer (a pooled backend's with its session's own cancel secret).
+   */
+  async open(key: string | undefined, login: () => Promise<{ upstream: Upstream; outcome: LoginOutcome }>): Promise<{ upstream: Upstream; backend?: Backend; outcome: LoginOutcome }> {
+    const warm = key ? await this.take(key) : undefined
+    if (warm) return { upstream: warm.upstream, backend: warm, outcome: { kind: 'ready', answer: this.lend(warm) } }
+    const { upstream, outcome } = await login()
+    const backend = key && outcome.kind === 'ready' ? this.adopt(key, upstream, outcome.answer) : undefined
+    return { upstream, backend, outcome: backend ? { kind: 'ready', answer: this.lend(backend) } : outcome }
   }
 
   /**

@@ -27,45 +27,49 @@
  * where absent): 400 for Postgres errors (a wrong password is 28P01, a statement timeout 57014) and
  * for bad requests, 401 refused token, 403 host or Origin not allowed (or a password over plain
  * http:// from a non-loopback client, unless allowInsecurePasswords), 405 not POST, 413 body too
- * large, 502 Postgres unreachable, 503 shutting down / no connection in time / too many pools or
- * requests,
+ * large, 502 Postgres unreachable, 503 shutting down / no connection in time / too many requests,
  * 507 response too large (a batch that hits it commits nothing).
  *
  * Every query runs with the extended protocol (as Neon's does), so one statement per query: a
- * multi-statement string fails with 42601. Connections come from a pg.Pool per (upstream, user,
- * database, password) — keyed by an HMAC of the password under a per-process random key, never the
- * password itself — bounded in size, closed when idle. Postgres checks the credentials: a pool whose
- * connect failed (e.g. 28P01) holds nothing and is dropped, so a wrong password is never let through
- * on connections another request opened with the right one. A connection goes back to its pool only
- * idle and reset (`DISCARD ALL`: SET, temp tables, LISTEN, advisory locks, … do not leak into the
- * next request); one left inside a transaction, cancelled, or broken is closed instead.
+ * multi-statement string fails with 42601.
+ *
+ * Backends come from the proxy's one pool (proxy/pool.ts), shared with WebSocket sessions: a request
+ * logs in as a default pg Client would (user, database; the same StartupMessage), so a backend one
+ * warmed serves the other. Postgres checks the credentials of every fresh login; a warm backend is
+ * lent only to the password it was authenticated with. After the request the backend goes back idle
+ * and reset (ROLLBACK if a transaction was left open, DISCARD ALL), or is closed: cancelled, broken,
+ * or a custom setting made (see proxy/idle-watch.ts). At most `pool.max` requests per credentials hold
+ * a backend at once; the rest wait up to `pool.connectTimeoutMs`.
  *
  * A client that goes away mid-request gets its running statement cancelled (a CancelRequest on a
- * connection of its own, as libpq does) and the connection is closed, which also rolls back a batch.
+ * connection of its own, as libpq does) and the backend is closed, which also rolls back a batch.
  * A response over `maxResponseBytes` is cut the same way while rows are still arriving. Each
- * statement runs under Postgres's `statement_timeout` (set per connection at startup and restored by
- * DISCARD ALL); a statement that outlives it by a second anyway (a batch that SET it to 0) is
- * cancelled by the proxy, with 57014 "canceling statement due to statement timeout (edgepg-proxy:
- * N ms)". An upstream that refuses the startup parameter (PgBouncer: "unsupported startup parameter")
- * is remembered and connected to without it; there the proxy's timer alone enforces the timeout.
+ * request runs under Postgres's `statement_timeout` (a SET sent in the same write as the statement,
+ * taken back by the reset); a statement that outlives it by a second anyway (a batch that SET it to
+ * 0) is cancelled by the proxy, with 57014 "canceling statement due to statement timeout
+ * (edgepg-proxy: N ms)". With the pool off (for a transaction pooler such as PgBouncer in front,
+ * which would carry a SET over to other clients) nothing is SET: the proxy's timer alone enforces
+ * the timeout, and each request logs in on a connection of its own.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http'
-import net from 'node:net'
-import tls from 'node:tls'
-import { createHmac, randomBytes } from 'node:crypto'
-import pg from 'pg'
+import { DatabaseError, serialize } from 'pg-protocol'
+import { Parser } from 'pg-protocol/dist/parser'
 import { formatHostPort, type HostPort } from './address'
-import { cancelRequest } from './startup'
-import type { UpstreamTls } from './session'
+import { BackendPool, type Backend, type PoolOptions } from './pool'
+import { Upstream, type UpstreamTls } from './upstream'
+import { runLogin, type LoginOutcome } from './login'
+import { BackendKeyWatch, parseStartupPacket, UpstreamError, type BackendKey } from './startup'
+import { setsCustomSetting } from './idle-watch'
+import { Statements, type Field } from './statements'
+import { header, HttpError, ISOLATION_LEVELS, parseConnectionString, parseFlags, parsePayload, readBody, type ConnInfo, type Flags, type QueryData } from './sql-request'
+import { databaseErrorJson, errorJson, OID, textToJson, type ArrayType } from './sql-json'
+
+export { ERROR_FIELDS } from './sql-json'
 
 export interface SqlPoolOptions {
-  /** Connections per (upstream, user, database, password). Default 10. */
+  /** Requests per (upstream, user, database, password) holding a backend at once; the rest wait. Default 10. */
   max?: number
-  /** Close a connection idle this long. Default 30 s. */
-  idleTimeoutMs?: number
-  /** Distinct (upstream, user, database, password) pools at most; idle ones are dropped first. Default 100. */
-  maxKeys?: number
-  /** Longest wait for a connection (new or freed) before HTTP 503. Default 30 s. */
+  /** Longest wait for a backend (a turn, then the login) before HTTP 503. Default 30 s. */
   connectTimeoutMs?: number
 }
 
@@ -83,11 +87,16 @@ export interface SqlOptions {
   maxBodyBytes?: number
   /** Largest response body, in bytes (HTTP 507). Default 10 MiB. */
   maxResponseBytes?: number
-  /** Requests served at once (waiting for a connection included); more get HTTP 503. Default 500. */
+  /** Requests served at once (waiting for a backend included); more get HTTP 503. Default 500. */
   maxRequests?: number
   /** Postgres statement_timeout for every statement, in ms (0: none). Default 60 s. */
   statementTimeoutMs?: number
   pool?: SqlPoolOptions
+  /**
+   * The pool of backends to draw from (the proxy's, shared with its WebSocket sessions); or options
+   * for one of the handler's own, closed with it. Default: one of its own with default options.
+   */
+  backends?: BackendPool | PoolOptions
   /** Browser Origins allowed (`*`: any); requests without Origin are always allowed. Default: none. */
   allowedOrigins?: string[]
   /** TLS from the proxy to Postgres, as for the WebSocket routes. */
@@ -102,7 +111,10 @@ export interface SqlOptions {
    * header is accepted and ignored (neon()'s `authToken` option sends it).
    */
   authToken?: (token: string | undefined, req: IncomingMessage) => boolean | Promise<boolean>
-  /** application_name of the proxy's connections. Default "edgepg-proxy /sql". */
+  /**
+   * application_name of the logins this handler makes. Default: none, as a default pg Client's, so
+   * that WebSocket sessions and /sql share backends.
+   */
   applicationName?: string
   /** Called once per request; never given passwords, queries or parameters. */
   log?: (entry: SqlLog) => void
@@ -122,12 +134,9 @@ export interface SqlLog {
 }
 
 export interface SqlStats {
-  /** Pools (distinct upstream, user, database, password) open. */
-  pools: number
-  /** Connections to Postgres, in all pools. */
+  /** Backends requests hold right now. */
   connections: number
-  idle: number
-  /** Requests waiting for a connection. */
+  /** Requests waiting for their turn at a backend. */
   waiting: number
   /** Requests being served. */
   requests: number
@@ -138,7 +147,7 @@ export interface SqlHandler {
   handle(req: IncomingMessage, res: ServerResponse): void
   /**
    * Refuses new requests (503), lets running ones finish for up to `graceMs`, cancels the rest,
-   * and closes every pooled connection.
+   * and closes the handler's own pool (a shared one is its owner's to close).
    */
   close(graceMs?: number): Promise<void>
   stats(): SqlStats
@@ -158,77 +167,38 @@ export const SQL_REQUEST_HEADERS = [
 ]
 const ECHOED_HEADERS = ['Neon-Batch-Isolation-Level', 'Neon-Batch-Read-Only', 'Neon-Batch-Deferrable']
 
-const ISOLATION_LEVELS: Record<string, string> = {
-  ReadUncommitted: 'READ UNCOMMITTED',
-  ReadCommitted: 'READ COMMITTED',
-  RepeatableRead: 'REPEATABLE READ',
-  Serializable: 'SERIALIZABLE',
-}
-
-/** The DatabaseError fields an error response carries besides `message`, in Neon's order. */
-export const ERROR_FIELDS = [
-  'code', 'detail', 'hint', 'position', 'internalPosition', 'internalQuery', 'severity', 'where',
-  'table', 'column', 'schema', 'dataType', 'constraint', 'file', 'line', 'routine',
-] as const
-
-/** Every value comes back as the text Postgres sent; rows are built here. */
-const RAW_TYPES = { getTypeParser: () => (value: string) => value }
-const SSL_REQUEST = Buffer.from([0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])
+/** How long cancelled statements may take to end at shutdown. */
 const CANCEL_TIMEOUT_MS = 5000
 /** How long past statement_timeout the proxy waits before cancelling a statement itself. */
 const TIMEOUT_GRACE_MS = 1000
-
-const OID = { bool: 16, int2: 21, int4: 23, float4: 700, float8: 701, json: 114, jsonb: 3802 }
+/** Array types learnt, per database, at most (then forgotten and learnt again). */
+const MAX_LEARNT_TYPES = 10_000
 
 const isLoopback = (address: string) => /^(127\.|::1$|::ffff:127\.)/.test(address)
-
-class HttpError extends Error {
-  constructor(readonly status: number, message: string, readonly code: string | null = null) {
-    super(message)
-  }
-}
 
 /** The response grew past its limit (HTTP 507). */
 class TooLarge extends Error {}
 
-interface ArrayType {
-  elem: number
-  delim: string
+/** A request's backend: from the pool (`backend`) or a connection of its own. */
+interface Lease {
+  upstream: Upstream
+  backend?: Backend
+  key?: BackendKey
+  statements: Statements
+  /** A statement may have made a custom setting: the backend is not reused. */
+  customSetting: boolean
+  /** statement_timeout was SET for this request: Postgres enforces it. */
+  timeoutSet: boolean
 }
 
-interface PoolEntry {
-  key: string
-  pool: pg.Pool
-  target: HostPort
-  /** Array types of this database by OID (null: not an array), for non-raw output. */
-  types: Map<number, ArrayType | null>
-  /** Connections requests hold (a connection being reset after its request is not counted). */
-  leased: number
-  /** Postgres enforces statement_timeout (set at startup); false where the upstream refused it. */
-  startupTimeout: boolean
-}
-
-interface QueryData {
-  query: string
-  params: Array<string | null>
-  arrayMode?: boolean
-}
-
-interface Flags {
-  raw: boolean
-  arrayMode: boolean
-  isolation?: string
-  readOnly: boolean
-  deferrable: boolean
-}
-
-/** One request's hold on a connection: what is running, and whether the connection may be reused. */
+/** One request's hold on a backend: what is running, and whether the backend may be reused. */
 interface Control {
-  client?: pg.PoolClient
-  target?: HostPort
+  lease?: Lease
+  /** Waiting for its turn: give up. */
+  onAbort?: () => void
   /** A statement is on the wire. */
   running: boolean
-  /** The connection must be closed, not reused (cancelled, broken, or the client left). */
+  /** The backend must be closed, not reused (cancelled, broken, or the client left). */
   tainted: boolean
   aborted: boolean
   /** The proxy's own statement timer fired. */
@@ -239,89 +209,106 @@ interface Control {
   cancel(): void
 }
 
+/** Requests per credentials key holding a backend, and those waiting for their turn. */
+interface Turns {
+  held: number
+  waiting: Array<() => void>
+}
+
 export function sqlHandler(options: SqlOptions): SqlHandler {
   const upstream = options.upstream
   const maxBody = options.maxBodyBytes ?? 10 << 20
   const maxResponse = options.maxResponseBytes ?? 10 << 20
   const statementTimeout = options.statementTimeoutMs ?? 60_000
   const maxRequests = options.maxRequests ?? 500
-  const poolMax = options.pool?.max ?? 10
-  const idleTimeout = options.pool?.idleTimeoutMs ?? 30_000
-  const maxKeys = options.pool?.maxKeys ?? 100
+  const perKey = options.pool?.max ?? 10
   const connectTimeout = options.pool?.connectTimeoutMs ?? 30_000
   const origins = new Set(options.allowedOrigins ?? [])
-  const applicationName = options.applicationName ?? 'edgepg-proxy /sql'
   const isAllowed = options.isAllowed ?? ((named: HostPort) => formatHostPort(named) === formatHostPort(upstream))
-  const secret = randomBytes(32)
-  const pools = new Map<string, PoolEntry>()
+  const ownPool = !(options.backends instanceof BackendPool)
+  const backends = options.backends instanceof BackendPool ? options.backends : new BackendPool(options.backends)
+  const turns = new Map<string, Turns>()
   const active = new Set<Control>()
-  /** Upstreams that refused statement_timeout as a startup parameter (PgBouncer does). */
-  const noStartupTimeout = new Set<string>()
-  const upstreamKey = (t: HostPort) => `${formatHostPort(t)}@${t.address ?? ''}`
+  /** Array types by database (upstream and name), for non-raw output. */
+  const learnt = new Map<string, Map<number, ArrayType | null>>()
   let closing = false
 
   const originAllowed = (origin: string | undefined) => origin === undefined || origins.has('*') || origins.has(origin)
   const corsHeaders = (origin: string | undefined): Record<string, string> =>
     origin === undefined ? {} : { 'access-control-allow-origin': origin, vary: 'Origin', 'access-control-expose-headers': ECHOED_HEADERS.join(', ') }
 
-  // ── pools ───────────────────────────────────────────────────────────────────────────────────
+  // ── taking a backend ────────────────────────────────────────────────────────────────────────
 
-  function drop(entry: PoolEntry) {
-    if (pools.get(entry.key) === entry) pools.delete(entry.key)
-    entry.pool.end().catch(() => {})
-  }
-  const unused = (entry: PoolEntry) => entry.pool.totalCount === 0 && entry.pool.waitingCount === 0
-
-  function poolFor(target: HostPort, user: string, database: string, password: string | undefined): PoolEntry {
-    const key = JSON.stringify([
-      formatHostPort(target),
-      target.address ?? '',
-      user,
-      database,
-      password === undefined ? null : createHmac('sha256', secret).update(password).digest('base64'),
-    ])
-    const known = pools.get(key)
-    if (known && !(known.pool as any).ending) {
-      pools.delete(key) // (re)insert: the map's order is least recently used first
-      pools.set(key, known)
-      return known
+  /** Waits for one of the `perKey` turns at a backend for `key` (503 after connectTimeout). */
+  function waitTurn(key: string, ctl: Control): Promise<void> {
+    const t = turns.get(key) ?? { held: 0, waiting: [] }
+    turns.set(key, t)
+    if (t.held < perKey) {
+      t.held++
+      return Promise.resolve()
     }
-    if (known) pools.delete(key)
-    if (pools.size >= maxKeys) {
-      // The least recently used pool no request is using makes room.
-      const idle = [...pools.values()].find((e) => e.leased === 0 && e.pool.waitingCount === 0)
-      if (!idle) throw new HttpError(503, `too many distinct connection credentials in use (${maxKeys}); try again later`)
-      drop(idle)
-    }
-    const named = target.address !== undefined && !net.isIP(target.host)
-    const startupTimeout = statementTimeout > 0 && !noStartupTimeout.has(upstreamKey(target))
-    const pool = new pg.Pool({
-      host: target.address ?? target.host,
-      port: target.port,
-      user,
-      database,
-      password,
-      max: poolMax,
-      idleTimeoutMillis: idleTimeout,
-      connectionTimeoutMillis: connectTimeout,
-      allowExitOnIdle: true,
-      keepAlive: true,
-      application_name: applicationName,
-      statement_timeout: startupTimeout ? statementTimeout : undefined,
-      types: RAW_TYPES,
-      ssl: options.upstreamTls && options.upstreamTls.mode !== 'disable' ? pgSsl(options.upstreamTls, named ? target.host : undefined) : false,
-    } as pg.PoolConfig)
-    const entry: PoolEntry = { key, pool, target, types: new Map(), leased: 0, startupTimeout }
-    // An idle connection that breaks (backend terminated, network) is removed by the pool itself.
-    pool.on('error', () => {})
-    pool.on('remove', () => {
-      if (unused(entry)) drop(entry)
+    return new Promise((resolve, reject) => {
+      const turn = () => {
+        clearTimeout(timer)
+        ctl.onAbort = undefined
+        resolve()
+      }
+      const leave = (err: Error) => {
+        t.waiting.splice(t.waiting.indexOf(turn), 1)
+        clearTimeout(timer)
+        reject(err)
+      }
+      const timer = setTimeout(() => leave(new HttpError(503, `no connection to Postgres available in time (waited ${connectTimeout} ms)`)), connectTimeout)
+      ctl.onAbort = () => leave(new HttpError(499, 'client went away'))
+      t.waiting.push(turn)
     })
-    pools.set(key, entry)
-    return entry
   }
 
-  // ── cancelling ──────────────────────────────────────────────────────────────────────────────
+  /** The turn passes to the next request waiting, if any. */
+  function endTurn(key: string) {
+    const t = turns.get(key)!
+    const next = t.waiting.shift()
+    if (next) return next()
+    if (--t.held === 0) turns.delete(key)
+  }
+
+  /** A logged-in backend for the request's credentials: a warm one, else a fresh login (kept by the pool when it has room). */
+  async function lease(target: HostPort, conn: ConnInfo, key: string, startup: Buffer): Promise<Lease> {
+    let fresh: Upstream | undefined
+    let late = false
+    const timer = setTimeout(() => ((late = true), fresh?.close()), connectTimeout)
+    const login = async () => {
+      fresh = new Upstream(target, options.upstreamTls)
+      const io = { upstream: fresh.queue, toUpstream: (b: Buffer) => void fresh!.write(b), passwordsAllowed: true, offload: true, secureUpstream: () => fresh!.secure() }
+      const first = parseStartupPacket(startup)
+      return { upstream: fresh, outcome: await runLogin(io, { bytes: startup.length, first, password: conn.password, rest: Buffer.alloc(0) }) }
+    }
+    try {
+      const { upstream, backend, outcome } = await backends.open(backends.enabled ? key : undefined, login)
+      if (outcome.kind !== 'ready') {
+        upstream.close()
+        throw loginRefusal(outcome, conn.user)
+      }
+      const timeoutSet = backends.enabled && statementTimeout > 0
+      return { upstream, backend, key: backend?.key ?? keyIn(outcome.answer), statements: new Statements(upstream), customSetting: false, timeoutSet }
+    } catch (err) {
+      if (late) throw new HttpError(503, `no connection to Postgres available in time (no login within ${connectTimeout} ms)`)
+      if (err instanceof DatabaseError || err instanceof HttpError) throw err
+      const failure = fresh?.error?.code ?? (err as Error).message
+      throw new HttpError(502, `cannot connect to Postgres at ${formatHostPort(target)}: ${failure}`)
+    } finally {
+      clearTimeout(timer)
+    }
+  }
+
+  /** The backend goes back to the pool, idle and reset, or is closed. */
+  function release(lease: Lease, ctl: Control) {
+    ctl.lease = undefined
+    lease.statements.detach()
+    const clean = !ctl.tainted && !lease.statements.broken
+    if (!lease.backend) return lease.upstream.close(clean ? undefined : lease.key)
+    backends.giveBack(lease.backend, clean ? { pending: 0, status: lease.statements.status.charCodeAt(0), reusable: !lease.customSetting } : undefined)
+  }
 
   function newControl(): Control {
     const ctl: Control = {
@@ -332,14 +319,13 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
       shutdown: false,
       tooLarge: false,
       cancel() {
+        ctl.onAbort?.()
         // Only a statement on the wire needs Postgres's help; between statements the request
         // itself notices (it checks `aborted` before each) and stops.
-        const client = ctl.client as any
-        if (!ctl.running || ctl.tainted || !client || !ctl.target) return
+        const lease = ctl.lease
+        if (!ctl.running || ctl.tainted || !lease) return
         ctl.tainted = true
-        if (typeof client.processID === 'number' && typeof client.secretKey === 'number') {
-          sendCancel(ctl.target, options.upstreamTls, client.processID, client.secretKey)
-        }
+        if (lease.key) lease.upstream.cancel(lease.key)
       },
     }
     return ctl
@@ -348,10 +334,9 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
   // ── running statements ──────────────────────────────────────────────────────────────────────
 
   /** Runs one statement; resolves with its result as JSON text. */
-  async function runStatement(entry: PoolEntry, ctl: Control, data: QueryData, flags: Flags, budget: { used: number }): Promise<string> {
-    const client = ctl.client!
+  async function runStatement(lease: Lease, types: Map<number, ArrayType | null>, ctl: Control, data: QueryData, flags: Flags, budget: { used: number }): Promise<string> {
     const arrayMode = data.arrayMode ?? flags.arrayMode
-    const rawRows: unknown[][] = []
+    const rawRows: Array<Array<string | null>> = []
     const jsonRows: string[] = []
     let keys: string[] | undefined
     const charge = (bytes: number) => {
@@ -361,7 +346,7 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
         ctl.cancel()
       }
     }
-    const onRow = (row: Array<string | null>, result: pg.QueryResult) => {
+    const onRow = (row: Array<string | null>, fields: Field[]) => {
       if (ctl.tooLarge || ctl.aborted) return
       if (!flags.raw) {
         rawRows.push(row)
@@ -372,35 +357,30 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
       let json: string
       if (arrayMode) json = JSON.stringify(row)
       else {
-        keys ??= result.fields.map((f) => JSON.stringify(f.name) + ':')
+        keys ??= fields.map((f) => JSON.stringify(f.name) + ':')
         json = '{' + row.map((v, i) => keys![i] + JSON.stringify(v)).join(',') + '}'
       }
       jsonRows.push(json)
       charge(Buffer.byteLength(json) + 1)
     }
 
+    if (setsCustomSetting(data.query)) lease.customSetting = true
     ctl.running = true
     // Postgres's statement_timeout should fire first; this one is for a statement that lifted it
-    // (SET in a batch), or for an upstream that refused it at startup, where it is the only one.
+    // (SET in a batch), or where nothing was SET, where it is the only one.
     const timer = statementTimeout > 0
       ? setTimeout(() => {
           ctl.timedOut = true
           ctl.cancel()
-        }, statementTimeout + (entry.startupTimeout ? TIMEOUT_GRACE_MS : 0))
+        }, statementTimeout + (lease.timeoutSet ? TIMEOUT_GRACE_MS : 0))
       : undefined
-    let result: pg.QueryResult
+    let result
     try {
-      result = await new Promise<pg.QueryResult>((resolve, reject) => {
-        const query = new pg.Query({ text: data.query, values: data.params, rowMode: 'array', types: RAW_TYPES, queryMode: 'extended' } as any)
-        query.on('row', onRow as any)
-        query.on('end', resolve as any)
-        query.on('error', reject)
-        client.query(query as any)
-      })
+      result = await lease.statements.execute(data.query, data.params, onRow)
     } catch (err) {
-      if (!(err instanceof pg.DatabaseError)) ctl.tainted = true // the connection broke
+      if (!(err instanceof DatabaseError)) ctl.tainted = true // the connection broke
       if (ctl.tooLarge) throw new TooLarge()
-      if (ctl.timedOut && err instanceof pg.DatabaseError && err.code === '57014') {
+      if (ctl.timedOut && err instanceof DatabaseError && err.code === '57014') {
         err.message = `canceling statement due to statement timeout (edgepg-proxy: ${statementTimeout} ms)`
       }
       throw err
@@ -410,22 +390,14 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
     }
     if (ctl.tooLarge) throw new TooLarge()
 
-    const fields = result.fields.map((f) => ({
-      name: f.name,
-      dataTypeID: f.dataTypeID,
-      tableID: f.tableID,
-      columnID: f.columnID,
-      dataTypeSize: f.dataTypeSize,
-      dataTypeModifier: f.dataTypeModifier,
-      format: 'text',
-    }))
+    const fields = result.fields.map((f) => ({ ...f, format: 'text' }))
     if (!flags.raw && rawRows.length) {
-      await learnTypes(entry, client, fields.map((f) => f.dataTypeID))
+      await learnTypes(lease, types, fields.map((f) => f.dataTypeID))
       const oids = fields.map((f) => f.dataTypeID)
       keys = fields.map((f) => JSON.stringify(f.name) + ':')
-      budget.used -= rawRows.reduce((n, row) => n + row.length + 2 + row.reduce((m: number, v) => m + (v === null ? 0 : (v as string).length), 0), 0)
+      budget.used -= rawRows.reduce((n, row) => n + row.length + 2 + row.reduce((m: number, v) => m + (v === null ? 0 : v.length), 0), 0)
       for (const row of rawRows) {
-        const values = row.map((v, i) => (v === null ? 'null' : textToJson(v as string, oids[i], entry.types)))
+        const values = row.map((v, i) => (v === null ? 'null' : textToJson(v, oids[i], types)))
         const json = arrayMode ? '[' + values.join(',') + ']' : '{' + values.map((v, i) => keys![i] + v).join(',') + '}'
         jsonRows.push(json)
         budget.used += Buffer.byteLength(json) + 1
@@ -438,24 +410,25 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
     return head + jsonRows.join(',') + ']}'
   }
 
-  /** Which of `oids` are array types (and of what), once per pool, for non-raw output. */
-  async function learnTypes(entry: PoolEntry, client: pg.PoolClient, oids: number[]) {
-    const unknown = [...new Set(oids)].filter((oid) => !entry.types.has(oid) && !Object.values(OID).includes(oid))
+  /** Which of `oids` are array types (and of what), once per database, for non-raw output. */
+  async function learnTypes(lease: Lease, types: Map<number, ArrayType | null>, oids: number[]) {
+    const unknown = [...new Set(oids)].filter((oid) => !types.has(oid) && !Object.values(OID).includes(oid))
     if (!unknown.length) return
-    const { rows } = await client.query({
-      text: `SELECT t.oid::int, t.typelem::int, e.typdelim::text FROM pg_type t JOIN pg_type e ON e.oid = t.typelem
-             WHERE t.oid = ANY($1::oid[]) AND t.typcategory = 'A'`,
-      values: [`{${unknown.join(',')}}`],
-      rowMode: 'array',
-      types: RAW_TYPES,
-    } as any)
-    for (const oid of unknown) entry.types.set(oid, null)
-    for (const [oid, elem, delim] of rows as unknown as string[][]) entry.types.set(Number(oid), { elem: Number(elem), delim })
+    const rows: Array<Array<string | null>> = []
+    await lease.statements.execute(
+      `SELECT t.oid::int, t.typelem::int, e.typdelim::text FROM pg_type t JOIN pg_type e ON e.oid = t.typelem
+       WHERE t.oid = ANY($1::oid[]) AND t.typcategory = 'A'`,
+      [`{${unknown.join(',')}}`],
+      (row) => void rows.push(row)
+    )
+    if (types.size + unknown.length > MAX_LEARNT_TYPES) types.clear()
+    for (const oid of unknown) types.set(oid, null)
+    for (const [oid, elem, delim] of rows) types.set(Number(oid), { elem: Number(elem), delim: delim! })
   }
 
   // ── one request ─────────────────────────────────────────────────────────────────────────────
 
-  async function serve(req: IncomingMessage, res: ServerResponse, ctl: Control, log: SqlLog): Promise<{ status: number; body: string; headers?: Record<string, string> }> {
+  async function serve(req: IncomingMessage, ctl: Control, log: SqlLog): Promise<{ status: number; body: string; headers?: Record<string, string> }> {
     if (closing) throw new HttpError(503, 'edgepg-proxy is shutting down')
     const conn = parseConnectionString(header(req, 'neon-connection-string'), upstream)
     if (conn.password !== undefined && !options.allowInsecurePasswords && !('encrypted' in req.socket) && !isLoopback(req.socket.remoteAddress ?? '')) {
@@ -478,32 +451,40 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
     log.statements = payload.single ? 1 : payload.batch!.length
     if (ctl.aborted) throw new HttpError(499, 'client went away')
 
-    let entry = poolFor(target, conn.user, conn.database, conn.password)
-    let client: pg.PoolClient
-    for (;;) {
-      try {
-        client = await entry.pool.connect()
-        break
-      } catch (err) {
-        if (unused(entry)) drop(entry) // nothing in it was ever let in with these credentials
-        if (entry.startupTimeout && err instanceof pg.DatabaseError && /unsupported startup parameter.*statement_timeout/.test(err.message)) {
-          // PgBouncer: do without; the proxy's own timer enforces the timeout from now on.
-          noStartupTimeout.add(upstreamKey(target))
-          if (!unused(entry)) drop(entry)
-          entry = poolFor(target, conn.user, conn.database, conn.password)
-          continue
-        }
-        throw connectError(err, target)
-      }
-    }
-    ctl.client = client
-    ctl.target = entry.target
-    entry.leased++
+    // The StartupMessage a default pg Client sends: WebSocket sessions' logins find these backends.
+    const startup = serialize.startup({ user: conn.user, database: conn.database, ...(options.applicationName && { application_name: options.applicationName }) })
+    const key = backends.key(formatHostPort(target), undefined, startup, conn.password)
+    await waitTurn(key, ctl)
     try {
-      if (ctl.aborted) throw new HttpError(499, 'client went away')
+      const lease = (ctl.lease = await acquire())
+      try {
+        return await run(lease)
+      } finally {
+        release(lease, ctl)
+      }
+    } finally {
+      endTurn(key)
+    }
+
+    async function acquire() {
+      const l = await lease(target, conn, key, startup)
+      if (ctl.aborted) {
+        release(l, ctl)
+        throw new HttpError(499, 'client went away')
+      }
+      return l
+    }
+
+    async function run(lease: Lease) {
+      const { statements } = lease
+      const database = `${formatHostPort(target)} ${conn.database}`
+      const types = learnt.get(database) ?? new Map()
+      learnt.set(database, types)
       const budget = { used: 0 }
+      // Sent with what follows, in one write; the reset takes it back.
+      if (lease.timeoutSet) statements.query(`SET statement_timeout = ${statementTimeout}`).catch(() => {})
       if (payload.single) {
-        const json = await runStatement(entry, ctl, payload.single, flags, budget)
+        const json = await runStatement(lease, types, ctl, payload.single, flags, budget)
         if (Buffer.byteLength(json) > maxResponse) throw new TooLarge()
         return { status: 200, body: json }
       }
@@ -512,45 +493,30 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
       if (flags.isolation) begin.push('ISOLATION LEVEL', ISOLATION_LEVELS[flags.isolation])
       if (flags.readOnly) begin.push('READ ONLY')
       if (flags.deferrable) begin.push('DEFERRABLE')
-      await client.query(begin.join(' '))
+      await statements.query(begin.join(' '))
       try {
         const results: string[] = []
         for (const [i, data] of payload.batch!.entries()) {
           if (ctl.aborted) throw new HttpError(499, 'client went away')
-          results.push(await runStatement(entry, ctl, data, flags, budget))
-          if ((client as any).getTransactionStatus?.() === 'I') {
+          results.push(await runStatement(lease, types, ctl, data, flags, budget))
+          if (statements.status === 'I') {
             throw new HttpError(400, `statement ${i + 1} of the batch ended its transaction; COMMIT, ROLLBACK and the like are not allowed in a batch`, '25000')
           }
         }
         const json = `{"results":[${results.join(',')}]}`
         if (Buffer.byteLength(json) > maxResponse) throw new TooLarge()
         if (ctl.aborted) throw new HttpError(499, 'client went away')
-        await client.query('COMMIT')
+        await statements.query('COMMIT')
         const headers: Record<string, string> = {}
         if (flags.isolation) headers['neon-batch-isolation-level'] = flags.isolation
         if (flags.readOnly) headers['neon-batch-read-only'] = 'true'
         if (flags.deferrable) headers['neon-batch-deferrable'] = 'true'
         return { status: 200, body: json, headers }
       } catch (err) {
-        if (!ctl.tainted && (client as any).getTransactionStatus?.() !== 'I') {
-          await client.query('ROLLBACK').catch(() => (ctl.tainted = true))
-        }
+        if (!ctl.tainted && statements.status !== 'I') await statements.query('ROLLBACK').catch(() => (ctl.tainted = true))
         throw err
       }
-    } finally {
-      entry.leased--
-      release(client, ctl)
     }
-  }
-
-  /** Returns the connection to its pool, idle and reset, or closes it. */
-  function release(client: pg.PoolClient, ctl: Control) {
-    ctl.client = undefined
-    if (ctl.tainted || (client as any).getTransactionStatus?.() !== 'I') return client.release(true)
-    client.query('DISCARD ALL').then(
-      () => client.release(),
-      (err: Error) => client.release(err)
-    )
   }
 
   function handle(req: IncomingMessage, res: ServerResponse) {
@@ -603,7 +569,7 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
       ctl.aborted = true
       ctl.cancel()
     })
-    serve(req, res, ctl, log).then(
+    serve(req, ctl, log).then(
       (r) => finish(r.status, r.body, r.headers),
       (err: unknown) => {
         if (ctl.shutdown) return finish(503, errorJson('edgepg-proxy is shutting down'), {}, 'shutdown')
@@ -617,7 +583,7 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
 
   function describeError(err: unknown): [number, string, string, Record<string, string>?] {
     if (err instanceof TooLarge) return [507, errorJson(`response is too large (max is ${maxResponse} bytes)`), 'response too large']
-    if (err instanceof pg.DatabaseError) return [400, databaseErrorJson(err), `postgres error ${err.code}`]
+    if (err instanceof DatabaseError) return [400, databaseErrorJson(err), `postgres error ${err.code}`]
     if (err instanceof HttpError) {
       return [err.status, errorJson(err.message, err.code), `refused: ${err.message}`, err.status === 413 ? { connection: 'close' } : undefined]
     }
@@ -646,290 +612,30 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
       }
       const cut = Date.now() + CANCEL_TIMEOUT_MS
       while (active.size && Date.now() < cut) await new Promise((r) => setTimeout(r, 20))
-      await Promise.all([...pools.values()].map((entry) => entry.pool.end().catch(() => {})))
-      pools.clear()
+      if (ownPool) backends.close()
     },
     stats() {
       let connections = 0
-      let idle = 0
       let waiting = 0
-      for (const { pool } of pools.values()) {
-        connections += pool.totalCount
-        idle += pool.idleCount
-        waiting += pool.waitingCount
-      }
-      return { pools: pools.size, connections, idle, waiting, requests: active.size }
+      for (const ctl of active) if (ctl.lease) connections++
+      for (const t of turns.values()) waiting += t.waiting.length
+      return { connections, waiting, requests: active.size }
     },
   }
 }
 
-// ── request parsing ───────────────────────────────────────────────────────────────────────────
-
-function header(req: IncomingMessage, name: string): string | undefined {
-  const v = req.headers[name]
-  return Array.isArray(v) ? v.join(', ') : v
+/** A refused login as the error Postgres gave (its ErrorResponse, every field), or why there was none. */
+function loginRefusal(outcome: LoginOutcome, user: string): Error {
+  let error: Error | undefined
+  if (outcome.kind === 'refused') new Parser().parse(outcome.answer, (msg) => void (msg.name === 'error' && (error ??= msg as DatabaseError)))
+  if (error) return error
+  if (outcome.kind === 'relay') return new HttpError(400, `Postgres asks for a password for user "${user}", and the connection string has none`, '28P01')
+  return new UpstreamError(`unexpected answer to a login: ${outcome.kind}`)
 }
 
-interface ConnInfo {
-  named: HostPort
-  user: string
-  database: string
-  password?: string
-}
-
-function parseConnectionString(text: string | undefined, upstream: HostPort): ConnInfo {
-  if (!text) throw new HttpError(400, 'missing Neon-Connection-String header (postgresql://user:password@host/database)')
-  const scheme = /^([a-z][a-z0-9+.-]*):/i.exec(text)?.[1]?.toLowerCase()
-  if (scheme !== 'postgres' && scheme !== 'postgresql') throw new HttpError(400, 'Neon-Connection-String must be a postgresql:// URL')
-  let url: URL
-  try {
-    // Parsed as an http URL, so the host is validated and normalised like one.
-    url = new URL('http:' + text.slice(scheme.length + 1))
-  } catch {
-    throw new HttpError(400, 'Neon-Connection-String is not a valid URL') // (never echoed: it holds a password)
-  }
-  const decode = (s: string, what: string) => {
-    try {
-      return decodeURIComponent(s)
-    } catch {
-      throw new HttpError(400, `Neon-Connection-String: the ${what} is not valid percent-encoding`)
-    }
-  }
-  const user = decode(url.username, 'user name')
-  if (!user) throw new HttpError(400, 'Neon-Connection-String has no user name')
-  if (!url.hostname) throw new HttpError(400, 'Neon-Connection-String has no host')
-  const host = url.hostname.replace(/^\[(.*)\]$/, '$1').toLowerCase()
-  const port = url.port ? Number(url.port) : host === upstream.host ? upstream.port : 5432
-  const database = decode(url.pathname.replace(/^\//, ''), 'database name') || user
-  return { named: { host, port }, user, database, password: url.password ? decode(url.password, 'password') : undefined }
-}
-
-function parseFlags(req: IncomingMessage): Flags {
-  const isTrue = (name: string) => header(req, name)?.trim().toLowerCase() === 'true'
-  const isolation = header(req, 'neon-batch-isolation-level')?.trim()
-  if (isolation !== undefined && !(isolation in ISOLATION_LEVELS)) {
-    throw new HttpError(400, `invalid isolation level "${isolation}": use ReadUncommitted, ReadCommitted, RepeatableRead or Serializable`)
-  }
-  return {
-    raw: isTrue('neon-raw-text-output'),
-    arrayMode: isTrue('neon-array-mode'),
-    isolation,
-    readOnly: isTrue('neon-batch-read-only'),
-    deferrable: isTrue('neon-batch-deferrable'),
-  }
-}
-
-function readBody(req: IncomingMessage, max: number): Promise<Buffer> {
-  const tooLarge = () => new HttpError(413, `request body is too large (max is ${max} bytes)`)
-  if (Number(req.headers['content-length']) > max) return Promise.reject(tooLarge())
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = []
-    let size = 0
-    const onData = (chunk: Buffer) => {
-      size += chunk.length
-      if (size <= max) return void chunks.push(chunk)
-      req.off('data', onData)
-      reject(tooLarge())
-    }
-    req.on('data', onData)
-    req.once('end', () => resolve(Buffer.concat(chunks)))
-    req.once('error', reject)
-    req.once('close', () => reject(new HttpError(499, 'client went away')))
-  })
-}
-
-function parsePayload(body: Buffer): { single?: QueryData; batch?: QueryData[] } {
-  let json: any
-  try {
-    json = JSON.parse(body.toString('utf8'))
-  } catch (err) {
-    throw new HttpError(400, `request body is not valid JSON: ${(err as Error).message}`)
-  }
-  if (json !== null && typeof json === 'object' && !Array.isArray(json)) {
-    if ('query' in json) return { single: parseQuery(json, 'the request') }
-    if (Array.isArray(json.queries)) return { batch: json.queries.map((q: unknown, i: number) => parseQuery(q, `queries[${i}]`)) }
-  }
-  throw new HttpError(400, 'request body must be JSON {"query": "...", "params": [...]} or {"queries": [{"query": "...", "params": [...]}, ...]}')
-}
-
-function parseQuery(q: any, where: string): QueryData {
-  if (q === null || typeof q !== 'object' || typeof q.query !== 'string') throw new HttpError(400, `${where}: "query" must be a string`)
-  if (q.params !== undefined && q.params !== null && !Array.isArray(q.params)) throw new HttpError(400, `${where}: "params" must be an array`)
-  if (q.arrayMode !== undefined && q.arrayMode !== null && typeof q.arrayMode !== 'boolean') throw new HttpError(400, `${where}: "arrayMode" must be true or false`)
-  return { query: q.query, params: (q.params ?? []).map(toParam), arrayMode: q.arrayMode ?? undefined }
-}
-
-/** A JSON parameter as Postgres text: strings as they are, arrays as array literals, objects as JSON. */
-function toParam(v: unknown): string | null {
-  if (v === null || v === undefined) return null
-  if (typeof v === 'string') return v
-  if (typeof v === 'number' || typeof v === 'boolean') return String(v)
-  if (Array.isArray(v)) return arrayLiteral(v)
-  return JSON.stringify(v)
-}
-
-function arrayLiteral(items: unknown[]): string {
-  const quote = (s: string) => '"' + s.replace(/[\\"]/g, '\\$&') + '"'
-  const item = (v: unknown): string => {
-    if (v === null || v === undefined) return 'NULL'
-    if (Array.isArray(v)) return arrayLiteral(v)
-    if (typeof v === 'number' || typeof v === 'boolean') return String(v)
-    return quote(typeof v === 'string' ? v : JSON.stringify(v))
-  }
-  return '{' + items.map(item).join(',') + '}'
-}
-
-// ── responses ─────────────────────────────────────────────────────────────────────────────────
-
-function errorJson(message: string, code: string | null = null): string {
-  const out: Record<string, unknown> = { message, code }
-  for (const f of ERROR_FIELDS) if (f !== 'code') out[f] = null
-  return JSON.stringify(out)
-}
-
-function databaseErrorJson(err: pg.DatabaseError): string {
-  const out: Record<string, unknown> = { message: err.message }
-  for (const f of ERROR_FIELDS) out[f] = (err as any)[f] ?? null
-  return JSON.stringify(out)
-}
-
-function connectError(err: unknown, target: HostPort): Error {
-  if (err instanceof pg.DatabaseError) return err
-  const e = err as NodeJS.ErrnoException
-  const message = e?.message ?? String(err)
-  if (e?.code && /^E[A-Z]+$/.test(e.code)) return new HttpError(502, `cannot connect to Postgres at ${formatHostPort(target)}: ${e.code}`)
-  if (/timeout/i.test(message)) return new HttpError(503, `no connection to Postgres available in time: ${message}`)
-  if (/password/i.test(message)) return new HttpError(400, message, '28P01')
-  return new HttpError(502, `cannot connect to Postgres at ${formatHostPort(target)}: ${message}`)
-}
-
-// ── non-raw output (Neon's conversion of text values to JSON) ────────────────────────────────
-
-const JSON_NUMBER = /^-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?$/
-
-function textToJson(text: string, oid: number, types: Map<number, ArrayType | null>): string {
-  const array = types.get(oid)
-  if (array) return arrayToJson(text, array, types) ?? JSON.stringify(text)
-  switch (oid) {
-    case OID.bool:
-      return text === 't' ? 'true' : 'false'
-    case OID.int2:
-    case OID.int4:
-      return JSON_NUMBER.test(text) ? text : JSON.stringify(text)
-    case OID.float4:
-    case OID.float8: {
-      if (JSON_NUMBER.test(text)) return text
-      const n = Number(text)
-      return Number.isFinite(n) ? JSON.stringify(n) : JSON.stringify(text) // NaN, Infinity stay text
-    }
-    case OID.json:
-    case OID.jsonb:
-      return text
-    default:
-      return JSON.stringify(text)
-  }
-}
-
-/** An array's text form as a JSON array (nested for more dimensions); undefined if it is not one. */
-function arrayToJson(text: string, type: ArrayType, types: Map<number, ArrayType | null>): string | undefined {
-  let s = text
-  if (s.startsWith('[')) {
-    const eq = s.indexOf('=') // dimension decoration: [1:2]={...}
-    if (eq < 0) return undefined
-    s = s.slice(eq + 1)
-  }
-  let at = 0
-  const ws = () => {
-    while (at < s.length && /\s/.test(s[at])) at++
-  }
-  const element = (item: string) => textToJson(item, type.elem, types)
-  const list = (): string | undefined => {
-    if (s[at] !== '{') return undefined
-    at++
-    const out: string[] = []
-    ws()
-    if (s[at] === '}') {
-      at++
-      return '[]'
-    }
-    for (;;) {
-      ws()
-      if (s[at] === '{') {
-        const inner = list()
-        if (inner === undefined) return undefined
-        out.push(inner)
-      } else if (s[at] === '"') {
-        at++
-        let item = ''
-        for (;;) {
-          if (at >= s.length) return undefined
-          const c = s[at++]
-          if (c === '"') break
-          item += c === '\\' ? s[at++] ?? '' : c
-        }
-        out.push(element(item))
-      } else {
-        let end = at
-        while (end < s.length && s[end] !== type.delim && s[end] !== '}') end++
-        if (end >= s.length) return undefined
-        const item = s.slice(at, end).trim()
-        at = end
-        out.push(item === 'NULL' ? 'null' : element(item))
-      }
-      ws()
-      if (s[at] === type.delim) {
-        at++
-        continue
-      }
-      if (s[at] !== '}') return undefined
-      at++
-      return '[' + out.join(',') + ']'
-    }
-  }
-  ws()
-  const json = list()
-  ws()
-  return json !== undefined && at === s.length ? json : undefined
-}
-
-// ── upstream helpers ──────────────────────────────────────────────────────────────────────────
-
-/** pg's `ssl` options for the proxy's upstream TLS setting. */
-function pgSsl(t: UpstreamTls, servername?: string): tls.ConnectionOptions {
-  return {
-    ca: t.ca,
-    rejectUnauthorized: t.mode !== 'require',
-    ...(servername && { servername }),
-    ...(t.mode === 'verify-ca' && { checkServerIdentity: () => undefined }),
-  }
-}
-
-/**
- * Asks Postgres to cancel what backend `pid` runs: a CancelRequest on a connection of its own (TLS
- * first when the proxy's upstream connections use it), as libpq's PQcancel does. Best effort; the
- * connection is closed by the server once it has read the request, and cut after CANCEL_TIMEOUT_MS
- * whatever happens.
- */
-function sendCancel(target: HostPort, upstreamTls: UpstreamTls | undefined, pid: number, key: number) {
-  const secret = Buffer.alloc(4)
-  secret.writeInt32BE(key | 0)
-  const packet = cancelRequest({ pid, secret })
-  const socket = net.connect({ host: target.address ?? target.host, port: target.port, noDelay: true })
-  const timeout = setTimeout(() => socket.destroy(), CANCEL_TIMEOUT_MS).unref()
-  socket.on('close', () => clearTimeout(timeout))
-  socket.on('error', () => socket.destroy())
-  // Written, not ended: like libpq, wait for the server to hang up. (PgBouncer drops a cancel whose
-  // connection is half-closed before it has forwarded it.)
-  if (!upstreamTls || upstreamTls.mode === 'disable') {
-    socket.write(packet)
-    return
-  }
-  socket.write(SSL_REQUEST)
-  socket.once('data', (answer: Buffer) => {
-    if (answer[0] !== 0x53) return socket.destroy() // never in clear where the connections use TLS
-    const secure = tls.connect({ socket, ...pgSsl(upstreamTls, net.isIP(target.host) ? undefined : target.host) })
-    secure.on('error', () => socket.destroy())
-    secure.once('secureConnect', () => secure.write(packet))
-    secure.on('close', () => socket.destroy())
-  })
+/** The cancel key in a login's answer. */
+function keyIn(answer: Buffer): BackendKey | undefined {
+  const watch = new BackendKeyWatch()
+  watch.feed(answer)
+  return watch.key
 }

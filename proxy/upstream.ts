@@ -1,5 +1,5 @@
-import net from 'node:net'
-import tls from 'node:tls'
+import net, { type Socket } from 'node:net'
+import tls, { type TLSSocket } from 'node:tls'
 import { formatHostPort, type HostPort } from './address'
 import { ByteQueue } from './bytes'
 import { cancelRequest, UpstreamError, type BackendKey } from './startup'
@@ -45,7 +45,7 @@ export class Upstream {
   readonly name: string
   readonly queue = new ByteQueue()
   /** Where Postgres's bytes come from and go to: the TCP socket, or TLS over it. */
-  socket: net.Socket
+  socket: Socket
   connected = false
   /** Postgres hung up (or the socket broke). */
   gone = false
@@ -57,7 +57,7 @@ export class Upstream {
   onDrain?: () => void
   private onData: (chunk: Buffer) => void = (chunk) => this.queue.push(chunk)
   private readonly fromTcp = (chunk: Buffer) => this.onData(chunk)
-  private readonly tcp: net.Socket
+  private readonly tcp: Socket
 
   constructor(readonly target: HostPort, private tlsOptions?: UpstreamTls, onConnect?: () => void) {
     this.name = formatHostPort(target)
@@ -113,7 +113,7 @@ export class Upstream {
    * SSLRequest, then TLS on the same socket, or TLS at once for direct negotiation. Fails as pg
    * would for a client's request (TlsError), with the operator's setting named otherwise.
    */
-  async secure(asked?: ClientTls): Promise<tls.TLSSocket | undefined> {
+  async secure(asked?: ClientTls): Promise<TLSSocket | undefined> {
     const operator = this.tlsOptions
     const floor = operator?.mode === 'disable' ? undefined : operator
     const options = asked ? { ...operator, ...asked, mode: floor && STRENGTH[floor.mode] > STRENGTH[asked.mode] ? floor.mode : asked.mode } : floor
@@ -143,7 +143,7 @@ export class Upstream {
     return secure
   }
 
-  private tlsOver(socket: net.Socket): tls.TLSSocket {
+  private tlsOver(socket: Socket): tls.TLSSocket {
     const { mode, ca, direct, servername } = this.tlsOptions!
     const { host } = this.target
     return tls.connect({
@@ -164,12 +164,13 @@ export class Upstream {
    * cut after CANCEL_TIMEOUT_MS; best effort, nothing reported).
    */
   close(cancelWith?: BackendKey) {
-    if (cancelWith && !this.gone && !this.tcp.destroyed) this.sendCancel(cancelWith)
+    if (cancelWith && !this.gone && !this.tcp.destroyed) this.cancel(cancelWith)
     this.socket.destroy()
     this.tcp.destroy()
   }
 
-  private sendCancel(key: BackendKey) {
+  /** Asks Postgres to cancel what the backend with `key` runs (see close()). */
+  cancel(key: BackendKey) {
     const packet = cancelRequest(key)
     const socket = net.connect({ host: this.target.address ?? this.target.host, port: this.target.port, noDelay: true })
     const timeout = setTimeout(() => socket.destroy(), CANCEL_TIMEOUT_MS).unref()

@@ -139,6 +139,47 @@ test('nothing leaks into the next session: SET, set_config, temp tables, prepare
   }
 })
 
+test('one pool for WebSocket sessions and /sql: a backend warmed by either serves the other, reset in between', async () => {
+  const proxy = await startProxy()
+  try {
+    const cfg = config(proxy)
+    const { user, password, host, port, database } = pgConfig('scram_user', own)
+    const conn = `postgresql://${user}:${encodeURIComponent(password!)}@${host}:${port}/${database}`
+    const sql = async (query: string) => {
+      const res = await fetch(`http://127.0.0.1:${proxy.port}/sql`, { method: 'POST', headers: { 'Neon-Connection-String': conn }, body: JSON.stringify({ query }) })
+      const body = await res.json()
+      assert.equal(res.status, 200, JSON.stringify(body))
+      return body.rows[0]
+    }
+    const fresh = new pg.Client(pgConfig('scram_user', own))
+    await fresh.connect()
+    const clean = (await fresh.query(STATE)).rows[0]
+    await fresh.end()
+
+    const warmedByWs = await session(cfg, async (c) => {
+      for (const statement of LEAVE_BEHIND) await c.query(statement)
+    })
+    const viaSql = await sql(`SELECT pg_backend_pid() AS pid, ${STATE.slice('SELECT '.length)}`)
+    assert.equal(viaSql.pid, warmedByWs.pid, '/sql was served by the backend a WebSocket session warmed')
+    // (Seen from inside an extended-protocol statement: its own portal is a cursor, its transaction began at Bind.)
+    const ownStatement = { pid: undefined, statement_timeout: undefined, cursors: undefined, no_open_transaction: undefined }
+    assert.deepEqual({ ...viaSql, ...ownStatement }, { ...clean, ...ownStatement }, '/sql sees nothing of that session')
+    assert.equal(viaSql.statement_timeout, '1min', 'with /sql’s own statement timeout')
+
+    // /sql leaves things behind; the next WebSocket session on that backend sees none of them.
+    for (const statement of ['SET search_path TO pg_catalog', 'CREATE TEMP TABLE leak (x int)', 'SELECT pg_advisory_lock(4242)', 'BEGIN']) await sql(statement)
+    const next = await session(cfg, async (c) => (await c.query(STATE)).rows[0])
+    assert.equal(next.pid, warmedByWs.pid, 'the WebSocket session was served by the backend /sql used')
+    assert.deepEqual(next.result, clean, 'it looks like a fresh backend (statement_timeout too)')
+
+    await eventually(async () => (await proxy.stats()).resets === 7, 'reset after each session and request')
+    const stats = await proxy.stats()
+    assert.deepEqual([stats.misses, stats.hits, stats.pooled], [1, 6, 1], 'one backend forked, for both')
+  } finally {
+    await proxy.close()
+  }
+})
+
 test('a client that vanishes mid-transaction commits nothing; its backend is not handed out busy', async () => {
   const proxy = await startProxy()
   const admin = own.admin()

@@ -17,6 +17,7 @@ import pg from 'pg'
 import { neon, neonConfig, NeonDbError, Pool as NeonPool, type HTTPTransactionOptions } from '@neondatabase/serverless'
 import { sqlHandler, ERROR_FIELDS, SQL_REQUEST_HEADERS, type SqlHandler, type SqlOptions, type SqlLog } from '../proxy/sql'
 import { formatHostPort } from '../proxy/address'
+import { BackendPool } from '../proxy/pool'
 import { PASSWORD, freePort, startPostgres, tlsOnly } from './stack'
 import { generateCerts } from './certs'
 import { pgbouncerBinary, startPgBouncer } from './pgbouncer'
@@ -41,6 +42,8 @@ const mounted: Mounted[] = []
 interface Mounted {
   url: string
   handler: SqlHandler
+  /** The handler's pool of backends. */
+  pool: BackendPool
   logs: SqlLog[]
   app: string
   close(): Promise<void>
@@ -51,7 +54,8 @@ let serial = 0
 async function mount(options: Partial<SqlOptions> = {}, host = '127.0.0.1'): Promise<Mounted> {
   const app = `edgepg-sql-${process.pid}-${++serial}`
   const logs: SqlLog[] = []
-  const handler = sqlHandler({ upstream: UPSTREAM, applicationName: app, log: (e) => logs.push(e), ...options })
+  const pool = options.backends instanceof BackendPool ? options.backends : new BackendPool(options.backends)
+  const handler = sqlHandler({ upstream: UPSTREAM, applicationName: app, log: (e) => logs.push(e), ...options, backends: pool })
   const server = http.createServer((req, res) => {
     if (new URL(req.url ?? '/', 'http://x').pathname === '/sql') return handler.handle(req, res)
     res.writeHead(404).end()
@@ -61,11 +65,13 @@ async function mount(options: Partial<SqlOptions> = {}, host = '127.0.0.1'): Pro
   const m: Mounted = {
     url: `http://${host}:${port}/sql`,
     handler,
+    pool,
     logs,
     app,
     async close() {
       mounted.splice(mounted.indexOf(m), 1)
       await handler.close()
+      pool.close()
       server.closeAllConnections()
       await new Promise<void>((resolve) => server.close(() => resolve()))
     },
@@ -342,7 +348,7 @@ test('a wrong password gets 28P01 from Postgres, and is never served from a vali
     assert.ok(err instanceof NeonDbError, `NeonDbError, got ${err}`)
     assert.equal(err.code, '28P01', `invalid_password, got ${err.code}: ${err.message}`)
     assert.match(err.message, /password authentication failed for user "scram_user"/)
-    assert.equal(m.handler.stats().pools, 1, 'the failed key left no pool behind')
+    assert.equal(m.pool.size.pooled, 1, 'the refused login left nothing in the pool')
     same(await sqlAt(m)`SELECT 1 AS ok`, [{ ok: 1 }], 'right password still works')
   }
   for (const role of ['md5_user', 'password_user', 'trust_user'] as const) {
@@ -350,13 +356,13 @@ test('a wrong password gets 28P01 from Postgres, and is never served from a vali
   }
   const nodb = await rejection(sqlAt(m, conn('scram_user', PASSWORD, `${PG.host}:${PG.port}`, 'no_such_db'))`SELECT 1`, 'no such database')
   assert.equal(nodb.code, '3D000')
-  assert.equal(m.handler.stats().pools, 4, 'one pool per (user, database, password) that worked')
+  assert.equal(m.pool.size.pooled, 4, 'one backend per (user, database, password) that worked')
   assert.ok(!JSON.stringify(m.logs).includes(PASSWORD) && !JSON.stringify(m.logs).includes('not-the-password'), 'logs never hold a password')
   await m.close()
 })
 
 test('pool: at most max connections per key (the rest wait), idle ones closed after the idle timeout', async () => {
-  const m = await mount({ pool: { max: 2, idleTimeoutMs: 300 } })
+  const m = await mount({ pool: { max: 2 }, backends: { idleTimeoutMs: 300 } })
   const sql = sqlAt(m)
   const started = Date.now()
   let peak = 0
@@ -371,8 +377,8 @@ test('pool: at most max connections per key (the rest wait), idle ones closed af
   assert.ok(Date.now() - started >= 750, 'the third waited for a free connection')
   assert.ok(m.handler.stats().connections <= 2, 'never more than max in the pool')
   await eventually(async () => (await backendsOf(m)) === 0, 'idle backends to exit', 3000)
-  await eventually(() => m.handler.stats().pools === 0, 'the empty pool to be dropped', 1000)
-  same(await sql`SELECT 1 AS again`, [{ again: 1 }], 'a new pool is made on demand')
+  same(m.pool.size, { pooled: 0, idle: 0 }, 'the pool is empty')
+  same(await sql`SELECT 1 AS again`, [{ again: 1 }], 'a new backend is made on demand')
   await m.close()
 })
 
@@ -393,16 +399,16 @@ test('pool: a request aborted while waiting for a connection never runs, and cos
   await m.close()
 })
 
-test('limits: maxKeys (idle pools make room, busy ones 503), maxRequests 503, connect timeout 503, unreachable upstream 502', async () => {
-  const m = await mount({ pool: { maxKeys: 1, max: 1, connectTimeoutMs: 250 } })
+test('limits: the pool’s size (beyond it, connections of their own), maxRequests 503, connect timeout 503, unreachable upstream 502', async () => {
+  const m = await mount({ pool: { max: 1, connectTimeoutMs: 250 }, backends: { maxBackends: 1 } })
   same(await sqlAt(m, conn('md5_user'))`SELECT current_user AS u`, [{ u: 'md5_user' }], 'first key')
-  same(await sqlAt(m)`SELECT current_user AS u`, [{ u: 'scram_user' }], 'second key: the idle first pool made room')
-  assert.equal(m.handler.stats().pools, 1)
-  // The only connection sleeps long enough for both checks that need it busy, even on a loaded machine.
+  same(await sqlAt(m)`SELECT current_user AS u`, [{ u: 'scram_user' }], 'second key, beyond the pool')
+  same(m.pool.size, { pooled: 1, idle: 1 }, 'the pool kept only the first')
+  await eventually(async () => (await backendsOf(m)) === 1, 'the second key’s connection closed')
+  // The only turn sleeps long enough for the check that needs it busy, even on a loaded machine.
   const sleeping = start(sqlAt(m)`SELECT pg_sleep(1.5)`)
   await eventually(async () => (await backendsOf(m, '%pg_sleep(1.5)%')) === 1, 'the sleep to run')
-  const crowded = await rejection(sqlAt(m, conn('md5_user'))`SELECT 1`, 'a new key while the only pool is busy')
-  assert.match(crowded.message, /HTTP status 503.*too many distinct connection credentials in use \(1\)/)
+  same(await sqlAt(m, conn('md5_user'))`SELECT current_user AS u`, [{ u: 'md5_user' }], 'other credentials take their own turn')
   const waited = await rejection(sqlAt(m)`SELECT 1`, 'waiting longer than connectTimeoutMs')
   assert.match(waited.message, /HTTP status 503.*no connection to Postgres available in time/)
   const limited = await mount({ maxRequests: 1 })
@@ -424,7 +430,7 @@ test('limits: maxKeys (idle pools make room, busy ones 503), maxRequests 503, co
   const nowhere = await mount({ isAllowed: () => ({ host: '127.0.0.1', port: closed }) })
   const unreachable = await rejection(sqlAt(nowhere)`SELECT 1`, 'upstream down')
   assert.match(unreachable.message, new RegExp(`HTTP status 502.*cannot connect to Postgres at 127\\.0\\.0\\.1:${closed}: ECONNREFUSED`))
-  assert.equal(nowhere.handler.stats().pools, 0, 'no pool kept for a failed connect')
+  same(nowhere.pool.size, { pooled: 0, idle: 0 }, 'nothing kept from a failed connect')
   await nowhere.close()
 })
 
@@ -464,11 +470,11 @@ test('connections go back reset: session state never leaks into the next request
   same(after, { pid, sp: '"$user", public', t: null }, 'same connection, reset')
   assert.equal((await admin.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242`)).rows[0].n, 0, 'advisory lock released')
 
-  // a connection left inside a transaction is closed, not reused
+  // a backend left inside a transaction is rolled back
   await sql`BEGIN`
   const [next] = (await sql`SELECT pg_backend_pid() AS pid, txid_current() AS x`) as any
   const [again] = (await sql`SELECT txid_current() AS x`) as any
-  assert.notEqual(next.pid, pid, 'a new connection after a dangling BEGIN')
+  assert.equal(next.pid, pid, 'the dangling BEGIN was rolled back by the reset, and the backend reused')
   assert.notEqual(again.x, next.x, 'each request in a transaction of its own')
   const lingering = await admin.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'`, [m.app])
   assert.equal(lingering.rows[0].n, 0, 'no connection left idle in a transaction')
@@ -608,12 +614,12 @@ test('a password over plain http:// from a non-loopback client is refused unless
   await Promise.all([strict.close(), flagged.close()])
 })
 
-test('through PgBouncer (transaction mode), which refuses statement_timeout at startup: the proxy enforces it', async (t) => {
+test('through PgBouncer (transaction mode) with the pool off, as the README says: nothing is SET, the proxy enforces the timeout', async (t) => {
   if (!pgbouncerBinary()) return t.skip('pgbouncer is not installed (.ci/run installs it)')
   const bouncer = await startPgBouncer(PG, { default_pool_size: 4 })
   const port = bouncer.port
   try {
-    const m = await mount({ upstream: { host: '127.0.0.1', port }, statementTimeoutMs: 300 })
+    const m = await mount({ upstream: { host: '127.0.0.1', port }, statementTimeoutMs: 300, backends: { enabled: false } })
     const sql = sqlAt(m, conn('scram_user', PASSWORD, `127.0.0.1:${port}`))
     same(await sql`SELECT ${7}::int AS n`, [{ n: 7 }], 'a query through PgBouncer')
     const kv = sql.unsafe(`${schema}.kv`)
@@ -773,7 +779,8 @@ test('shutdown: close() cancels what still runs and ends the pools', async () =>
   const err = await pending
   assert.match(err.message, /HTTP status 503.*edgepg-proxy is shutting down/)
   await eventually(async () => (await backendsOf(m)) === 0, 'backends to exit')
-  same(m.handler.stats(), { pools: 0, connections: 0, idle: 0, waiting: 0, requests: 0 }, 'nothing left')
+  same(m.handler.stats(), { connections: 0, waiting: 0, requests: 0 }, 'nothing left')
+  same(m.pool.size, { pooled: 0, idle: 0 }, 'the pool is empty')
 })
 
 // ── the shared corpus through neon() ────────────────────────────────────────────────────────

@@ -55,8 +55,8 @@ for (const nodejsCompat of [false, true]) {
           const res = await within(15_000, `${mode} request ${i}`, mf.dispatchFetch(`http://worker.test/?mode=${mode}&n=${n}`))
           const body: any = await res.json()
           assert.equal(res.status, 200, `${mode} request ${i} failed in workerd: ${JSON.stringify(body)}`)
-          // application_name shows the connection is the Worker's own (the /sql endpoint uses its pool's).
-          const app = mode === 'http' ? 'edgepg-proxy /sql' : `${APP}-${mode}`
+          // application_name shows the connection is the Worker's own; /sql logs in as a default pg Client (none).
+          const app = mode === 'http' ? '' : `${APP}-${mode}`
           const expected = [{ doubled: 2 * n, mode, who: 'scram_user', app }]
           if (mode === 'pool') expected.push({ doubled: 2 * (n + 1), mode, who: 'scram_user', app })
           same(body.rows, expected, `${mode} request ${i} rows`)
@@ -74,8 +74,8 @@ for (const nodejsCompat of [false, true]) {
   })
 }
 
-test('after the proxy closes, its /sql pool leaves no backend either', async () => {
+test('after the proxy closes, its pool leaves no backend either', async () => {
   await proxy.close()
-  await eventually(async () => (await backends('edgepg-proxy /sql')) === 0, 'no edgepg-proxy /sql backend left')
+  await eventually(async () => (await backends('')) === 0, 'no /sql backend left')
   await eventually(async () => (await backends(`${APP}-client`)) + (await backends(`${APP}-pool`)) === 0, 'no Worker backend left (the pool closed with the proxy)')
 })

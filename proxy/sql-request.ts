@@ -1,0 +1,151 @@
+/**
+ * Reading a POST /sql request: the connection string, the Neon-* headers, the JSON body and its
+ * parameters (JSON values as Postgres text). Anything wrong is an HttpError saying what.
+ */
+import type { IncomingMessage } from 'node:http'
+import type { HostPort } from './address'
+
+/** A refusal, with its HTTP status (and a SQLSTATE where Postgres has one for it). */
+export class HttpError extends Error {
+  constructor(readonly status: number, message: string, readonly code: string | null = null) {
+    super(message)
+  }
+}
+
+/** Neon-Batch-Isolation-Level's values, in SQL. */
+export const ISOLATION_LEVELS: Record<string, string> = {
+  ReadUncommitted: 'READ UNCOMMITTED',
+  ReadCommitted: 'READ COMMITTED',
+  RepeatableRead: 'REPEATABLE READ',
+  Serializable: 'SERIALIZABLE',
+}
+
+/** One statement of a request. */
+export interface QueryData {
+  query: string
+  params: Array<string | null>
+  arrayMode?: boolean
+}
+
+/** The Neon-* headers that shape the results and a batch's transaction. */
+export interface Flags {
+  raw: boolean
+  arrayMode: boolean
+  isolation?: string
+  readOnly: boolean
+  deferrable: boolean
+}
+
+export function header(req: IncomingMessage, name: string): string | undefined {
+  const v = req.headers[name]
+  return Array.isArray(v) ? v.join(', ') : v
+}
+
+export interface ConnInfo {
+  named: HostPort
+  user: string
+  database: string
+  password?: string
+}
+
+export function parseConnectionString(text: string | undefined, upstream: HostPort): ConnInfo {
+  if (!text) throw new HttpError(400, 'missing Neon-Connection-String header (postgresql://user:password@host/database)')
+  const scheme = /^([a-z][a-z0-9+.-]*):/i.exec(text)?.[1]?.toLowerCase()
+  if (scheme !== 'postgres' && scheme !== 'postgresql') throw new HttpError(400, 'Neon-Connection-String must be a postgresql:// URL')
+  let url: URL
+  try {
+    // Parsed as an http URL, so the host is validated and normalised like one.
+    url = new URL('http:' + text.slice(scheme.length + 1))
+  } catch {
+    throw new HttpError(400, 'Neon-Connection-String is not a valid URL') // (never echoed: it holds a password)
+  }
+  const decode = (s: string, what: string) => {
+    try {
+      return decodeURIComponent(s)
+    } catch {
+      throw new HttpError(400, `Neon-Connection-String: the ${what} is not valid percent-encoding`)
+    }
+  }
+  const user = decode(url.username, 'user name')
+  if (!user) throw new HttpError(400, 'Neon-Connection-String has no user name')
+  if (!url.hostname) throw new HttpError(400, 'Neon-Connection-String has no host')
+  const host = url.hostname.replace(/^\[(.*)\]$/, '$1').toLowerCase()
+  const port = url.port ? Number(url.port) : host === upstream.host ? upstream.port : 5432
+  const database = decode(url.pathname.replace(/^\//, ''), 'database name') || user
+  return { named: { host, port }, user, database, password: url.password ? decode(url.password, 'password') : undefined }
+}
+
+export function parseFlags(req: IncomingMessage): Flags {
+  const isTrue = (name: string) => header(req, name)?.trim().toLowerCase() === 'true'
+  const isolation = header(req, 'neon-batch-isolation-level')?.trim()
+  if (isolation !== undefined && !(isolation in ISOLATION_LEVELS)) {
+    throw new HttpError(400, `invalid isolation level "${isolation}": use ReadUncommitted, ReadCommitted, RepeatableRead or Serializable`)
+  }
+  return {
+    raw: isTrue('neon-raw-text-output'),
+    arrayMode: isTrue('neon-array-mode'),
+    isolation,
+    readOnly: isTrue('neon-batch-read-only'),
+    deferrable: isTrue('neon-batch-deferrable'),
+  }
+}
+
+export function readBody(req: IncomingMessage, max: number): Promise<Buffer> {
+  const tooLarge = () => new HttpError(413, `request body is too large (max is ${max} bytes)`)
+  if (Number(req.headers['content-length']) > max) return Promise.reject(tooLarge())
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = []
+    let size = 0
+    const onData = (chunk: Buffer) => {
+      size += chunk.length
+      if (size <= max) return void chunks.push(chunk)
+      req.off('data', onData)
+      reject(tooLarge())
+    }
+    req.on('data', onData)
+    req.once('end', () => resolve(Buffer.concat(chunks)))
+    req.once('error', reject)
+    req.once('close', () => reject(new HttpError(499, 'client went away')))
+  })
+}
+
+export function parsePayload(body: Buffer): { single?: QueryData; batch?: QueryData[] } {
+  let json: any
+  try {
+    json = JSON.parse(body.toString('utf8'))
+  } catch (err) {
+    throw new HttpError(400, `request body is not valid JSON: ${(err as Error).message}`)
+  }
+  if (json !== null && typeof json === 'object' && !Array.isArray(json)) {
+    if ('query' in json) return { single: parseQuery(json, 'the request') }
+    if (Array.isArray(json.queries)) return { batch: json.queries.map((q: unknown, i: number) => parseQuery(q, `queries[${i}]`)) }
+  }
+  throw new HttpError(400, 'request body must be JSON {"query": "...", "params": [...]} or {"queries": [{"query": "...", "params": [...]}, ...]}')
+}
+
+function parseQuery(q: any, where: string): QueryData {
+  if (q === null || typeof q !== 'object' || typeof q.query !== 'string') throw new HttpError(400, `${where}: "query" must be a string`)
+  if (q.params !== undefined && q.params !== null && !Array.isArray(q.params)) throw new HttpError(400, `${where}: "params" must be an array`)
+  if (q.arrayMode !== undefined && q.arrayMode !== null && typeof q.arrayMode !== 'boolean') throw new HttpError(400, `${where}: "arrayMode" must be true or false`)
+  return { query: q.query, params: (q.params ?? []).map(toParam), arrayMode: q.arrayMode ?? undefined }
+}
+
+/** A JSON parameter as Postgres text: strings as they are, arrays as array literals, objects as JSON. */
+function toParam(v: unknown): string | null {
+  if (v === null || v === undefined) return null
+  if (typeof v === 'string') return v
+  if (typeof v === 'number' || typeof v === 'boolean') return String(v)
+  if (Array.isArray(v)) return arrayLiteral(v)
+  return JSON.stringify(v)
+}
+
+function arrayLiteral(items: unknown[]): string {
+  const quote = (s: string) => '"' + s.replace(/[\\"]/g, '\\$&') + '"'
+  const item = (v: unknown): string => {
+    if (v === null || v === undefined) return 'NULL'
+    if (Array.isArray(v)) return arrayLiteral(v)
+    if (typeof v === 'number' || typeof v === 'boolean') return String(v)
+    return quote(typeof v === 'string' ? v : JSON.stringify(v))
+  }
+  return '{' + items.map(item).join(',') + '}'
+}

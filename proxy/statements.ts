@@ -1,0 +1,125 @@
+/**
+ * Statements on one backend, for POST /sql: each is sent at once and answered in order (so a SET
+ * and the statement behind it leave in one write), every value comes back as the text Postgres
+ * sent. A statement runs with the extended protocol, as Neon's server runs it (one statement per
+ * query), and ends with its ReadyForQuery, whose status is kept.
+ */
+import { DatabaseError, serialize } from 'pg-protocol'
+import { Parser } from 'pg-protocol/dist/parser'
+import type { BackendMessage, CommandCompleteMessage, DataRowMessage, ReadyForQueryMessage, RowDescriptionMessage } from 'pg-protocol/dist/messages'
+import type { Upstream } from './upstream'
+
+export interface Field {
+  name: string
+  dataTypeID: number
+  tableID: number
+  columnID: number
+  dataTypeSize: number
+  dataTypeModifier: number
+}
+
+export interface Outcome {
+  /** The command tag's verb (null where there is none), and its row count (null where it has none), as pg reads them. */
+  command: string | null
+  rowCount: number | null
+  fields: Field[]
+}
+
+export type RowHandler = (row: Array<string | null>, fields: Field[]) => void
+
+/** pg's reading of a command tag: `INSERT 0 5`, `SELECT 3`, `CREATE TABLE`. */
+const COMMAND_TAG = /^([A-Za-z]+)(?: (\d+))?(?: (\d+))?/
+/** What pg answers a COPY FROM STDIN it has no stream for. */
+const NO_COPY_SOURCE = serialize.copyFail('No source stream defined')
+const SYNC = serialize.sync()
+const DESCRIBE_PORTAL = serialize.describe({ type: 'P' })
+const EXECUTE = serialize.execute({})
+
+interface Step {
+  outcome: Outcome
+  error?: DatabaseError
+  onRow?: RowHandler
+  resolve(outcome: Outcome): void
+  reject(err: Error): void
+}
+
+export class Statements {
+  /** The last ReadyForQuery's status: 'I' idle, 'T' in a transaction, 'E' in a failed one. */
+  status = 'I'
+  /** The connection broke: every statement fails with this from now on. */
+  broken?: Error
+  private readonly steps: Step[] = []
+  private readonly parser = new Parser()
+  private readonly onClose = () => this.fail(new Error('Connection terminated unexpectedly'))
+
+  constructor(private readonly upstream: Upstream) {
+    const onData = (chunk: Buffer) => this.parser.parse(chunk, this.onMessage)
+    const early = upstream.relay(onData)
+    upstream.on('close', this.onClose)
+    upstream.resume()
+    if (early.length) onData(early)
+    if (upstream.closed) this.onClose()
+  }
+
+  /** A statement with the extended protocol; `onRow` sees each row as it arrives. */
+  execute(text: string, values: Array<string | null>, onRow?: RowHandler): Promise<Outcome> {
+    return this.send(Buffer.concat([serialize.parse({ text }), serialize.bind({ values }), DESCRIBE_PORTAL, EXECUTE, SYNC]), onRow)
+  }
+
+  /** One statement of the proxy's own (BEGIN, SET…) with the simple protocol. */
+  query(text: string): Promise<Outcome> {
+    return this.send(serialize.query(text))
+  }
+
+  /** The stream goes back to its owner: nothing of it is read here any more. */
+  detach() {
+    this.upstream.off('close', this.onClose)
+  }
+
+  private send(bytes: Buffer, onRow?: RowHandler): Promise<Outcome> {
+    if (this.broken) return Promise.reject(this.broken)
+    return new Promise((resolve, reject) => {
+      this.steps.push({ outcome: { command: null, rowCount: null, fields: [] }, onRow, resolve, reject })
+      this.upstream.write(bytes)
+    })
+  }
+
+  private readonly onMessage = (msg: BackendMessage) => {
+    const step = this.steps[0]
+    if (!step) return // a notice or a changed setting between statements
+    switch (msg.name) {
+      case 'rowDescription':
+        step.outcome.fields = (msg as RowDescriptionMessage).fields.map(({ name, dataTypeID, tableID, columnID, dataTypeSize, dataTypeModifier }) => ({
+          name, dataTypeID, tableID, columnID, dataTypeSize, dataTypeModifier,
+        }))
+        break
+      case 'dataRow':
+        step.onRow?.((msg as DataRowMessage).fields, step.outcome.fields)
+        break
+      case 'commandComplete': {
+        const match = COMMAND_TAG.exec((msg as CommandCompleteMessage).text)
+        if (match) {
+          step.outcome.command = match[1]
+          if (match[2]) step.outcome.rowCount = Number(match[3] ?? match[2])
+        }
+        break
+      }
+      case 'error':
+        step.error ??= msg as DatabaseError
+        break
+      case 'copyInResponse':
+        this.upstream.write(NO_COPY_SOURCE)
+        break
+      case 'readyForQuery':
+        this.status = (msg as ReadyForQueryMessage).status
+        this.steps.shift()
+        step.error ? step.reject(step.error) : step.resolve(step.outcome)
+        break
+    }
+  }
+
+  private fail(err: Error) {
+    this.broken ??= err
+    for (const step of this.steps.splice(0)) step.reject(err)
+  }
+}
