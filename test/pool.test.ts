@@ -144,7 +144,7 @@ test('one pool for WebSocket sessions and /sql: a backend warmed by either serve
   try {
     const cfg = config(proxy)
     const { user, password, host, port, database } = pgConfig('scram_user', own)
-    const conn = `postgresql://${user}:${encodeURIComponent(password!)}@${host}:${port}/${database}`
+    const conn = `postgresql://${user}:${encodeURIComponent(String(password))}@${host}:${port}/${database}`
     const sql = async (query: string) => {
       const res = await fetch(`http://127.0.0.1:${proxy.port}/sql`, { method: 'POST', headers: { 'Neon-Connection-String': conn }, body: JSON.stringify({ query }) })
       const body = await res.json()
