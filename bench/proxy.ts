@@ -1,6 +1,6 @@
 /**
  * The relays the benchmarks go through. edgepg-proxy runs by default as a child process
- * (`node --import tsx proxy/cli.ts`), as it does in reality, so its relaying does not share the
+ * (`node dist/cli.mjs`, the built CLI), as it does in reality, so its relaying does not share the
  * measuring process's event loop and CPU; `--proxy=in-process` uses createProxy() directly.
  * A bare TCP relay child (bench/tcp-relay.ts) gives the cost of the extra hop alone.
  */
@@ -48,7 +48,8 @@ export async function startProxy(upstream: string, mode: ProxyMode, options: Pro
   // The CLI refuses port 0, so pick a free port here (a tiny race, harmless on a bench machine).
   const listen = `127.0.0.1:${await freePort()}`
   const flags = [...(options.authOffload === false ? ['--no-auth-offload'] : []), ...(options.pool === false ? ['--no-pool'] : [])]
-  const { port, stop } = await startChild(['proxy/cli.ts', '--upstream', upstream, '--listen', listen, ...flags], 'edgepg-proxy')
+  // As deployed: the built CLI (npm run bench builds first), not the TypeScript under tsx.
+  const { port, stop } = await startChild(['dist/cli.mjs', '--upstream', upstream, '--listen', listen, ...flags], 'edgepg-proxy')
   return { port, url: `ws://127.0.0.1:${port}/v2`, mode, stop }
 }
 
@@ -61,9 +62,14 @@ export function startWsEcho(): Promise<RunningRelay> {
   return startChild(['bench/ws-echo.ts'], 'ws echo')
 }
 
-/** Runs a TypeScript entry point under tsx and waits for its {"listening":"host:port"} line. */
+/** A bare HTTP server (bench/http-floor.ts) answering every request with `body`: the floor for /sql. */
+export function startHttpFloor(body: string): Promise<RunningRelay> {
+  return startChild(['bench/http-floor.ts', body], 'http floor')
+}
+
+/** Runs an entry point (TypeScript under tsx) and waits for its {"listening":"host:port"} line. */
 async function startChild(args: string[], what: string): Promise<RunningRelay> {
-  const child = spawn(process.execPath, ['--import', 'tsx', ...args], { cwd: root, stdio: ['pipe', 'pipe', 'pipe'] })
+  const child = spawn(process.execPath, [...(args[0].endsWith('.ts') ? ['--import', 'tsx'] : []), ...args], { cwd: root, stdio: ['pipe', 'pipe', 'pipe'] })
   live.add(child)
   child.once('exit', () => live.delete(child))
   let stderr = ''

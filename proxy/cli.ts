@@ -3,7 +3,17 @@ import { ConfigError, HELP, parseConfig } from './config'
 import { createProxy } from './index'
 import { formatHostPort } from './address'
 
-const line = (entry: object) => process.stdout.write(JSON.stringify({ time: new Date().toISOString(), ...entry }) + '\n')
+/** Log lines, a JSON object each; those of one event-loop turn leave in one write. */
+let unwritten = ''
+const writeLog = () => {
+  process.stdout.write(unwritten)
+  unwritten = ''
+}
+const line = (entry: object) => {
+  if (!unwritten) setImmediate(writeLog)
+  unwritten += JSON.stringify({ time: new Date().toISOString(), ...entry }) + '\n'
+}
+process.on('exit', () => unwritten && writeLog())
 
 function fail(message: string): never {
   process.stderr.write(`edgepg-proxy: ${message}\nRun edgepg-proxy --help for usage.\n`)

@@ -80,6 +80,13 @@ export interface Proxy {
 /** Sent to clients whose session is cut by a shutdown. */
 const SHUTDOWN_REASON = 'edgepg-proxy is shutting down'
 
+/** A request's path: cut at the query, cheaply (requests are mostly origin-form); URL for the rest. */
+function pathOf(url = '/'): string {
+  if (url[0] !== '/') return new URL(url, 'http://proxy').pathname
+  const query = url.indexOf('?')
+  return query < 0 ? url : url.slice(0, query)
+}
+
 const isLoopback = (address: string) => /^(127\.|::1$|::ffff:127\.)/.test(address)
 
 export function createProxy(options: ProxyOptions): Proxy {
@@ -141,7 +148,7 @@ export function createProxy(options: ProxyOptions): Proxy {
           ...options.sql,
         })
   const onRequest = (req: http.IncomingMessage, res: http.ServerResponse) => {
-    const path = new URL(req.url ?? '/', 'http://proxy').pathname
+    const path = pathOf(req.url)
     if (path === '/healthz') return health(req, res)
     if (path === '/metrics') return void metrics.handle(req, res)
     if (path === '/sql' && sql) return sql.handle(req, res)

@@ -117,15 +117,17 @@ export class BackendPool {
 
   /**
    * An idle backend for `key`, or undefined (a miss): one still being reset once that is done (a
-   * session right behind another need not fork), else one that answers a ping.
+   * session right behind another need not fork), else one that answers a ping (unless `ping` is
+   * false: the caller sends its own ahead of its statements, and retries elsewhere if it goes
+   * unanswered).
    */
-  async take(key: string): Promise<Backend | undefined> {
+  private async take(key: string, ping: boolean): Promise<Backend | undefined> {
     const list = this.idle.get(key)
     while (list?.length) {
       const backend = list.pop()!
       if (!list.length) this.idle.delete(key)
       clearTimeout(backend.idleTimer)
-      const ok = backend.resetting ? await backend.resetting : !this.expired(backend) && (await this.ping(backend))
+      const ok = backend.resetting ? await backend.resetting : !this.expired(backend) && (!ping || (await this.ping(backend)))
       if (!ok) {
         this.discard(backend)
         continue
@@ -140,14 +142,20 @@ export class BackendPool {
   /**
    * A logged-in backend for a login: a warm one for `key` (when given), else what `login` makes of a
    * fresh connection, kept by the pool when the login succeeded and there is room. The outcome is
-   * Postgres's answer (a pooled backend's with its session's own cancel secret).
+   * Postgres's answer, for a session: a pooled backend's with the session's own cancel secret.
+   * Without `session` (for the proxy's own statements) a warm backend is not pinged (`warm`: the
+   * caller pings it in its first write).
    */
-  async open(key: string | undefined, login: () => Promise<{ upstream: Upstream; outcome: LoginOutcome }>): Promise<{ upstream: Upstream; backend?: Backend; outcome: LoginOutcome }> {
-    const warm = key ? await this.take(key) : undefined
-    if (warm) return { upstream: warm.upstream, backend: warm, outcome: { kind: 'ready', answer: this.lend(warm) } }
+  async open(
+    key: string | undefined,
+    login: () => Promise<{ upstream: Upstream; outcome: LoginOutcome }>,
+    session = true
+  ): Promise<{ upstream: Upstream; backend?: Backend; outcome: LoginOutcome; warm?: boolean }> {
+    const warm = key ? await this.take(key, session) : undefined
+    if (warm) return { upstream: warm.upstream, backend: warm, outcome: { kind: 'ready', answer: this.lend(warm, session) }, warm: true }
     const { upstream, outcome } = await login()
     const backend = key && outcome.kind === 'ready' ? this.adopt(key, upstream, outcome.answer) : undefined
-    return { upstream, backend, outcome: backend ? { kind: 'ready', answer: this.lend(backend) } : outcome }
+    return { upstream, backend, outcome: backend ? { kind: 'ready', answer: this.lend(backend, session) } : outcome }
   }
 
   /**
@@ -159,14 +167,18 @@ export class BackendPool {
     if (!this.enabled || this.closed || this.owned.size >= this.maxBackends || !answered.some((m) => m[0] === 0x4b)) return undefined
     const backend = new Backend(upstream, key, answered)
     this.owned.set(`${upstream.name} ${backend.key.pid}`, backend)
-    upstream.on('close', () => this.forget(backend))
+    upstream.on('close', () => {
+      this.forget(backend)
+      backend.queue?.fail(new Error('Postgres closed the connection'))
+    })
     return backend
   }
 
-  /** Lends a backend to a session: Postgres's login answer, with a cancel secret for that session alone. */
-  lend(backend: Backend): Buffer {
-    backend.lentSecret = randomBytes(backend.key.secret.length)
+  /** Lends a backend (to a session: Postgres's login answer, with a cancel secret for that session alone). */
+  private lend(backend: Backend, session: boolean): Buffer {
     backend.queue = undefined
+    if (!session) return backend.answerWith(backend.key.secret)
+    backend.lentSecret = randomBytes(backend.key.secret.length)
     return backend.answerWith(backend.lentSecret)
   }
 
@@ -174,17 +186,20 @@ export class BackendPool {
    * The session is over. A backend it left idle, or about to be (its last ReadyForQuery on the
    * way), is reset once that is in and kept (available at once: a take() waits for the reset); a
    * busy one is closed, its running query cancelled; one a reset cannot clean (see IdleWatch) is
-   * closed.
+   * closed. `reset`: the caller sent the reset itself (behind its last statement), and this says
+   * how it went.
    */
-  giveBack(backend: Backend, ending: Ending | undefined) {
+  giveBack(backend: Backend, ending: Ending | undefined, reset?: Promise<boolean>) {
     backend.lentSecret = undefined
     if (!ending) return this.discard(backend, true)
     const list = this.idle.get(backend.poolKey) ?? []
     if (!ending.reusable || this.closed || this.expired(backend) || backend.upstream.gone || list.length >= this.maxIdlePerKey) return this.discard(backend)
     list.push(backend)
     this.idle.set(backend.poolKey, list)
-    const reset = ending.pending === 0 && ending.status === IDLE ? [DISCARD_ALL] : [ROLLBACK, DISCARD_ALL]
-    backend.resetting = this.exchange(backend, reset, ending.pending).then((ok) => {
+    const done = reset
+      ? reset.then((ok) => ok && (this.watchIdle(backend), true))
+      : this.exchange(backend, ending.pending === 0 && ending.status === IDLE ? [DISCARD_ALL] : [ROLLBACK, DISCARD_ALL], ending.pending)
+    backend.resetting = done.then((ok) => {
       backend.resetting = undefined
       if (!ok) return this.evict(backend, true), false // (a query of the session's may still be running)
       this.onEvent('reset')
@@ -253,7 +268,11 @@ export class BackendPool {
   }
 
   /** While idle, Postgres may report a changed setting; anything else (a FATAL, say) ends the backend. */
-  private watchIdle(backend: Backend, queue: ByteQueue) {
+  private watchIdle(backend: Backend, queue = new ByteQueue()) {
+    if (backend.queue !== queue) {
+      backend.queue = queue
+      queue.push(backend.upstream.relay((chunk) => queue.push(chunk)))
+    }
     const next = (): Promise<void> =>
       queue.message(1 << 20).then(
         (msg) => {

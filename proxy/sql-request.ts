@@ -103,9 +103,10 @@ export function readBody(req: IncomingMessage, max: number): Promise<Buffer> {
       reject(tooLarge())
     }
     req.on('data', onData)
-    req.once('end', () => resolve(Buffer.concat(chunks)))
+    let ended = false
+    req.once('end', () => ((ended = true), resolve(Buffer.concat(chunks))))
     req.once('error', reject)
-    req.once('close', () => reject(new HttpError(499, 'client went away')))
+    req.once('close', () => ended || reject(new HttpError(499, 'client went away')))
   })
 }
 

@@ -171,6 +171,8 @@ const ECHOED_HEADERS = ['Neon-Batch-Isolation-Level', 'Neon-Batch-Read-Only', 'N
 const CANCEL_TIMEOUT_MS = 5000
 /** How long past statement_timeout the proxy waits before cancelling a statement itself. */
 const TIMEOUT_GRACE_MS = 1000
+/** Connection strings remembered parsed, at most. */
+const MAX_CREDENTIALS = 1000
 /** Array types learnt, per database, at most (then forgotten and learnt again). */
 const MAX_LEARNT_TYPES = 10_000
 
@@ -185,6 +187,10 @@ interface Lease {
   backend?: Backend
   key?: BackendKey
   statements: Statements
+  /** A warm backend not pinged yet: the request's first write pings it. */
+  unpinged: boolean
+  /** The reset sent behind the last statement: whether it left the backend idle and clean. */
+  reset?: Promise<boolean>
   /** A statement may have made a custom setting: the backend is not reused. */
   customSetting: boolean
   /** statement_timeout was SET for this request: Postgres enforces it. */
@@ -209,6 +215,13 @@ interface Control {
   cancel(): void
 }
 
+interface Credentials {
+  conn: ConnInfo
+  startup: Buffer
+  /** Pool keys by upstream. */
+  keys: Map<string, string>
+}
+
 /** Requests per credentials key holding a backend, and those waiting for their turn. */
 interface Turns {
   held: number
@@ -228,6 +241,7 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
   const ownPool = !(options.backends instanceof BackendPool)
   const backends = options.backends instanceof BackendPool ? options.backends : new BackendPool(options.backends)
   const turns = new Map<string, Turns>()
+  const credentials = new Map<string, Credentials>()
   const active = new Set<Control>()
   /** Array types by database (upstream and name), for non-raw output. */
   const learnt = new Map<string, Map<number, ArrayType | null>>()
@@ -238,6 +252,22 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
     origin === undefined ? {} : { 'access-control-allow-origin': origin, vary: 'Origin', 'access-control-expose-headers': ECHOED_HEADERS.join(', ') }
 
   // ── taking a backend ────────────────────────────────────────────────────────────────────────
+
+  /**
+   * A connection string, parsed once, with the StartupMessage a default pg Client sends for it (so
+   * WebSocket sessions' logins find these backends) and its pool keys by upstream: most requests
+   * repeat the same few. (Held in memory, as the requests themselves are.)
+   */
+  function credentialsFor(text: string | undefined): Credentials {
+    const known = text === undefined ? undefined : credentials.get(text)
+    if (known) return known
+    const conn = parseConnectionString(text, upstream)
+    const startup = serialize.startup({ user: conn.user, database: conn.database, ...(options.applicationName && { application_name: options.applicationName }) })
+    if (credentials.size >= MAX_CREDENTIALS) credentials.delete(credentials.keys().next().value!)
+    const parsed = { conn, startup, keys: new Map<string, string>() }
+    credentials.set(text!, parsed)
+    return parsed
+  }
 
   /** Waits for one of the `perKey` turns at a backend for `key` (503 after connectTimeout). */
   function waitTurn(key: string, ctl: Control): Promise<void> {
@@ -284,13 +314,13 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
       return { upstream: fresh, outcome: await runLogin(io, { bytes: startup.length, first, password: conn.password, rest: Buffer.alloc(0) }) }
     }
     try {
-      const { upstream, backend, outcome } = await backends.open(backends.enabled ? key : undefined, login)
+      const { upstream, backend, outcome, warm } = await backends.open(backends.enabled ? key : undefined, login, false)
       if (outcome.kind !== 'ready') {
         upstream.close()
         throw loginRefusal(outcome, conn.user)
       }
       const timeoutSet = backends.enabled && statementTimeout > 0
-      return { upstream, backend, key: backend?.key ?? keyIn(outcome.answer), statements: new Statements(upstream), customSetting: false, timeoutSet }
+      return { upstream, backend, key: backend?.key ?? keyIn(outcome.answer), statements: new Statements(upstream), unpinged: !!warm, customSetting: false, timeoutSet }
     } catch (err) {
       if (late) throw new HttpError(503, `no connection to Postgres available in time (no login within ${connectTimeout} ms)`)
       if (err instanceof DatabaseError || err instanceof HttpError) throw err
@@ -301,13 +331,26 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
     }
   }
 
-  /** The backend goes back to the pool, idle and reset, or is closed. */
+  /**
+   * The backend goes back to the pool, idle and reset (by the reset sent behind the last statement,
+   * or else by the pool), or is closed.
+   */
   function release(lease: Lease, ctl: Control) {
     ctl.lease = undefined
-    lease.statements.detach()
-    const clean = !ctl.tainted && !lease.statements.broken
-    if (!lease.backend) return lease.upstream.close(clean ? undefined : lease.key)
-    backends.giveBack(lease.backend, clean ? { pending: 0, status: lease.statements.status.charCodeAt(0), reusable: !lease.customSetting } : undefined)
+    const { statements, backend, reset } = lease
+    const clean = !ctl.tainted && !statements.broken
+    const ending = () => ({ pending: 0, status: statements.status.charCodeAt(0), reusable: !lease.customSetting })
+    if (!backend || !clean || !reset) {
+      statements.detach()
+      if (!backend) return lease.upstream.close(clean ? undefined : lease.key)
+      return backends.giveBack(backend, clean ? ending() : undefined)
+    }
+    if (statements.status === 'I') return backends.giveBack(backend, ending(), reset.finally(() => statements.detach()))
+    // A transaction left open: the reset sent fails; the pool's own (ROLLBACK first) follows it.
+    reset.then(() => {
+      statements.detach()
+      backends.giveBack(backend, ending())
+    })
   }
 
   function newControl(): Control {
@@ -430,7 +473,7 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
 
   async function serve(req: IncomingMessage, ctl: Control, log: SqlLog): Promise<{ status: number; body: string; headers?: Record<string, string> }> {
     if (closing) throw new HttpError(503, 'edgepg-proxy is shutting down')
-    const conn = parseConnectionString(header(req, 'neon-connection-string'), upstream)
+    const { conn, startup, keys } = credentialsFor(header(req, 'neon-connection-string'))
     if (conn.password !== undefined && !options.allowInsecurePasswords && !('encrypted' in req.socket) && !isLoopback(req.socket.remoteAddress ?? '')) {
       throw new HttpError(403, 'a password over plain http:// from a non-loopback client is refused: use https:// (or --allow-insecure-passwords when TLS ends in front of the proxy)')
     }
@@ -451,16 +494,21 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
     log.statements = payload.single ? 1 : payload.batch!.length
     if (ctl.aborted) throw new HttpError(499, 'client went away')
 
-    // The StartupMessage a default pg Client sends: WebSocket sessions' logins find these backends.
-    const startup = serialize.startup({ user: conn.user, database: conn.database, ...(options.applicationName && { application_name: options.applicationName }) })
-    const key = backends.key(formatHostPort(target), undefined, startup, conn.password)
+    const upstreamName = formatHostPort(target)
+    const key = keys.get(upstreamName) ?? keys.set(upstreamName, backends.key(upstreamName, undefined, startup, conn.password)).get(upstreamName)!
     await waitTurn(key, ctl)
     try {
-      const lease = (ctl.lease = await acquire())
-      try {
-        return await run(lease)
-      } finally {
-        release(lease, ctl)
+      for (;;) {
+        const lease = (ctl.lease = await acquire())
+        try {
+          return await run(lease)
+        } catch (err) {
+          // A warm backend that died while idle answered nothing, not even the ping: nothing ran; another backend will do.
+          if (!(lease.unpinged && lease.statements.broken && lease.statements.answered === 0 && !ctl.aborted)) throw err
+          ctl.tainted = false
+        } finally {
+          release(lease, ctl)
+        }
       }
     } finally {
       endTurn(key)
@@ -481,10 +529,16 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
       const types = learnt.get(database) ?? new Map()
       learnt.set(database, types)
       const budget = { used: 0 }
-      // Sent with what follows, in one write; the reset takes it back.
+      // In one write with the first statement: the timeout (taken back by the reset), which is also
+      // the ping a warm backend needs (one that died while idle never answers it: see serve()).
       if (lease.timeoutSet) statements.query(`SET statement_timeout = ${statementTimeout}`).catch(() => {})
+      else if (lease.unpinged) statements.sync().catch(() => {})
+      /** The reset, in the same write as the last statement. */
+      const resetBehind = () => (lease.reset = statements.query('DISCARD ALL').then(() => statements.status === 'I', () => false))
       if (payload.single) {
-        const json = await runStatement(lease, types, ctl, payload.single, flags, budget)
+        const running = runStatement(lease, types, ctl, payload.single, flags, budget)
+        resetBehind()
+        const json = await running
         if (Buffer.byteLength(json) > maxResponse) throw new TooLarge()
         return { status: 200, body: json }
       }
@@ -506,7 +560,9 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
         const json = `{"results":[${results.join(',')}]}`
         if (Buffer.byteLength(json) > maxResponse) throw new TooLarge()
         if (ctl.aborted) throw new HttpError(499, 'client went away')
-        await statements.query('COMMIT')
+        const commit = statements.query('COMMIT')
+        resetBehind()
+        await commit
         const headers: Record<string, string> = {}
         if (flags.isolation) headers['neon-batch-isolation-level'] = flags.isolation
         if (flags.readOnly) headers['neon-batch-read-only'] = 'true'

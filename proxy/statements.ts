@@ -1,7 +1,7 @@
 /**
- * Statements on one backend, for POST /sql: each is sent at once and answered in order (so a SET
- * and the statement behind it leave in one write), every value comes back as the text Postgres
- * sent. A statement runs with the extended protocol, as Neon's server runs it (one statement per
+ * Statements on one backend, for POST /sql: each is answered in order, and those sent in the same
+ * tick leave in one write (a ping, a SET, the statement and the reset behind it: one round trip),
+ * every value comes back as the text Postgres sent. A statement runs with the extended protocol, as Neon's server runs it (one statement per
  * query), and ends with its ReadyForQuery, whose status is kept.
  */
 import { DatabaseError, serialize } from 'pg-protocol'
@@ -48,7 +48,10 @@ export class Statements {
   status = 'I'
   /** The connection broke: every statement fails with this from now on. */
   broken?: Error
+  /** ReadyForQuery messages received: none means nothing sent here has run. */
+  answered = 0
   private readonly steps: Step[] = []
+  private out: Buffer[] = []
   private readonly parser = new Parser()
   private readonly onClose = () => this.fail(new Error('Connection terminated unexpectedly'))
 
@@ -71,6 +74,11 @@ export class Statements {
     return this.send(serialize.query(text))
   }
 
+  /** A Sync: answered at once by a live backend (its ReadyForQuery says nothing sent after it ran before). */
+  sync(): Promise<Outcome> {
+    return this.send(SYNC)
+  }
+
   /** The stream goes back to its owner: nothing of it is read here any more. */
   detach() {
     this.upstream.off('close', this.onClose)
@@ -80,8 +88,14 @@ export class Statements {
     if (this.broken) return Promise.reject(this.broken)
     return new Promise((resolve, reject) => {
       this.steps.push({ outcome: { command: null, rowCount: null, fields: [] }, onRow, resolve, reject })
-      this.upstream.write(bytes)
+      if (this.out.push(bytes) === 1) queueMicrotask(this.flush)
     })
+  }
+
+  private readonly flush = () => {
+    const out = this.out
+    this.out = []
+    this.upstream.write(out.length === 1 ? out[0] : Buffer.concat(out))
   }
 
   private readonly onMessage = (msg: BackendMessage) => {
@@ -112,6 +126,7 @@ export class Statements {
         break
       case 'readyForQuery':
         this.status = (msg as ReadyForQueryMessage).status
+        this.answered++
         this.steps.shift()
         step.error ? step.reject(step.error) : step.resolve(step.outcome)
         break

@@ -5,6 +5,7 @@
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
+import net from 'node:net'
 import pg from 'pg'
 import { WebSocket } from 'ws'
 import { createProxy, type ProxyOptions } from '../proxy/index'
@@ -294,6 +295,52 @@ test('faults: a pooled backend killed, or Postgres restarted, costs the next ses
   } finally {
     await admin.end().catch(() => {})
     await proxy.close()
+  }
+})
+
+test('/sql: a warm backend that died unseen is passed over: the request runs once, on another backend', async () => {
+  // Between the proxy and Postgres, a relay whose links can go silent: then it drops what the proxy
+  // sends and hangs up on it, as a connection that died without a word would.
+  const links: Array<{ silent: boolean }> = []
+  const relay = net.createServer((front) => {
+    const back = net.connect(own.port, own.host)
+    const link = { silent: false }
+    links.push(link)
+    front.on('data', (d) => (link.silent ? (front.destroy(), back.destroy()) : back.write(d)))
+    back.on('data', (d) => link.silent || front.write(d))
+    for (const [a, b] of [[front, back], [back, front]]) {
+      a.on('close', () => b.destroy())
+      a.on('error', () => {})
+    }
+  })
+  await new Promise<void>((resolve) => relay.listen(0, '127.0.0.1', resolve))
+  const relayPort = (relay.address() as net.AddressInfo).port
+  const proxy = await startProxy({}, { upstream: `127.0.0.1:${relayPort}` })
+  const admin = own.admin()
+  await admin.connect()
+  try {
+    await admin.query('CREATE TABLE IF NOT EXISTS pool_once (n int); TRUNCATE pool_once')
+    const { user, password, database } = pgConfig('scram_user', own)
+    const conn = `postgresql://${user}:${encodeURIComponent(String(password))}@127.0.0.1:${relayPort}/${database}`
+    const sql = async (query: string) => {
+      const res = await fetch(`http://127.0.0.1:${proxy.port}/sql`, { method: 'POST', headers: { 'Neon-Connection-String': conn }, body: JSON.stringify({ query }) })
+      const body = await res.json()
+      assert.equal(res.status, 200, JSON.stringify(body))
+      return body.rows[0]
+    }
+    const first = await sql('SELECT pg_backend_pid() AS pid')
+    assert.equal(links.length, 1)
+    links[0].silent = true
+    const next = await sql('INSERT INTO pool_once VALUES (1) RETURNING pg_backend_pid() AS pid')
+    assert.notEqual(next.pid, first.pid, 'served by a new backend')
+    assert.equal((await admin.query('SELECT count(*)::int AS n FROM pool_once')).rows[0].n, 1, 'the statement ran once')
+    const stats = await proxy.stats()
+    assert.deepEqual([stats.hits, stats.misses, stats.pooled], [1, 2, 1], 'the dead one was taken, then passed over')
+  } finally {
+    await admin.query('DROP TABLE IF EXISTS pool_once')
+    await admin.end()
+    await proxy.close()
+    relay.close()
   }
 })
 
