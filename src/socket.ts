@@ -126,11 +126,15 @@ export class WebSocketSocket extends QueuedSocket {
       if (!this.deferOpen) this.emit('connect')
       this.flush()
     })
-    ws.addEventListener('message', ({ data }: MessageEvent) => {
+    const onMessage = (data: unknown, text: boolean) => {
       if (this.closed) return // as net.Socket: no data after destroy()
-      if (typeof data === 'string') return this.fail(reportedError(data, this.url))
+      if (text) return this.fail(reportedError(String(data), this.url))
       this.emit('data', Buffer.isBuffer(data) ? data : Buffer.from(data as ArrayBuffer))
-    })
+    }
+    // Node's `ws` also speaks EventEmitter, whose 'message' spares a MessageEvent per message.
+    const emitter = ws as unknown as { on?: (event: 'message', listener: (data: Buffer, isBinary: boolean) => void) => void }
+    if (typeof emitter.on === 'function' && ws.binaryType === ('nodebuffer' as BinaryType)) emitter.on('message', (data, isBinary) => onMessage(data, !isBinary))
+    else ws.addEventListener('message', ({ data }: MessageEvent) => onMessage(data, typeof data === 'string'))
     ws.addEventListener('error', (event: Event) => {
       if (ws !== this.ws) return
       const detail: string | undefined = (event as ErrorEvent).message || (event as any).error?.message
