@@ -52,17 +52,14 @@
  * the timeout, and each request logs in on a connection of its own.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http'
-import { DatabaseError, serialize } from 'pg-protocol'
-import { Parser } from 'pg-protocol/dist/parser'
+import { DatabaseError } from 'pg-protocol'
 import { formatHostPort, type HostPort } from './address'
-import { BackendPool, type Backend, type PoolOptions } from './pool'
-import { Upstream, type UpstreamTls } from './upstream'
-import { runLogin, type LoginOutcome } from './login'
-import { BackendKeyWatch, parseStartupPacket, UpstreamError, type BackendKey } from './startup'
-import { setsCustomSetting } from './idle-watch'
-import { Statements, type Field } from './statements'
-import { header, HttpError, ISOLATION_LEVELS, parseConnectionString, parseFlags, parsePayload, readBody, type ConnInfo, type Flags, type QueryData } from './sql-request'
-import { databaseErrorJson, errorJson, OID, textToJson, type ArrayType } from './sql-json'
+import { BackendPool, type PoolOptions } from './pool'
+import type { UpstreamTls } from './upstream'
+import { Control, Leases } from './sql-lease'
+import { runRequest, TooLarge, type Response } from './sql-run'
+import { header, HttpError, parseFlags, parsePayload, readBody } from './sql-request'
+import { databaseErrorJson, errorJson, type ArrayType } from './sql-json'
 
 export { ERROR_FIELDS } from './sql-json'
 
@@ -169,79 +166,27 @@ const ECHOED_HEADERS = ['Neon-Batch-Isolation-Level', 'Neon-Batch-Read-Only', 'N
 
 /** How long cancelled statements may take to end at shutdown. */
 const CANCEL_TIMEOUT_MS = 5000
-/** How long past statement_timeout the proxy waits before cancelling a statement itself. */
-const TIMEOUT_GRACE_MS = 1000
-/** Connection strings remembered parsed, at most. */
-const MAX_CREDENTIALS = 1000
-/** Array types learnt, per database, at most (then forgotten and learnt again). */
-const MAX_LEARNT_TYPES = 10_000
 
 const isLoopback = (address: string) => /^(127\.|::1$|::ffff:127\.)/.test(address)
-
-/** The response grew past its limit (HTTP 507). */
-class TooLarge extends Error {}
-
-/** A request's backend: from the pool (`backend`) or a connection of its own. */
-interface Lease {
-  upstream: Upstream
-  backend?: Backend
-  key?: BackendKey
-  statements: Statements
-  /** A warm backend not pinged yet: the request's first write pings it. */
-  unpinged: boolean
-  /** The reset sent behind the last statement: whether it left the backend idle and clean. */
-  reset?: Promise<boolean>
-  /** A statement may have made a custom setting: the backend is not reused. */
-  customSetting: boolean
-  /** statement_timeout was SET for this request: Postgres enforces it. */
-  timeoutSet: boolean
-}
-
-/** One request's hold on a backend: what is running, and whether the backend may be reused. */
-interface Control {
-  lease?: Lease
-  /** Waiting for its turn: give up. */
-  onAbort?: () => void
-  /** A statement is on the wire. */
-  running: boolean
-  /** The backend must be closed, not reused (cancelled, broken, or the client left). */
-  tainted: boolean
-  aborted: boolean
-  /** The proxy's own statement timer fired. */
-  timedOut: boolean
-  /** Aborted by close(): answered 503. */
-  shutdown: boolean
-  tooLarge: boolean
-  cancel(): void
-}
-
-interface Credentials {
-  conn: ConnInfo
-  startup: Buffer
-  /** Pool keys by upstream. */
-  keys: Map<string, string>
-}
-
-/** Requests per credentials key holding a backend, and those waiting for their turn. */
-interface Turns {
-  held: number
-  waiting: Array<() => void>
-}
 
 export function sqlHandler(options: SqlOptions): SqlHandler {
   const upstream = options.upstream
   const maxBody = options.maxBodyBytes ?? 10 << 20
-  const maxResponse = options.maxResponseBytes ?? 10 << 20
-  const statementTimeout = options.statementTimeoutMs ?? 60_000
+  const limits = { maxResponse: options.maxResponseBytes ?? 10 << 20, statementTimeout: options.statementTimeoutMs ?? 60_000 }
   const maxRequests = options.maxRequests ?? 500
-  const perKey = options.pool?.max ?? 10
-  const connectTimeout = options.pool?.connectTimeoutMs ?? 30_000
   const origins = new Set(options.allowedOrigins ?? [])
   const isAllowed = options.isAllowed ?? ((named: HostPort) => formatHostPort(named) === formatHostPort(upstream))
   const ownPool = !(options.backends instanceof BackendPool)
   const backends = options.backends instanceof BackendPool ? options.backends : new BackendPool(options.backends)
-  const turns = new Map<string, Turns>()
-  const credentials = new Map<string, Credentials>()
+  const leases = new Leases({
+    backends,
+    upstream,
+    upstreamTls: options.upstreamTls,
+    perKey: options.pool?.max ?? 10,
+    connectTimeoutMs: options.pool?.connectTimeoutMs ?? 30_000,
+    statementTimeoutMs: limits.statementTimeout,
+    applicationName: options.applicationName,
+  })
   const active = new Set<Control>()
   /** Array types by database (upstream and name), for non-raw output. */
   const learnt = new Map<string, Map<number, ArrayType | null>>()
@@ -251,229 +196,11 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
   const corsHeaders = (origin: string | undefined): Record<string, string> =>
     origin === undefined ? {} : { 'access-control-allow-origin': origin, vary: 'Origin', 'access-control-expose-headers': ECHOED_HEADERS.join(', ') }
 
-  // ── taking a backend ────────────────────────────────────────────────────────────────────────
-
-  /**
-   * A connection string, parsed once, with the StartupMessage a default pg Client sends for it (so
-   * WebSocket sessions' logins find these backends) and its pool keys by upstream: most requests
-   * repeat the same few. (Held in memory, as the requests themselves are.)
-   */
-  function credentialsFor(text: string | undefined): Credentials {
-    const known = text === undefined ? undefined : credentials.get(text)
-    if (known) return known
-    const conn = parseConnectionString(text, upstream)
-    const startup = serialize.startup({ user: conn.user, database: conn.database, ...(options.applicationName && { application_name: options.applicationName }) })
-    if (credentials.size >= MAX_CREDENTIALS) credentials.delete(credentials.keys().next().value!)
-    const parsed = { conn, startup, keys: new Map<string, string>() }
-    credentials.set(text!, parsed)
-    return parsed
-  }
-
-  /** Waits for one of the `perKey` turns at a backend for `key` (503 after connectTimeout). */
-  function waitTurn(key: string, ctl: Control): Promise<void> {
-    const t = turns.get(key) ?? { held: 0, waiting: [] }
-    turns.set(key, t)
-    if (t.held < perKey) {
-      t.held++
-      return Promise.resolve()
-    }
-    return new Promise((resolve, reject) => {
-      const turn = () => {
-        clearTimeout(timer)
-        ctl.onAbort = undefined
-        resolve()
-      }
-      const leave = (err: Error) => {
-        t.waiting.splice(t.waiting.indexOf(turn), 1)
-        clearTimeout(timer)
-        reject(err)
-      }
-      const timer = setTimeout(() => leave(new HttpError(503, `no connection to Postgres available in time (waited ${connectTimeout} ms)`)), connectTimeout)
-      ctl.onAbort = () => leave(new HttpError(499, 'client went away'))
-      t.waiting.push(turn)
-    })
-  }
-
-  /** The turn passes to the next request waiting, if any. */
-  function endTurn(key: string) {
-    const t = turns.get(key)!
-    const next = t.waiting.shift()
-    if (next) return next()
-    if (--t.held === 0) turns.delete(key)
-  }
-
-  /** A logged-in backend for the request's credentials: a warm one, else a fresh login (kept by the pool when it has room). */
-  async function lease(target: HostPort, conn: ConnInfo, key: string, startup: Buffer): Promise<Lease> {
-    let fresh: Upstream | undefined
-    let late = false
-    const timer = setTimeout(() => ((late = true), fresh?.close()), connectTimeout)
-    const login = async () => {
-      fresh = new Upstream(target, options.upstreamTls)
-      const io = { upstream: fresh.queue, toUpstream: (b: Buffer) => void fresh!.write(b), passwordsAllowed: true, offload: true, secureUpstream: () => fresh!.secure() }
-      const first = parseStartupPacket(startup)
-      return { upstream: fresh, outcome: await runLogin(io, { bytes: startup.length, first, password: conn.password, rest: Buffer.alloc(0) }) }
-    }
-    try {
-      const { upstream, backend, outcome, warm } = await backends.open(backends.enabled ? key : undefined, login, false)
-      if (outcome.kind !== 'ready') {
-        upstream.close()
-        throw loginRefusal(outcome, conn.user)
-      }
-      const timeoutSet = backends.enabled && statementTimeout > 0
-      return { upstream, backend, key: backend?.key ?? keyIn(outcome.answer), statements: new Statements(upstream), unpinged: !!warm, customSetting: false, timeoutSet }
-    } catch (err) {
-      if (late) throw new HttpError(503, `no connection to Postgres available in time (no login within ${connectTimeout} ms)`)
-      if (err instanceof DatabaseError || err instanceof HttpError) throw err
-      const failure = fresh?.error?.code ?? (err as Error).message
-      throw new HttpError(502, `cannot connect to Postgres at ${formatHostPort(target)}: ${failure}`)
-    } finally {
-      clearTimeout(timer)
-    }
-  }
-
-  /**
-   * The backend goes back to the pool, idle and reset (by the reset sent behind the last statement,
-   * or else by the pool), or is closed.
-   */
-  function release(lease: Lease, ctl: Control) {
-    ctl.lease = undefined
-    const { statements, backend, reset } = lease
-    const clean = !ctl.tainted && !statements.broken
-    const ending = () => ({ pending: 0, status: statements.status.charCodeAt(0), reusable: !lease.customSetting })
-    if (!backend || !clean || !reset) {
-      statements.detach()
-      if (!backend) return lease.upstream.close(clean ? undefined : lease.key)
-      return backends.giveBack(backend, clean ? ending() : undefined)
-    }
-    if (statements.status === 'I') return backends.giveBack(backend, ending(), reset.finally(() => statements.detach()))
-    // A transaction left open: the reset sent fails; the pool's own (ROLLBACK first) follows it.
-    reset.then(() => {
-      statements.detach()
-      backends.giveBack(backend, ending())
-    })
-  }
-
-  function newControl(): Control {
-    const ctl: Control = {
-      running: false,
-      tainted: false,
-      aborted: false,
-      timedOut: false,
-      shutdown: false,
-      tooLarge: false,
-      cancel() {
-        ctl.onAbort?.()
-        // Only a statement on the wire needs Postgres's help; between statements the request
-        // itself notices (it checks `aborted` before each) and stops.
-        const lease = ctl.lease
-        if (!ctl.running || ctl.tainted || !lease) return
-        ctl.tainted = true
-        if (lease.key) lease.upstream.cancel(lease.key)
-      },
-    }
-    return ctl
-  }
-
-  // ── running statements ──────────────────────────────────────────────────────────────────────
-
-  /** Runs one statement; resolves with its result as JSON text. */
-  async function runStatement(lease: Lease, types: Map<number, ArrayType | null>, ctl: Control, data: QueryData, flags: Flags, budget: { used: number }): Promise<string> {
-    const arrayMode = data.arrayMode ?? flags.arrayMode
-    const rawRows: Array<Array<string | null>> = []
-    const jsonRows: string[] = []
-    let keys: string[] | undefined
-    const charge = (bytes: number) => {
-      budget.used += bytes
-      if (budget.used > maxResponse && !ctl.tooLarge) {
-        ctl.tooLarge = true
-        ctl.cancel()
-      }
-    }
-    const onRow = (row: Array<string | null>, fields: Field[]) => {
-      if (ctl.tooLarge || ctl.aborted) return
-      if (!flags.raw) {
-        rawRows.push(row)
-        let n = row.length + 2
-        for (const v of row) if (v !== null) n += v.length
-        return charge(n)
-      }
-      let json: string
-      if (arrayMode) json = JSON.stringify(row)
-      else {
-        keys ??= fields.map((f) => JSON.stringify(f.name) + ':')
-        json = '{' + row.map((v, i) => keys![i] + JSON.stringify(v)).join(',') + '}'
-      }
-      jsonRows.push(json)
-      charge(Buffer.byteLength(json) + 1)
-    }
-
-    if (setsCustomSetting(data.query)) lease.customSetting = true
-    ctl.running = true
-    // Postgres's statement_timeout should fire first; this one is for a statement that lifted it
-    // (SET in a batch), or where nothing was SET, where it is the only one.
-    const timer = statementTimeout > 0
-      ? setTimeout(() => {
-          ctl.timedOut = true
-          ctl.cancel()
-        }, statementTimeout + (lease.timeoutSet ? TIMEOUT_GRACE_MS : 0))
-      : undefined
-    let result
-    try {
-      result = await lease.statements.execute(data.query, data.params, onRow)
-    } catch (err) {
-      if (!(err instanceof DatabaseError)) ctl.tainted = true // the connection broke
-      if (ctl.tooLarge) throw new TooLarge()
-      if (ctl.timedOut && err instanceof DatabaseError && err.code === '57014') {
-        err.message = `canceling statement due to statement timeout (edgepg-proxy: ${statementTimeout} ms)`
-      }
-      throw err
-    } finally {
-      ctl.running = false
-      clearTimeout(timer)
-    }
-    if (ctl.tooLarge) throw new TooLarge()
-
-    const fields = result.fields.map((f) => ({ ...f, format: 'text' }))
-    if (!flags.raw && rawRows.length) {
-      await learnTypes(lease, types, fields.map((f) => f.dataTypeID))
-      const oids = fields.map((f) => f.dataTypeID)
-      keys = fields.map((f) => JSON.stringify(f.name) + ':')
-      budget.used -= rawRows.reduce((n, row) => n + row.length + 2 + row.reduce((m: number, v) => m + (v === null ? 0 : v.length), 0), 0)
-      for (const row of rawRows) {
-        const values = row.map((v, i) => (v === null ? 'null' : textToJson(v, oids[i], types)))
-        const json = arrayMode ? '[' + values.join(',') + ']' : '{' + values.map((v, i) => keys![i] + v).join(',') + '}'
-        jsonRows.push(json)
-        budget.used += Buffer.byteLength(json) + 1
-      }
-      if (budget.used > maxResponse) throw new TooLarge()
-    }
-    const head = `{"command":${JSON.stringify(result.command ?? '')},"rowCount":${result.rowCount ?? 'null'},"rowAsArray":${arrayMode},"fields":${JSON.stringify(fields)},"rows":[`
-    charge(head.length + 2)
-    if (ctl.tooLarge) throw new TooLarge()
-    return head + jsonRows.join(',') + ']}'
-  }
-
-  /** Which of `oids` are array types (and of what), once per database, for non-raw output. */
-  async function learnTypes(lease: Lease, types: Map<number, ArrayType | null>, oids: number[]) {
-    const unknown = [...new Set(oids)].filter((oid) => !types.has(oid) && !Object.values(OID).includes(oid))
-    if (!unknown.length) return
-    const rows: Array<Array<string | null>> = []
-    await lease.statements.execute(
-      `SELECT t.oid::int, t.typelem::int, e.typdelim::text FROM pg_type t JOIN pg_type e ON e.oid = t.typelem
-       WHERE t.oid = ANY($1::oid[]) AND t.typcategory = 'A'`,
-      [`{${unknown.join(',')}}`],
-      (row) => void rows.push(row)
-    )
-    if (types.size + unknown.length > MAX_LEARNT_TYPES) types.clear()
-    for (const oid of unknown) types.set(oid, null)
-    for (const [oid, elem, delim] of rows) types.set(Number(oid), { elem: Number(elem), delim: delim! })
-  }
-
-  // ── one request ─────────────────────────────────────────────────────────────────────────────
-
-  async function serve(req: IncomingMessage, ctl: Control, log: SqlLog): Promise<{ status: number; body: string; headers?: Record<string, string> }> {
+  /** One request, from its headers to its response: who may ask what, of which Postgres. */
+  async function serve(req: IncomingMessage, ctl: Control, log: SqlLog): Promise<Response> {
     if (closing) throw new HttpError(503, 'edgepg-proxy is shutting down')
-    const { conn, startup, keys } = credentialsFor(header(req, 'neon-connection-string'))
+    const credentials = leases.credentialsFor(header(req, 'neon-connection-string'))
+    const { conn } = credentials
     if (conn.password !== undefined && !options.allowInsecurePasswords && !('encrypted' in req.socket) && !isLoopback(req.socket.remoteAddress ?? '')) {
       throw new HttpError(403, 'a password over plain http:// from a non-loopback client is refused: use https:// (or --allow-insecure-passwords when TLS ends in front of the proxy)')
     }
@@ -494,85 +221,9 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
     log.statements = payload.single ? 1 : payload.batch!.length
     if (ctl.aborted) throw new HttpError(499, 'client went away')
 
-    const upstreamName = formatHostPort(target)
-    const key = keys.get(upstreamName) ?? keys.set(upstreamName, backends.key(upstreamName, undefined, startup, conn.password)).get(upstreamName)!
-    await waitTurn(key, ctl)
-    try {
-      for (;;) {
-        const lease = (ctl.lease = await acquire())
-        try {
-          return await run(lease)
-        } catch (err) {
-          // A warm backend that died while idle answered nothing, not even the ping: nothing ran; another backend will do.
-          if (!(lease.unpinged && lease.statements.broken && lease.statements.answered === 0 && !ctl.aborted)) throw err
-          ctl.tainted = false
-        } finally {
-          release(lease, ctl)
-        }
-      }
-    } finally {
-      endTurn(key)
-    }
-
-    async function acquire() {
-      const l = await lease(target, conn, key, startup)
-      if (ctl.aborted) {
-        release(l, ctl)
-        throw new HttpError(499, 'client went away')
-      }
-      return l
-    }
-
-    async function run(lease: Lease) {
-      const { statements } = lease
-      const database = `${formatHostPort(target)} ${conn.database}`
-      const types = learnt.get(database) ?? new Map()
-      learnt.set(database, types)
-      const budget = { used: 0 }
-      // In one write with the first statement: the timeout (taken back by the reset), which is also
-      // the ping a warm backend needs (one that died while idle never answers it: see serve()).
-      if (lease.timeoutSet) statements.query(`SET statement_timeout = ${statementTimeout}`).catch(() => {})
-      else if (lease.unpinged) statements.sync().catch(() => {})
-      /** The reset, in the same write as the last statement. */
-      const resetBehind = () => (lease.reset = statements.query('DISCARD ALL').then(() => statements.status === 'I', () => false))
-      if (payload.single) {
-        const running = runStatement(lease, types, ctl, payload.single, flags, budget)
-        resetBehind()
-        const json = await running
-        if (Buffer.byteLength(json) > maxResponse) throw new TooLarge()
-        return { status: 200, body: json }
-      }
-      // A batch: one transaction; the first error rolls it back.
-      const begin = ['BEGIN']
-      if (flags.isolation) begin.push('ISOLATION LEVEL', ISOLATION_LEVELS[flags.isolation])
-      if (flags.readOnly) begin.push('READ ONLY')
-      if (flags.deferrable) begin.push('DEFERRABLE')
-      await statements.query(begin.join(' '))
-      try {
-        const results: string[] = []
-        for (const [i, data] of payload.batch!.entries()) {
-          if (ctl.aborted) throw new HttpError(499, 'client went away')
-          results.push(await runStatement(lease, types, ctl, data, flags, budget))
-          if (statements.status === 'I') {
-            throw new HttpError(400, `statement ${i + 1} of the batch ended its transaction; COMMIT, ROLLBACK and the like are not allowed in a batch`, '25000')
-          }
-        }
-        const json = `{"results":[${results.join(',')}]}`
-        if (Buffer.byteLength(json) > maxResponse) throw new TooLarge()
-        if (ctl.aborted) throw new HttpError(499, 'client went away')
-        const commit = statements.query('COMMIT')
-        resetBehind()
-        await commit
-        const headers: Record<string, string> = {}
-        if (flags.isolation) headers['neon-batch-isolation-level'] = flags.isolation
-        if (flags.readOnly) headers['neon-batch-read-only'] = 'true'
-        if (flags.deferrable) headers['neon-batch-deferrable'] = 'true'
-        return { status: 200, body: json, headers }
-      } catch (err) {
-        if (!ctl.tainted && statements.status !== 'I') await statements.query('ROLLBACK').catch(() => (ctl.tainted = true))
-        throw err
-      }
-    }
+    const database = `${log.upstream} ${conn.database}`
+    const types = learnt.get(database) ?? learnt.set(database, new Map()).get(database)!
+    return leases.with(target, credentials, ctl, (lease) => runRequest(lease, ctl, payload, flags, types, limits))
   }
 
   function handle(req: IncomingMessage, res: ServerResponse) {
@@ -617,7 +268,7 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
       req.resume()
       return finish(503, errorJson(`too many requests in progress (${maxRequests}); try again later`), {}, 'refused: too many requests')
     }
-    const ctl = newControl()
+    const ctl = new Control()
     active.add(ctl)
     // The client went away before its answer: cancel what runs for it.
     res.on('close', () => {
@@ -638,7 +289,7 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
   }
 
   function describeError(err: unknown): [number, string, string, Record<string, string>?] {
-    if (err instanceof TooLarge) return [507, errorJson(`response is too large (max is ${maxResponse} bytes)`), 'response too large']
+    if (err instanceof TooLarge) return [507, errorJson(`response is too large (max is ${limits.maxResponse} bytes)`), 'response too large']
     if (err instanceof DatabaseError) return [400, databaseErrorJson(err), `postgres error ${err.code}`]
     if (err instanceof HttpError) {
       return [err.status, errorJson(err.message, err.code), `refused: ${err.message}`, err.status === 413 ? { connection: 'close' } : undefined]
@@ -672,26 +323,8 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
     },
     stats() {
       let connections = 0
-      let waiting = 0
       for (const ctl of active) if (ctl.lease) connections++
-      for (const t of turns.values()) waiting += t.waiting.length
-      return { connections, waiting, requests: active.size }
+      return { connections, waiting: leases.waiting, requests: active.size }
     },
   }
-}
-
-/** A refused login as the error Postgres gave (its ErrorResponse, every field), or why there was none. */
-function loginRefusal(outcome: LoginOutcome, user: string): Error {
-  let error: Error | undefined
-  if (outcome.kind === 'refused') new Parser().parse(outcome.answer, (msg) => void (msg.name === 'error' && (error ??= msg as DatabaseError)))
-  if (error) return error
-  if (outcome.kind === 'relay') return new HttpError(400, `Postgres asks for a password for user "${user}", and the connection string has none`, '28P01')
-  return new UpstreamError(`unexpected answer to a login: ${outcome.kind}`)
-}
-
-/** The cancel key in a login's answer. */
-function keyIn(answer: Buffer): BackendKey | undefined {
-  const watch = new BackendKeyWatch()
-  watch.feed(answer)
-  return watch.key
 }

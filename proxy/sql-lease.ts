@@ -1,0 +1,247 @@
+/**
+ * Backends for POST /sql requests, from the proxy's one pool: a request logs in as a default pg
+ * Client would, so it finds the backends WebSocket sessions left (and leaves its own for them). At
+ * most `perKey` requests per credentials hold a backend at once; the rest wait their turn.
+ */
+import { DatabaseError, serialize } from 'pg-protocol'
+import { Parser } from 'pg-protocol/dist/parser'
+import { formatHostPort, type HostPort } from './address'
+import type { Backend, BackendPool } from './pool'
+import { Upstream, type UpstreamTls } from './upstream'
+import { runLogin, type LoginOutcome } from './login'
+import { BackendKeyWatch, parseStartupPacket, UpstreamError, type BackendKey } from './startup'
+import { Statements } from './statements'
+import { HttpError, parseConnectionString, type ConnInfo } from './sql-request'
+
+export interface LeaseOptions {
+  backends: BackendPool
+  /** The proxy's upstream (a connection string may leave its port out). */
+  upstream: HostPort
+  upstreamTls?: UpstreamTls
+  /** Requests per credentials holding a backend at once. */
+  perKey: number
+  /** Longest wait for a turn, and then for a login, before HTTP 503. */
+  connectTimeoutMs: number
+  /** Whether requests SET statement_timeout (only on pooled backends: see proxy/sql.ts). */
+  statementTimeoutMs: number
+  applicationName?: string
+}
+
+/** A request's backend: from the pool (`backend`) or a connection of its own. */
+export interface Lease {
+  upstream: Upstream
+  backend?: Backend
+  key?: BackendKey
+  statements: Statements
+  /** A warm backend not pinged yet: the request's first write pings it. */
+  unpinged: boolean
+  /** The reset sent behind the last statement: whether it left the backend idle and clean. */
+  reset?: Promise<boolean>
+  /** A statement may have made a custom setting: the backend is not reused. */
+  customSetting: boolean
+  /** statement_timeout is SET for this request: Postgres enforces it. */
+  timeoutSet: boolean
+}
+
+/** One request's hold on a backend: what is running, and whether the backend may be reused. */
+export class Control {
+  lease?: Lease
+  /** Waiting for its turn: give up. */
+  onAbort?: () => void
+  /** A statement is on the wire. */
+  running = false
+  /** The backend must be closed, not reused (cancelled, broken, or the client left). */
+  tainted = false
+  aborted = false
+  /** The proxy's own statement timer fired. */
+  timedOut = false
+  /** Aborted by close(): answered 503. */
+  shutdown = false
+  tooLarge = false
+
+  /**
+   * Stops the request. Only a statement on the wire needs Postgres's help (a CancelRequest); between
+   * statements the request itself notices (it checks `aborted` before each) and stops.
+   */
+  cancel() {
+    this.onAbort?.()
+    const lease = this.lease
+    if (!this.running || this.tainted || !lease) return
+    this.tainted = true
+    if (lease.key) lease.upstream.cancel(lease.key)
+  }
+}
+
+/** A connection string, parsed, with its StartupMessage and its pool keys by upstream. */
+export interface Credentials {
+  conn: ConnInfo
+  startup: Buffer
+  keys: Map<string, string>
+}
+
+/** Connection strings remembered parsed, at most. */
+const MAX_CREDENTIALS = 1000
+
+export class Leases {
+  private readonly turns = new Map<string, { held: number; waiting: Array<() => void> }>()
+  private readonly credentials = new Map<string, Credentials>()
+
+  constructor(private readonly o: LeaseOptions) {}
+
+  /** Requests waiting for their turn. */
+  get waiting(): number {
+    let n = 0
+    for (const t of this.turns.values()) n += t.waiting.length
+    return n
+  }
+
+  /**
+   * A connection string, parsed once, with the StartupMessage a default pg Client sends for it:
+   * most requests repeat the same few. (Held in memory, as the requests themselves are.)
+   */
+  credentialsFor(text: string | undefined): Credentials {
+    const known = text === undefined ? undefined : this.credentials.get(text)
+    if (known) return known
+    const conn = parseConnectionString(text, this.o.upstream)
+    const startup = serialize.startup({ user: conn.user, database: conn.database, ...(this.o.applicationName && { application_name: this.o.applicationName }) })
+    if (this.credentials.size >= MAX_CREDENTIALS) this.credentials.delete(this.credentials.keys().next().value!)
+    const parsed = { conn, startup, keys: new Map<string, string>() }
+    this.credentials.set(text!, parsed)
+    return parsed
+  }
+
+  /**
+   * Runs `use` on a backend for these credentials at `target`, once its turn has come, and gives the
+   * backend back after. A warm backend that died while idle answers nothing, not even the ping that
+   * goes out with the first statement: then nothing ran, and `use` runs again on another.
+   */
+  async with<T>(target: HostPort, credentials: Credentials, ctl: Control, use: (lease: Lease) => Promise<T>): Promise<T> {
+    const name = formatHostPort(target)
+    const { keys, conn, startup } = credentials
+    const key = keys.get(name) ?? keys.set(name, this.o.backends.key(name, undefined, startup, conn.password)).get(name)!
+    await this.waitTurn(key, ctl)
+    try {
+      for (;;) {
+        const lease = (ctl.lease = await this.lease(target, credentials, key))
+        try {
+          if (ctl.aborted) throw new HttpError(499, 'client went away')
+          return await use(lease)
+        } catch (err) {
+          if (!(lease.unpinged && lease.statements.broken && lease.statements.answered === 0 && !ctl.aborted)) throw err
+          ctl.tainted = false
+        } finally {
+          ctl.lease = undefined
+          this.release(lease, ctl)
+        }
+      }
+    } finally {
+      this.endTurn(key)
+    }
+  }
+
+  /** Waits for one of the `perKey` turns at a backend for `key` (503 after connectTimeoutMs). */
+  private waitTurn(key: string, ctl: Control): Promise<void> {
+    const t = this.turns.get(key) ?? { held: 0, waiting: [] }
+    this.turns.set(key, t)
+    if (t.held < this.o.perKey) {
+      t.held++
+      return Promise.resolve()
+    }
+    return new Promise((resolve, reject) => {
+      const turn = () => {
+        clearTimeout(timer)
+        ctl.onAbort = undefined
+        resolve()
+      }
+      const leave = (err: Error) => {
+        t.waiting.splice(t.waiting.indexOf(turn), 1)
+        clearTimeout(timer)
+        reject(err)
+      }
+      const ms = this.o.connectTimeoutMs
+      const timer = setTimeout(() => leave(new HttpError(503, `no connection to Postgres available in time (waited ${ms} ms)`)), ms)
+      ctl.onAbort = () => leave(new HttpError(499, 'client went away'))
+      t.waiting.push(turn)
+    })
+  }
+
+  /** The turn passes to the next request waiting, if any. */
+  private endTurn(key: string) {
+    const t = this.turns.get(key)!
+    const next = t.waiting.shift()
+    if (next) return next()
+    if (--t.held === 0) this.turns.delete(key)
+  }
+
+  /** A logged-in backend: a warm one, else a fresh login (kept by the pool when it has room). */
+  private async lease(target: HostPort, { conn, startup }: Credentials, key: string): Promise<Lease> {
+    const { backends, connectTimeoutMs } = this.o
+    let fresh: Upstream | undefined
+    let late = false
+    const timer = setTimeout(() => ((late = true), fresh?.close()), connectTimeoutMs)
+    const login = async () => {
+      const upstream = (fresh = new Upstream(target, this.o.upstreamTls))
+      const io = { upstream: upstream.queue, toUpstream: (b: Buffer) => void upstream.write(b), passwordsAllowed: true, offload: true, secureUpstream: () => upstream.secure() }
+      return { upstream, outcome: await runLogin(io, { bytes: startup.length, first: parseStartupPacket(startup), password: conn.password, rest: Buffer.alloc(0) }) }
+    }
+    try {
+      const { upstream, backend, outcome, warm } = await backends.open(backends.enabled ? key : undefined, login, false)
+      if (outcome.kind !== 'ready') {
+        upstream.close()
+        throw loginRefusal(outcome, conn.user)
+      }
+      return {
+        upstream,
+        backend,
+        key: backend?.key ?? keyIn(outcome.answer),
+        statements: new Statements(upstream),
+        unpinged: !!warm,
+        customSetting: false,
+        timeoutSet: backends.enabled && this.o.statementTimeoutMs > 0,
+      }
+    } catch (err) {
+      if (late) throw new HttpError(503, `no connection to Postgres available in time (no login within ${connectTimeoutMs} ms)`)
+      if (err instanceof DatabaseError || err instanceof HttpError) throw err
+      throw new HttpError(502, `cannot connect to Postgres at ${formatHostPort(target)}: ${fresh?.error?.code ?? (err as Error).message}`)
+    } finally {
+      clearTimeout(timer)
+    }
+  }
+
+  /**
+   * The backend goes back to the pool, idle and reset (by the reset sent behind the last statement,
+   * or else by the pool), or is closed.
+   */
+  private release(lease: Lease, ctl: Control) {
+    const { statements, backend, reset } = lease
+    const clean = !ctl.tainted && !statements.broken
+    const ending = () => ({ pending: 0, status: statements.status.charCodeAt(0), reusable: !lease.customSetting })
+    if (!backend || !clean || !reset) {
+      statements.detach()
+      if (!backend) return lease.upstream.close(clean ? undefined : lease.key)
+      return this.o.backends.giveBack(backend, clean ? ending() : undefined)
+    }
+    if (statements.status === 'I') return this.o.backends.giveBack(backend, ending(), reset.finally(() => statements.detach()))
+    // A transaction left open: the reset sent fails; the pool's own (ROLLBACK first) follows it.
+    reset.then(() => {
+      statements.detach()
+      this.o.backends.giveBack(backend, ending())
+    })
+  }
+}
+
+/** A refused login as the error Postgres gave (its ErrorResponse, every field), or why there was none. */
+function loginRefusal(outcome: LoginOutcome, user: string): Error {
+  let error: Error | undefined
+  if (outcome.kind === 'refused') new Parser().parse(outcome.answer, (msg) => void (msg.name === 'error' && (error ??= msg as DatabaseError)))
+  if (error) return error
+  if (outcome.kind === 'relay') return new HttpError(400, `Postgres asks for a password for user "${user}", and the connection string has none`, '28P01')
+  return new UpstreamError(`unexpected answer to a login: ${outcome.kind}`)
+}
+
+/** The cancel key in a login's answer. */
+function keyIn(answer: Buffer): BackendKey | undefined {
+  const watch = new BackendKeyWatch()
+  watch.feed(answer)
+  return watch.key
+}

@@ -1,0 +1,186 @@
+/**
+ * Running a POST /sql request's statements on its backend and encoding the results as Neon's
+ * protocol has them: a single statement, or a batch in one transaction. What the request sends first
+ * rides in one write with its first statement (the timeout, which also pings a warm backend), and the
+ * reset rides behind its last.
+ */
+import { DatabaseError } from 'pg-protocol'
+import { setsCustomSetting } from './idle-watch'
+import type { Field } from './statements'
+import type { Control, Lease } from './sql-lease'
+import { HttpError, ISOLATION_LEVELS, type Flags, type QueryData } from './sql-request'
+import { OID, textToJson, type ArrayType } from './sql-json'
+
+export interface RunLimits {
+  /** Largest response body, in bytes (TooLarge past it). */
+  maxResponse: number
+  /** statement_timeout in ms (0: none). */
+  statementTimeout: number
+}
+
+export interface Response {
+  status: number
+  body: string
+  headers?: Record<string, string>
+}
+
+/** The response grew past its limit (HTTP 507). */
+export class TooLarge extends Error {}
+
+/** How long past statement_timeout the proxy waits before cancelling a statement itself. */
+const TIMEOUT_GRACE_MS = 1000
+/** Array types learnt, per database, at most (then forgotten and learnt again). */
+const MAX_LEARNT_TYPES = 10_000
+
+/**
+ * Runs a request's statements; `types`: the array types learnt so far for its database.
+ */
+export async function runRequest(lease: Lease, ctl: Control, payload: { single?: QueryData; batch?: QueryData[] }, flags: Flags, types: Map<number, ArrayType | null>, limits: RunLimits): Promise<Response> {
+  const { maxResponse, statementTimeout } = limits
+  const { statements } = lease
+  const budget = { used: 0 }
+  // In one write with the first statement: the timeout (taken back by the reset), which is also
+  // the ping a warm backend needs (one that died while idle never answers it: see Leases.with()).
+  if (lease.timeoutSet) statements.query(`SET statement_timeout = ${statementTimeout}`).catch(() => {})
+  else if (lease.unpinged) statements.sync().catch(() => {})
+  /** The reset, in the same write as the last statement. */
+  const resetBehind = () => (lease.reset = statements.query('DISCARD ALL').then(() => statements.status === 'I', () => false))
+  if (payload.single) {
+    const running = runStatement(lease, types, ctl, payload.single, flags, budget, limits)
+    resetBehind()
+    const json = await running
+    if (Buffer.byteLength(json) > maxResponse) throw new TooLarge()
+    return { status: 200, body: json }
+  }
+  // A batch: one transaction; the first error rolls it back.
+  const begin = ['BEGIN']
+  if (flags.isolation) begin.push('ISOLATION LEVEL', ISOLATION_LEVELS[flags.isolation])
+  if (flags.readOnly) begin.push('READ ONLY')
+  if (flags.deferrable) begin.push('DEFERRABLE')
+  await statements.query(begin.join(' '))
+  try {
+    const results: string[] = []
+    for (const [i, data] of payload.batch!.entries()) {
+      if (ctl.aborted) throw new HttpError(499, 'client went away')
+      results.push(await runStatement(lease, types, ctl, data, flags, budget, limits))
+      if (statements.status === 'I') {
+        throw new HttpError(400, `statement ${i + 1} of the batch ended its transaction; COMMIT, ROLLBACK and the like are not allowed in a batch`, '25000')
+      }
+    }
+    const json = `{"results":[${results.join(',')}]}`
+    if (Buffer.byteLength(json) > maxResponse) throw new TooLarge()
+    if (ctl.aborted) throw new HttpError(499, 'client went away')
+    const commit = statements.query('COMMIT')
+    resetBehind()
+    await commit
+    const headers: Record<string, string> = {}
+    if (flags.isolation) headers['neon-batch-isolation-level'] = flags.isolation
+    if (flags.readOnly) headers['neon-batch-read-only'] = 'true'
+    if (flags.deferrable) headers['neon-batch-deferrable'] = 'true'
+    return { status: 200, body: json, headers }
+  } catch (err) {
+    if (!ctl.tainted && statements.status !== 'I') await statements.query('ROLLBACK').catch(() => (ctl.tainted = true))
+    throw err
+  }
+  }
+
+/** Runs one statement; resolves with its result as JSON text. */
+async function runStatement(
+  lease: Lease,
+  types: Map<number, ArrayType | null>,
+  ctl: Control,
+  data: QueryData,
+  flags: Flags,
+  budget: { used: number },
+  { maxResponse, statementTimeout }: RunLimits
+): Promise<string> {
+  const arrayMode = data.arrayMode ?? flags.arrayMode
+  const rawRows: Array<Array<string | null>> = []
+  const jsonRows: string[] = []
+  let keys: string[] | undefined
+  const charge = (bytes: number) => {
+    budget.used += bytes
+    if (budget.used > maxResponse && !ctl.tooLarge) {
+      ctl.tooLarge = true
+      ctl.cancel()
+    }
+  }
+  const onRow = (row: Array<string | null>, fields: Field[]) => {
+    if (ctl.tooLarge || ctl.aborted) return
+    if (!flags.raw) {
+      rawRows.push(row)
+      let n = row.length + 2
+      for (const v of row) if (v !== null) n += v.length
+      return charge(n)
+    }
+    let json: string
+    if (arrayMode) json = JSON.stringify(row)
+    else {
+      keys ??= fields.map((f) => JSON.stringify(f.name) + ':')
+      json = '{' + row.map((v, i) => keys![i] + JSON.stringify(v)).join(',') + '}'
+    }
+    jsonRows.push(json)
+    charge(Buffer.byteLength(json) + 1)
+  }
+
+  if (setsCustomSetting(data.query)) lease.customSetting = true
+  ctl.running = true
+  // Postgres's statement_timeout should fire first; this one is for a statement that lifted it
+  // (SET in a batch), or where nothing was SET, where it is the only one.
+  const timer = statementTimeout > 0
+    ? setTimeout(() => {
+        ctl.timedOut = true
+        ctl.cancel()
+      }, statementTimeout + (lease.timeoutSet ? TIMEOUT_GRACE_MS : 0))
+    : undefined
+  let result
+  try {
+    result = await lease.statements.execute(data.query, data.params, onRow)
+  } catch (err) {
+    if (!(err instanceof DatabaseError)) ctl.tainted = true // the connection broke
+    if (ctl.tooLarge) throw new TooLarge()
+    if (ctl.timedOut && err instanceof DatabaseError && err.code === '57014') {
+      err.message = `canceling statement due to statement timeout (edgepg-proxy: ${statementTimeout} ms)`
+    }
+    throw err
+  } finally {
+    ctl.running = false
+    clearTimeout(timer)
+  }
+  if (ctl.tooLarge) throw new TooLarge()
+
+  const fields = result.fields.map((f) => ({ ...f, format: 'text' }))
+  if (!flags.raw && rawRows.length) {
+    await learnTypes(lease, types, fields.map((f) => f.dataTypeID))
+    const oids = fields.map((f) => f.dataTypeID)
+    keys = fields.map((f) => JSON.stringify(f.name) + ':')
+    budget.used -= rawRows.reduce((n, row) => n + row.length + 2 + row.reduce((m: number, v) => m + (v === null ? 0 : v.length), 0), 0)
+    for (const row of rawRows) {
+      const values = row.map((v, i) => (v === null ? 'null' : textToJson(v, oids[i], types)))
+      const json = arrayMode ? '[' + values.join(',') + ']' : '{' + values.map((v, i) => keys![i] + v).join(',') + '}'
+      jsonRows.push(json)
+      budget.used += Buffer.byteLength(json) + 1
+    }
+    if (budget.used > maxResponse) throw new TooLarge()
+  }
+  const head = `{"command":${JSON.stringify(result.command ?? '')},"rowCount":${result.rowCount ?? 'null'},"rowAsArray":${arrayMode},"fields":${JSON.stringify(fields)},"rows":[`
+  charge(head.length + 2)
+  if (ctl.tooLarge) throw new TooLarge()
+  return head + jsonRows.join(',') + ']}'
+}
+
+/** Which of `oids` are array types (and of what), once per database, for non-raw output. */
+async function learnTypes(lease: Lease, types: Map<number, ArrayType | null>, oids: number[]) {
+  const unknown = [...new Set(oids)].filter((oid) => !types.has(oid) && !Object.values(OID).includes(oid))
+  if (!unknown.length) return
+  const rows: Array<Array<string | null>> = []
+  await lease.statements.execute(
+    `SELECT t.oid::int, t.typelem::int, e.typdelim::text FROM pg_type t JOIN pg_type e ON e.oid = t.typelem
+     WHERE t.oid = ANY($1::oid[]) AND t.typcategory = 'A'`,
+    [`{${unknown.join(',')}}`],
+    (row) => void rows.push(row)
+  )
+  if (types.size + unknown.length > MAX_LEARNT_TYPES) types.clear()
+  for (const oid of unknown) types.set(oid, null)
+  for (const [oid, elem, delim] of rows) types.set(Number(oid), { elem: Number(elem), delim: delim! })
+}
