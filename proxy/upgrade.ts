@@ -1,0 +1,221 @@
+/**
+ * The WebSocket routes (/v1, /v2): who may open a session (limits, Origin, upstream), its login
+ * (answered by a warm backend, or run at Postgres before the upgrade is answered), then the session.
+ */
+import http from 'node:http'
+import type { Duplex } from 'node:stream'
+import { WebSocketServer, type WebSocket } from 'ws'
+import { formatHostPort, parseHostPort, type HostPort } from './address'
+import { runSession, type SessionLog } from './session'
+import { Upstream, type ClientTls, type UpstreamTls } from './upstream'
+import { redactLogin, runLogin, takeLogin, type LoginOutcome } from './login'
+import { UNUSED, type Backend, type BackendPool } from './pool'
+import { UpstreamError } from './startup'
+import type { Metrics, RefusalReason } from './metrics'
+import type { Upstreams } from './upstreams'
+import { SUBPROTOCOL } from '../src/config'
+
+export interface RouteOptions {
+  upstreams: Upstreams
+  pool: BackendPool
+  metrics: Metrics
+  upstreamTls?: UpstreamTls
+  /** Authenticate upstream on the client's behalf (else the startup is relayed untouched). */
+  offload: boolean
+  allowInsecurePasswords?: boolean
+  allowedOrigins?: string[]
+  maxMessageBytes?: number
+  maxSessions?: number
+  maxSessionsPerIp?: number
+  handshakeTimeoutMs: number
+  idleTimeoutMs?: number
+  log?: (entry: SessionLog) => void
+}
+
+/** Sent to clients whose session is cut by a shutdown. */
+const SHUTDOWN_REASON = 'edgepg-proxy is shutting down'
+
+const isLoopback = (address: string) => /^(127\.|::1$|::ffff:127\.)/.test(address)
+
+export class WebSocketRoutes {
+  readonly sessions = new Set<WebSocket>()
+  /** Upgrades under way: they count against the limits too. */
+  private readonly upgrading = new Set<Duplex>()
+  private readonly perIp = new Map<string, number>()
+  private readonly origins: Set<string>
+  private readonly wss: WebSocketServer
+  private closing = false
+
+  constructor(private readonly o: RouteOptions) {
+    this.origins = new Set(o.allowedOrigins ?? [])
+    // Selecting edgepg's subprotocol says the proxy takes a login from the upgrade (proxy/login.ts).
+    // Any other offered subprotocol is declined (ws would otherwise select the first one offered).
+    this.wss = new WebSocketServer({
+      noServer: true,
+      maxPayload: o.maxMessageBytes ?? 64 << 20,
+      perMessageDeflate: false,
+      handleProtocols: (offered) => (offered.has(SUBPROTOCOL) ? SUBPROTOCOL : false),
+    })
+  }
+
+  /** Sessions open, and upgrades on their way to be. */
+  get count(): number {
+    return this.sessions.size + this.upgrading.size
+  }
+
+  /** An upgrade request: refused (with a status saying why), or on its way to a session. */
+  handle(req: http.IncomingMessage, socket: Duplex, head: Buffer) {
+    const { metrics, upstreams } = this.o
+    const refuse = (status: number, reason: string, why: RefusalReason) => {
+      metrics.refused(why)
+      socket.end(`HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n${reason}\n`)
+    }
+    socket.on('error', () => socket.destroy())
+    const url = new URL(req.url ?? '/', 'http://proxy')
+    const peer = req.socket.remoteAddress ?? '?'
+    const maxSessions = this.o.maxSessions ?? 1000
+    const maxPerIp = this.o.maxSessionsPerIp ?? 100
+    if (this.closing) return refuse(503, SHUTDOWN_REASON, 'shutting_down')
+    if (url.pathname !== '/v1' && url.pathname !== '/v2') return refuse(404, `no WebSocket route at ${url.pathname}; use /v1 or /v2`, 'not_found')
+    const origin = req.headers.origin
+    if (origin !== undefined && !this.origins.has('*') && !this.origins.has(origin)) return refuse(403, `origin ${origin} is not allowed (--allow-origin)`, 'origin')
+    if (this.count >= maxSessions) return refuse(503, `too many sessions (${maxSessions}); try again later`, 'too_many_sessions')
+    if ((this.perIp.get(peer) ?? 0) >= maxPerIp) return refuse(429, `too many sessions from ${peer} (${maxPerIp})`, 'too_many_sessions_per_ip')
+    const address = url.searchParams.get('address')
+    if (!address) return this.accept(req, socket, head, upstreams.upstream, peer)
+    let named: HostPort
+    try {
+      named = parseHostPort(address)
+    } catch (err) {
+      return refuse(400, (err as Error).message, 'bad_address')
+    }
+    if (!upstreams.has(named)) return refuse(403, `address ${address} is not an allowed upstream`, 'forbidden_address')
+    upstreams.admit(named).then(
+      (target) => (target ? this.accept(req, socket, head, target, peer) : refuse(403, `address ${address} no longer resolves to an address the allow-list had`, 'forbidden_address')),
+      (err: Error) => refuse(502, `cannot resolve ${named.host}: ${err.message}`, 'bad_address')
+    )
+  }
+
+  /**
+   * Stops accepting, lets sessions end by themselves for up to `graceMs`, then closes the rest
+   * with code 1001; those that do not answer the close promptly are cut.
+   */
+  async close(graceMs: number) {
+    this.closing = true
+    const deadline = Date.now() + graceMs
+    while (this.sessions.size && Date.now() < deadline) await new Promise((r) => setTimeout(r, Math.min(50, deadline - Date.now())))
+    for (const socket of this.upgrading) socket.destroy()
+    for (const ws of this.sessions) ws.close(1001, SHUTDOWN_REASON)
+    const cut = setTimeout(() => this.sessions.forEach((ws) => ws.terminate()), 2000)
+    while (this.sessions.size) await new Promise((r) => setTimeout(r, 20))
+    clearTimeout(cut)
+  }
+
+  /** The login the upgrade carries goes to a warm backend or to Postgres; its answer opens the session. */
+  private accept(req: http.IncomingMessage, socket: Duplex, head: Buffer, target: HostPort, peer: string) {
+    if (socket.destroyed) return
+    const { pool, metrics, offload } = this.o
+    this.upgrading.add(socket)
+    this.perIp.set(peer, (this.perIp.get(peer) ?? 0) + 1)
+    const release = () => {
+      const n = (this.perIp.get(peer) ?? 1) - 1
+      n ? this.perIp.set(peer, n) : this.perIp.delete(peer)
+    }
+    const passwordsAllowed = 'encrypted' in req.socket || isLoopback(peer) || this.o.allowInsecurePasswords === true
+    // The login leaves the headers here: ws negotiates the rest, and nothing logs it.
+    const { protocols, login, problem } = takeLogin(req.headers['sec-websocket-protocol'])
+    if (protocols === undefined) delete req.headers['sec-websocket-protocol']
+    else req.headers['sec-websocket-protocol'] = protocols
+    req.rawHeaders = redactLogin(req.rawHeaders)
+
+    let up: Upstream | undefined
+    /** The pool's backend this session runs on, if any. */
+    let backend: Backend | undefined
+    let ws: WebSocket | undefined
+    const connect = () => {
+      const started = performance.now()
+      return (up = new Upstream(target, this.o.upstreamTls, () => metrics.upstreamConnected((performance.now() - started) / 1000)))
+    }
+    // Until the Postgres startup is done: a stalled login is answered with an error, a stalled session closed.
+    const handshake = timer(this.o.handshakeTimeoutMs, () =>
+      ws ? ws.close(1008, 'edgepg-proxy: startup not finished in time') : upgrade(new UpstreamError(`login timed out: Postgres at ${formatHostPort(target)} did not answer within ${this.o.handshakeTimeoutMs} ms`))
+    )
+    /** No session after all: the backend goes back idle (its login just finished), or the connection is closed. */
+    const drop = () => (backend ? pool.giveBack(backend, UNUSED) : up?.close())
+    socket.once('close', () => {
+      if (this.upgrading.delete(socket)) release()
+      handshake.stop()
+      if (!ws) drop()
+    })
+    const upgrade = (opened?: LoginOutcome | Error) => {
+      if (ws) return
+      if (socket.destroyed) return void drop()
+      // The 101 response and Postgres's answer (sent as the session starts) leave in one write.
+      socket.cork()
+      this.wss.handleUpgrade(req, socket, head, (session) => {
+        ws = session
+        this.upgrading.delete(socket)
+        this.sessions.add(session)
+        metrics.sessionOpened()
+        const idle = timer(this.o.idleTimeoutMs ?? 900_000, () => session.close(1001, 'edgepg-proxy: idle timeout'))
+        session.once('close', () => {
+          this.sessions.delete(session)
+          release()
+          handshake.stop()
+          idle.stop()
+        })
+        runSession(session, {
+          upstream: up!, opened, loginBytes: login?.bytes, peer, offload, passwordsAllowed,
+          giveBack: backend && ((ending) => pool.giveBack(backend!, ending)),
+          mapCancel: (packet) => pool.cancelRequest(formatHostPort(target), packet),
+          log: (entry) => {
+            metrics.sessionClosed(entry)
+            this.o.log?.(entry)
+          },
+          onEstablished: () => handshake.stop(),
+          onActivity: idle.touch,
+        })
+      })
+      socket.uncork()
+    }
+
+    if (login?.first.kind === 'cancel') login.first.packet = pool.cancelRequest(formatHostPort(target), login.first.packet)
+    // A login the proxy runs in full, with a password it can compare, may get a warm backend.
+    const poolKey = login && offload && pool.enabled && login.first.kind === 'startup' ? pool.key(formatHostPort(target), login.tls, login.first.packet, login.password) : undefined
+    if (problem) connect(), upgrade(problem)
+    else if (!login) connect(), upgrade()
+    else {
+      const fresh = () => {
+        const upstream = connect()
+        const io = { upstream: upstream.queue, toUpstream: (b: Buffer) => void upstream.write(b), passwordsAllowed, offload, secureUpstream: (asked?: ClientTls) => upstream.secure(asked) }
+        return runLogin(io, login).then((outcome) => ({ upstream, outcome }))
+      }
+      pool.open(poolKey, fresh).then((opened) => {
+        up = opened.upstream
+        backend = opened.backend
+        ws ? drop() : upgrade(opened.outcome) // (a session already open was refused: the login timed out)
+      }, upgrade)
+    }
+  }
+}
+
+/**
+ * Fires `ms` after the last touch (0 ms: never). Touching only records the time, so it costs
+ * nothing per message; when the timer comes due early it re-arms for what is left.
+ */
+function timer(ms: number, fire: () => void) {
+  let handle: NodeJS.Timeout | undefined
+  let last = Date.now()
+  const arm = (delay: number) => {
+    if (ms > 0) (handle = setTimeout(check, delay)).unref()
+  }
+  const check = () => {
+    const left = last + ms - Date.now()
+    left > 0 ? arm(left) : fire()
+  }
+  arm(ms)
+  return {
+    touch: () => void (last = Date.now()),
+    stop: () => clearTimeout(handle),
+  }
+}
