@@ -63,181 +63,215 @@ const TERMINATE = Buffer.from([0x58, 0, 0, 0, 4])
  * the operator sets Postgres's `client_connection_check_interval` (PostgreSQL 14+).
  */
 export function runSession(ws: WebSocket, o: SessionOptions) {
-  const { upstream } = o
-  const started = Date.now()
-  let bytesIn = o.loginBytes ?? 0
-  let bytesOut = 0
-  let outcome = 'closed by client'
+  new Session(ws, o)
+}
+
+class Session {
+  private readonly upstream: Upstream
+  private readonly started = Date.now()
+  private bytesIn: number
+  private bytesOut = 0
+  private outcome = 'closed by client'
   /** Startup is over (or left to Postgres): bytes flow straight through. */
-  let relaying = false
-  let refused = false
-  const fromClient = new ByteQueue()
+  private relaying = false
+  private refused = false
+  private readonly fromClient = new ByteQueue()
   /** Watches Postgres's first messages, while they are relayed, for the backend's cancel key (the pool knows a pooled one's). */
-  let keyWatch: BackendKeyWatch | undefined = o.giveBack ? undefined : new BackendKeyWatch()
-  let backendKey: BackendKey | undefined
+  private keyWatch?: BackendKeyWatch
+  private backendKey?: BackendKey
   /** The client's last message was Terminate: the backend is exiting by itself. */
-  let clientTerminated = false
+  private clientTerminated = false
   /** For a pooled backend: whether the session leaves it idle (and the Terminate that must not reach it). */
-  const watch = o.giveBack && new IdleWatch()
+  private readonly watch?: IdleWatch
+  private abandoned = false
 
-  // Ends the session from our side. The client may be paused by backpressure; read (and drop)
-  // what it still sends, or its close reply would wait behind that until ws's 30 s close timeout.
-  const closeClient = (code: number, reason?: string) => {
-    ws.resume()
-    ws.close(code, reason)
-  }
-  const toUpstream = (chunk: Buffer) => {
-    if (!upstream.write(chunk)) ws.pause()
-  }
-  // Only the chunk that crosses the mark gets a callback: nothing is sent after it while paused,
-  // so once it is written the queue has drained.
-  const resume = () => upstream.resume()
-  const toClient = (chunk: Buffer) => {
-    o.onActivity?.()
-    bytesOut += chunk.length
-    const congested = ws.bufferedAmount + chunk.length > HIGH_WATER
-    ws.send(chunk, congested ? resume : undefined)
-    if (congested) upstream.pause()
-  }
-  const watchForKey = (chunk: Buffer) => {
-    if (!keyWatch?.feed(chunk)) return
-    backendKey = keyWatch.key
-    keyWatch = undefined
-  }
-  const fromUpstream = (chunk: Buffer) => {
-    if (keyWatch) watchForKey(chunk)
-    if (watch) watch.fromBackend(chunk)
-    toClient(chunk)
-  }
-  /** From here on, both ways, bytes as they come. */
-  const relay = (plaintext = true) => {
-    relaying = true
-    o.onEstablished?.()
-    // Over TLS inside the socket Postgres's bytes are not protocol messages: no key to find.
-    if (!plaintext) keyWatch = undefined
-    const held = fromClient.rest()
-    if (held.length) toUpstream(held)
-    const early = upstream.relay(fromUpstream)
-    if (early.length) fromUpstream(early)
-    ws.resume()
+  constructor(private readonly ws: WebSocket, private readonly o: SessionOptions) {
+    this.upstream = o.upstream
+    this.bytesIn = o.loginBytes ?? 0
+    if (o.giveBack) this.watch = new IdleWatch()
+    else this.keyWatch = new BackendKeyWatch()
+    ws.on('message', this.onClientMessage)
+    this.upstream.onDrain = () => ws.resume()
+    this.start()
+    // It may have failed or hung up already, while the upgrade was answered.
+    this.upstream.error ? this.onUpstreamError(this.upstream.error) : this.upstream.on('error', this.onUpstreamError)
+    this.upstream.closed ? this.onUpstreamClose() : this.upstream.on('close', this.onUpstreamClose)
+    ws.on('close', () => {
+      this.fromClient.fail(new Error('client closed'))
+      this.abandon()
+      const { peer, log } = this.o
+      log?.({ peer, upstream: this.upstream.name, durationMs: Date.now() - this.started, bytesIn: this.bytesIn, bytesOut: this.bytesOut, outcome: this.outcome })
+    })
+    ws.on('error', (err) => {
+      this.outcome = `client error: ${err.message}`
+      this.abandon()
+    })
   }
 
-  // Client → Postgres.
-  ws.on('message', (data: RawData, isBinary: boolean) => {
-    if (ws.readyState !== ws.OPEN || upstream.destroyed) return // closing: nothing more to relay
-    if (!isBinary) {
-      outcome = 'refused a text frame'
-      return closeClient(1003, 'edgepg-proxy: expected binary frames')
+  // ── the startup ─────────────────────────────────────────────────────────────────────────────
+
+  /** The login the upgrade carried, answered; or the startup in band (auth offload); or straight to relaying. */
+  private start() {
+    const { opened } = this.o
+    if (opened instanceof Error) return this.startupFailed(opened)
+    if (opened) {
+      // Postgres's answer to the login the upgrade carried: the session's first frame. (A pooled
+      // backend's carries the session's own cancel key, and is no answer for the idle watch.)
+      if (opened.answer.length) (this.watch ? this.toClient : this.fromUpstream)(opened.answer)
+      if (opened.kind !== 'refused') return this.relay(opened.kind !== 'passthrough' || opened.plaintext)
+      this.refuse(`refused by Postgres: ${opened.code} ${opened.message}`)
+      return this.closeClient(1000)
     }
-    let chunk = data as Buffer
-    o.onActivity?.()
-    bytesIn += chunk.length
-    if (watch && relaying) {
-      if (abandoned) return
-      chunk = watch.fromClient(chunk)
-      if (chunk.length) toUpstream(chunk)
-      // The session is over: the backend goes back now, not when the WebSocket has closed, so that
-      // a session right behind this one finds it.
-      if ((clientTerminated = watch.terminated)) abandon()
-      return
-    }
-    clientTerminated = chunk.length >= 5 && chunk.subarray(-5).equals(TERMINATE)
-    if (relaying) return toUpstream(chunk)
-    if (refused) return // Postgres said no; it is closing, and gets nothing more
-    fromClient.push(chunk)
-    if (fromClient.length > MAX_HELD_BYTES) ws.pause() // pipelined queries wait for upstream auth
-  })
-  upstream.onDrain = () => ws.resume()
-
-  const refuse = (why: string) => {
-    outcome = why
-    refused = true
-    fromClient.rest() // queries held for a session that will not be: dropped
+    if (!this.o.offload) return this.relay()
+    runStartup({
+      client: this.fromClient,
+      upstream: this.upstream.queue,
+      toClient: this.toClient,
+      toUpstream: this.toUpstream,
+      passwordsAllowed: this.o.passwordsAllowed,
+      secureUpstream: () => this.upstream.secure(),
+      mapCancel: this.o.mapCancel,
+    }).then((result) => {
+      if (result.kind === 'refused') return this.refuse(`refused by Postgres: ${result.code} ${result.message}`)
+      this.relay(result.kind === 'authenticated' || result.plaintext)
+    }, this.startupFailed)
   }
+
+  private refuse(why: string) {
+    this.outcome = why
+    this.refused = true
+    this.fromClient.rest() // queries held for a session that will not be: dropped
+  }
+
   /**
    * The startup failed before Postgres could answer: say why as Postgres would, and hang up. TLS the
    * client asked for failed below the protocol: that is reported in a text frame, as the error its
    * own TLS socket would have raised.
    */
-  const startupFailed = (err: Error) => {
+  private readonly startupFailed = (err: Error) => {
     if (err instanceof TlsError) {
-      outcome = `TLS to Postgres failed: ${err.message}`
-      ws.send(JSON.stringify({ message: err.message, code: err.code }))
-      return closeClient(1000)
+      this.outcome = `TLS to Postgres failed: ${err.message}`
+      this.ws.send(JSON.stringify({ message: err.message, code: err.code }))
+      return this.closeClient(1000)
     }
     if (!(err instanceof ProtocolError || err instanceof UpstreamError)) return // the upstream (or the session) closed first
-    outcome = `startup refused: ${err.message}`
-    toClient(errorResponse(err instanceof ProtocolError ? err.code : '08P01', err.message))
-    closeClient(1000)
-  }
-  const { opened } = o
-  if (opened instanceof Error) startupFailed(opened)
-  else if (opened) {
-    // Postgres's answer to the login the upgrade carried: the session's first frame. (A pooled
-    // backend's carries the session's own cancel key, and is no answer for the idle watch.)
-    if (opened.answer.length) (watch ? toClient : fromUpstream)(opened.answer)
-    if (opened.kind === 'refused') {
-      refuse(`refused by Postgres: ${opened.code} ${opened.message}`)
-      closeClient(1000)
-    } else relay(opened.kind !== 'passthrough' || opened.plaintext)
-  } else if (!o.offload) relay()
-  else {
-    runStartup({
-      client: fromClient,
-      upstream: upstream.queue,
-      toClient,
-      toUpstream,
-      passwordsAllowed: o.passwordsAllowed,
-      secureUpstream: () => upstream.secure(),
-      mapCancel: o.mapCancel,
-    }).then((result) => {
-      if (result.kind === 'refused') return refuse(`refused by Postgres: ${result.code} ${result.message}`)
-      relay(result.kind === 'authenticated' || result.plaintext)
-    }, startupFailed)
+    this.outcome = `startup refused: ${err.message}`
+    this.toClient(errorResponse(err instanceof ProtocolError ? err.code : '08P01', err.message))
+    this.closeClient(1000)
   }
 
-  const onUpstreamError = (err: NodeJS.ErrnoException) => {
-    outcome = upstream.connected ? `upstream error: ${err.code ?? err.message}` : `upstream ${upstream.name} unreachable: ${err.code ?? err.message}`
-    closeClient(1011, `edgepg-proxy: ${outcome}`.slice(0, 123))
+  // ── relaying ────────────────────────────────────────────────────────────────────────────────
+
+  /** From here on, both ways, bytes as they come. */
+  private relay(plaintext = true) {
+    this.relaying = true
+    this.o.onEstablished?.()
+    // Over TLS inside the socket Postgres's bytes are not protocol messages: no key to find.
+    if (!plaintext) this.keyWatch = undefined
+    const held = this.fromClient.rest()
+    if (held.length) this.toUpstream(held)
+    const early = this.upstream.relay(this.fromUpstream)
+    if (early.length) this.fromUpstream(early)
+    this.ws.resume()
   }
-  const onUpstreamClose = () => {
+
+  /** Client → Postgres: relayed, or held (and counted) while the startup runs. */
+  private readonly onClientMessage = (data: RawData, isBinary: boolean) => {
+    const { ws, watch } = this
+    if (ws.readyState !== ws.OPEN || this.upstream.destroyed) return // closing: nothing more to relay
+    if (!isBinary) {
+      this.outcome = 'refused a text frame'
+      return this.closeClient(1003, 'edgepg-proxy: expected binary frames')
+    }
+    let chunk = data as Buffer
+    this.o.onActivity?.()
+    this.bytesIn += chunk.length
+    if (watch && this.relaying) {
+      if (this.abandoned) return
+      chunk = watch.fromClient(chunk)
+      if (chunk.length) this.toUpstream(chunk)
+      // The session is over: the backend goes back now, not when the WebSocket has closed, so that
+      // a session right behind this one finds it.
+      if ((this.clientTerminated = watch.terminated)) this.abandon()
+      return
+    }
+    this.clientTerminated = chunk.length >= 5 && chunk.subarray(-5).equals(TERMINATE)
+    if (this.relaying) return this.toUpstream(chunk)
+    if (this.refused) return // Postgres said no; it is closing, and gets nothing more
+    this.fromClient.push(chunk)
+    if (this.fromClient.length > MAX_HELD_BYTES) ws.pause() // pipelined queries wait for upstream auth
+  }
+
+  private readonly toUpstream = (chunk: Buffer) => {
+    if (!this.upstream.write(chunk)) this.ws.pause()
+  }
+
+  /** Postgres → client, watched on the way (for the cancel key, or whether the session leaves its backend idle). */
+  private readonly fromUpstream = (chunk: Buffer) => {
+    if (this.keyWatch?.feed(chunk)) {
+      this.backendKey = this.keyWatch.key
+      this.keyWatch = undefined
+    }
+    this.watch?.fromBackend(chunk)
+    this.toClient(chunk)
+  }
+
+  // Only the chunk that crosses the mark gets a callback: nothing is sent after it while paused,
+  // so once it is written the queue has drained.
+  private readonly resumeUpstream = () => this.upstream.resume()
+  private readonly toClient = (chunk: Buffer) => {
+    this.o.onActivity?.()
+    this.bytesOut += chunk.length
+    const congested = this.ws.bufferedAmount + chunk.length > HIGH_WATER
+    this.ws.send(chunk, congested ? this.resumeUpstream : undefined)
+    if (congested) this.upstream.pause()
+  }
+
+  // ── the end ─────────────────────────────────────────────────────────────────────────────────
+
+  /**
+   * Ends the session from our side. The client may be paused by backpressure; read (and drop) what
+   * it still sends, or its close reply would wait behind that until ws's 30 s close timeout.
+   */
+  private closeClient(code: number, reason?: string) {
+    this.ws.resume()
+    this.ws.close(code, reason)
+  }
+
+  private readonly onUpstreamError = (err: NodeJS.ErrnoException) => {
+    this.outcome = this.upstream.connected ? `upstream error: ${err.code ?? err.message}` : `upstream ${this.upstream.name} unreachable: ${err.code ?? err.message}`
+    this.closeClient(1011, `edgepg-proxy: ${this.outcome}`.slice(0, 123))
+  }
+
+  private readonly onUpstreamClose = () => {
+    const { ws } = this
     // Postgres may refuse (e.g. no such database) and hang up before the client sent its password:
     // pass its ErrorResponse on rather than a bare close.
-    if (!relaying && !refused && ws.readyState === ws.OPEN) {
-      const error = firstErrorResponse(upstream.queue.rest())
+    if (!this.relaying && !this.refused && ws.readyState === ws.OPEN) {
+      const error = firstErrorResponse(this.upstream.queue.rest())
       if (error) {
-        toClient(error)
-        outcome = 'refused by Postgres before the password'
+        this.toClient(error)
+        this.outcome = 'refused by Postgres before the password'
       }
     }
     if (ws.readyState === ws.OPEN) {
       // After the client's Terminate, Postgres hanging up is the client's doing.
-      if (outcome === 'closed by client' && !clientTerminated) outcome = 'closed by upstream'
-      closeClient(1000)
+      if (this.outcome === 'closed by client' && !this.clientTerminated) this.outcome = 'closed by upstream'
+      this.closeClient(1000)
     }
   }
-  // It may have failed or hung up already, while the upgrade was answered.
-  upstream.error ? onUpstreamError(upstream.error) : upstream.on('error', onUpstreamError)
-  upstream.closed ? onUpstreamClose() : upstream.on('close', onUpstreamClose)
-  let abandoned = false
-  const abandon = () => {
-    if (abandoned) return
-    abandoned = true
-    if (!o.giveBack) return upstream.close(clientTerminated ? undefined : backendKey)
-    upstream.off('error', onUpstreamError)
-    upstream.off('close', onUpstreamClose)
+
+  /** The client is gone (or done): the backend goes back to the pool, or is closed (its query cancelled unless it was told to end). */
+  private abandon() {
+    if (this.abandoned) return
+    this.abandoned = true
+    const { upstream, o } = this
+    if (!o.giveBack) return upstream.close(this.clientTerminated ? undefined : this.backendKey)
+    upstream.off('error', this.onUpstreamError)
+    upstream.off('close', this.onUpstreamClose)
     upstream.onDrain = undefined
-    o.giveBack(watch ? watch.ending : undefined)
+    o.giveBack(this.watch ? this.watch.ending : undefined)
   }
-  ws.on('close', () => {
-    fromClient.fail(new Error('client closed'))
-    abandon()
-    o.log?.({ peer: o.peer, upstream: upstream.name, durationMs: Date.now() - started, bytesIn, bytesOut, outcome })
-  })
-  ws.on('error', (err) => {
-    outcome = `client error: ${err.message}`
-    abandon()
-  })
 }
 
 /** The first complete ErrorResponse among whole backend messages, if any. */
