@@ -14,6 +14,8 @@ const line = (entry: object) => {
   unwritten += JSON.stringify({ time: new Date().toISOString(), ...entry }) + '\n'
 }
 process.on('exit', () => unwritten && writeLog())
+// Lines nobody reads any more (the log's reader went away) are dropped; the proxy goes on.
+process.stdout.on('error', () => {})
 
 function fail(message: string): never {
   process.stderr.write(`edgepg-proxy: ${message}\nRun edgepg-proxy --help for usage.\n`)

@@ -43,10 +43,15 @@ class Boundaries {
         at += n
         continue
       }
-      const n = Math.min(5 - this.have, chunk.length - at)
-      chunk.copy(this.header, this.have, at, at + n)
-      this.have += n
-      at += n
+      if (this.have === 0 && at + 5 <= chunk.length) {
+        // The whole header is here (the common case): read in place.
+        this.left = chunk.readInt32BE(at + 1) - 4
+        each(chunk[at], at, at + 5, at + 5 + this.left)
+        at += 5
+        continue
+      }
+      // A header cut between chunks: gathered byte by byte.
+      while (this.have < 5 && at < chunk.length) this.header[this.have++] = chunk[at++]
       if (this.have < 5) return
       this.have = 0
       this.left = this.header.readInt32BE(1) - 4
