@@ -121,7 +121,7 @@ test(`load: ${SESSIONS} concurrent sessions querying for ${SECONDS} s through th
     t.diagnostic(
       `${SESSIONS} sessions (connected in ${connectSeconds.toFixed(1)} s, ${CONNECT_BATCH} at a time) for ${elapsed.toFixed(1)} s: ` +
         `${latencies.length} queries = ${qps.toFixed(0)} queries/s; latency p50 ${f(percentile(sorted, 50))}, p99 ${f(percentile(sorted, 99))}, ` +
-        `p99.9 ${f(percentile(sorted, 99.9))}, max ${f(sorted[sorted.length - 1] ?? NaN)}; proxy CPU ${((proxyCpu / elapsed) * 100).toFixed(0)}% of one core; ` +
+        `p99.9 ${f(percentile(sorted, 99.9))}, max ${f(sorted[sorted.length - 1] ?? NaN)}; proxy CPU ${((proxyCpu / elapsed) * 100).toFixed(0)}% of one core (${((proxyCpu * 1e6) / latencies.length).toFixed(0)} µs per query); ` +
         `errors ${errors.length}`
     )
     assert.deepEqual(errors.slice(0, 10), [], `zero errors allowed (${errors.length} in all, ${wrong} wrong answers)`)
