@@ -233,6 +233,7 @@ export class BackendPool {
    * still due to the session (whatever they say); true if all went well and it is idle.
    */
   private exchange(backend: Backend, sent: Buffer[], pending = 0): Promise<boolean> {
+    if (backend.upstream.gone) return Promise.resolve(false) // (its close came and went: nothing would answer)
     const queue = (backend.queue = new ByteQueue())
     const early = backend.upstream.relay((chunk) => queue.push(chunk))
     if (early.length) queue.push(early)
@@ -269,6 +270,7 @@ export class BackendPool {
 
   /** While idle, Postgres may report a changed setting; anything else (a FATAL, say) ends the backend. */
   private watchIdle(backend: Backend, queue = new ByteQueue()) {
+    if (backend.upstream.gone) queue.fail(new Error('Postgres closed the connection'))
     if (backend.queue !== queue) {
       backend.queue = queue
       queue.push(backend.upstream.relay((chunk) => queue.push(chunk)))
