@@ -40,6 +40,7 @@ export type PoolEvent = 'hit' | 'miss' | 'reset' | 'discard'
 /** Longest wait for Postgres's answer to a reset or a ping. */
 const ANSWER_TIMEOUT_MS = 5000
 const SYNC = serialize.sync()
+const EMPTY = Buffer.alloc(0)
 const Z = 0x5a
 /** ReadyForQuery's status outside a transaction. */
 const IDLE = 0x49
@@ -143,8 +144,8 @@ export class BackendPool {
    * A logged-in backend for a login: a warm one for `key` (when given), else what `login` makes of a
    * fresh connection, kept by the pool when the login succeeded and there is room. The outcome is
    * Postgres's answer, for a session: a pooled backend's with the session's own cancel secret.
-   * Without `session` (for the proxy's own statements) a warm backend is not pinged (`warm`: the
-   * caller pings it in its first write).
+   * Without `session` (for the proxy's own statements) a pooled backend's answer is left empty and a
+   * warm one is not pinged (`warm`: the caller pings it in its first write).
    */
   async open(
     key: string | undefined,
@@ -177,7 +178,7 @@ export class BackendPool {
   /** Lends a backend (to a session: Postgres's login answer, with a cancel secret for that session alone). */
   private lend(backend: Backend, session: boolean): Buffer {
     backend.queue = undefined
-    if (!session) return backend.answerWith(backend.key.secret)
+    if (!session) return EMPTY
     backend.lentSecret = randomBytes(backend.key.secret.length)
     return backend.answerWith(backend.lentSecret)
   }

@@ -46,7 +46,7 @@ export async function runRequest(lease: Lease, ctl: Control, payload: { single?:
   /** The reset, in the same write as the last statement. */
   const resetBehind = () => (lease.reset = statements.query('DISCARD ALL').then(() => statements.status === 'I', () => false))
   if (payload.single) {
-    const running = runStatement(lease, types, ctl, payload.single, flags, budget, limits)
+    const running = runStatement(lease, types, ctl, payload.single, flags, budget, limits, false)
     resetBehind()
     const json = await running
     if (Buffer.byteLength(json) > maxResponse) throw new TooLarge()
@@ -62,7 +62,7 @@ export async function runRequest(lease: Lease, ctl: Control, payload: { single?:
     const results: string[] = []
     for (const [i, data] of payload.batch!.entries()) {
       if (ctl.aborted) throw new HttpError(499, 'client went away')
-      results.push(await runStatement(lease, types, ctl, data, flags, budget, limits))
+      results.push(await runStatement(lease, types, ctl, data, flags, budget, limits, true))
       if (statements.status === 'I') {
         throw new HttpError(400, `statement ${i + 1} of the batch ended its transaction; COMMIT, ROLLBACK and the like are not allowed in a batch`, '25000')
       }
@@ -92,7 +92,8 @@ async function runStatement(
   data: QueryData,
   flags: Flags,
   budget: { used: number },
-  { maxResponse, statementTimeout }: RunLimits
+  { maxResponse, statementTimeout }: RunLimits,
+  inBatch: boolean
 ): Promise<string> {
   const arrayMode = data.arrayMode ?? flags.arrayMode
   const rawRows: Array<Array<string | null>> = []
@@ -125,9 +126,10 @@ async function runStatement(
 
   if (setsCustomSetting(data.query)) lease.customSetting = true
   ctl.running = true
-  // Postgres's statement_timeout should fire first; this one is for a statement that lifted it
-  // (SET in a batch), or where nothing was SET, where it is the only one.
-  const timer = statementTimeout > 0
+  // Postgres's statement_timeout fires by itself for a lone statement it was SET for; the proxy's
+  // timer is for a batch, whose statements may lift it (SET in a batch), and for where nothing was
+  // SET, where it is the only one.
+  const timer = statementTimeout > 0 && (inBatch || !lease.timeoutSet)
     ? setTimeout(() => {
         ctl.timedOut = true
         ctl.cancel()
