@@ -32,10 +32,15 @@ const TIMEOUT_GRACE_MS = 1000
 /** Array types learnt, per database, at most (then forgotten and learnt again). */
 const MAX_LEARNT_TYPES = 10_000
 
-/**
- * Runs a request's statements; `types`: the array types learnt so far for its database.
- */
-export async function runRequest(lease: Lease, ctl: Control, payload: { single?: QueryData; batch?: QueryData[] }, flags: Flags, types: Map<number, ArrayType | null>, limits: RunLimits): Promise<Response> {
+/** Runs a request's statements; `types`: the array types learnt so far for its database. */
+export async function runRequest(
+  lease: Lease,
+  ctl: Control,
+  payload: { single?: QueryData; batch?: QueryData[] },
+  flags: Flags,
+  types: Map<number, ArrayType | null>,
+  limits: RunLimits
+): Promise<Response> {
   const { maxResponse, statementTimeout } = limits
   const { statements } = lease
   const budget = { used: 0 }
