@@ -176,6 +176,13 @@ test('one pool for WebSocket sessions and /sql: a backend warmed by either serve
     await eventually(async () => (await proxy.stats()).resets === 7, 'reset after each session and request')
     const stats = await proxy.stats()
     assert.deepEqual([stats.misses, stats.hits, stats.pooled], [1, 6, 1], 'one backend forked, for both')
+
+    // A custom setting made over /sql: that backend is not given back, as for a session.
+    const setter = await sql(`SELECT pg_backend_pid() AS pid, set_config('edgepg_test.leak', 'secret', false) AS v`)
+    assert.equal(setter.pid, warmedByWs.pid)
+    const after = await session(cfg, async (c) => (await c.query(STATE)).rows[0])
+    assert.notEqual(after.pid, setter.pid, 'a fresh backend after the custom setting')
+    assert.deepEqual(after.result, clean, 'nothing of it seen')
   } finally {
     await proxy.close()
   }
