@@ -5,14 +5,16 @@
  * whose login matches exactly: same upstream, TLS, StartupMessage (user, database and every
  * parameter) and password. That session's login is answered from the backend's own state
  * (AuthenticationOk, its ParameterStatus values, its BackendKeyData, ReadyForQuery): no fork, no
- * authentication at Postgres.
+ * authentication at Postgres. POST /sql draws from the same pool (proxy/sql-lease.ts): its requests
+ * log in as a default pg Client would, so they share keys with sessions.
  *
  * Passwords are compared as HMACs under a per-process key; a login whose password differs misses
  * and goes to Postgres, which judges it. Each session on a pooled backend is given a cancel secret
  * of its own (the backend's real process ID), so a late CancelRequest from an earlier session
  * cannot cancel a later one's query. Before a backend is handed out it has answered: its reset, if
  * that is just under way (a session right behind another), else a ping (a Sync), so one that died
- * while idle is never given to anyone.
+ * while idle is never given to anyone. (A /sql request sends its ping with its statement, and runs
+ * elsewhere if it goes unanswered.)
  */
 import { createHmac, randomBytes } from 'node:crypto'
 import { serialize } from 'pg-protocol'
