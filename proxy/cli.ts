@@ -34,7 +34,8 @@ if (config === 'help') {
   process.exit(0)
 }
 
-const { options, listen, shutdownGraceMs, readTls } = config
+const { options, listen, shutdownGraceMs, readTls, warnings } = config
+for (const warning of warnings) line({ warning })
 const proxy = createProxy({ ...options, log: line, sqlLog: (entry) => line({ route: '/sql', ...entry }) })
 proxy.listen(listen.port, listen.host).then(
   (addr) => line({ listening: `${addr.address}:${addr.port}`, upstream: options.upstream, tls: Boolean(options.tls) }),

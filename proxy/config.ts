@@ -77,6 +77,8 @@ export interface CliConfig {
   shutdownGraceMs: number
   /** Rereads the certificate files (for SIGHUP); undefined without --cert. */
   readTls?: () => { cert: Buffer; key: Buffer }
+  /** Settings that work but work against each other: logged at start. */
+  warnings: string[]
 }
 
 /** Parses flags, then environment variables, then defaults; throws ConfigError naming the culprit. */
@@ -146,10 +148,20 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
   const ca = value('upstreamCa', file)
   if ((sslmode === 'verify-ca' || sslmode === 'verify-full') && !ca) throw new ConfigError(`--upstream-sslmode ${sslmode} needs --upstream-ca (the CA that signed Postgres's certificate)`)
 
+  const warnings: string[] = []
+  const sqlPoolMax = value('sqlPoolMax', number(1))!
+  const maxIdlePerKey = value('poolMaxIdlePerKey', number(0))!
+  if (!on('noPool') && !on('noSql') && sqlPoolMax > maxIdlePerKey) {
+    warnings.push(
+      `--sql-pool-max (${sqlPoolMax}) is above --pool-max-idle-per-key (${maxIdlePerKey}): backends /sql gives back beyond ` +
+        `${maxIdlePerKey} idle are closed, and later requests log in again; raise --pool-max-idle-per-key to ${sqlPoolMax}`
+    )
+  }
   return {
     listen,
     shutdownGraceMs: value('shutdownGrace', number(0))!,
     readTls,
+    warnings,
     options: {
       upstream: upstreamText,
       allow,
@@ -164,7 +176,7 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
       authOffload: !on('noAuthOffload'),
       pool: {
         enabled: !on('noPool'),
-        maxIdlePerKey: value('poolMaxIdlePerKey', number(0)),
+        maxIdlePerKey,
         maxBackends: value('poolMaxBackends', number(0)),
         idleTimeoutMs: value('poolIdleTimeout', number(1)),
         maxLifetimeMs: value('poolMaxLifetime', number(1)),
@@ -176,7 +188,7 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
             maxResponseBytes: value('sqlMaxResponse', number(1)),
             statementTimeoutMs: value('sqlStatementTimeout', number(0)),
             maxRequests: value('sqlMaxRequests', number(1)),
-            pool: { max: value('sqlPoolMax', number(1)) },
+            pool: { max: sqlPoolMax },
           },
       allowInsecurePasswords: on('allowInsecurePasswords'),
     },

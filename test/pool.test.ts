@@ -460,5 +460,11 @@ test('the pool’s flags and environment variables reach the proxy’s options; 
     enabled: false, maxIdlePerKey: 2, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1000,
   })
   assert.throws(() => options(['--pool-idle-timeout', '0']), /--pool-idle-timeout must be an integer ≥ 1, got "0"/)
+  // /sql holding more backends per key than the pool keeps idle would make them churn: said at start.
+  const warnings = (argv: string[]) => (parseConfig(['--upstream', '127.0.0.1:5432', ...argv], {}) as any).warnings
+  assert.deepEqual(warnings([]), [])
+  assert.match(warnings(['--sql-pool-max', '32'])[0], /--sql-pool-max \(32\) is above --pool-max-idle-per-key \(10\).*raise --pool-max-idle-per-key to 32/)
+  assert.deepEqual(warnings(['--sql-pool-max', '32', '--pool-max-idle-per-key', '32']), [])
+  assert.deepEqual(warnings(['--sql-pool-max', '32', '--no-pool']), [])
   assert.throws(() => options([], { EDGEPG_POOL_MAX_BACKENDS: 'many' }), /EDGEPG_POOL_MAX_BACKENDS must be an integer ≥ 0, got "many"/)
 })
