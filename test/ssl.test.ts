@@ -153,9 +153,12 @@ test('a query on a TLS backend the proxy made is cancelled through another clien
     try {
       const sleeping = client.query('SELECT pg_sleep(30)')
       await new Promise((r) => setTimeout(r, 200))
-      ;(new Client(config) as any).cancel(client, (client as any)._activeQuery ?? (client as any)._sentQueryQueue[0])
+      const canceller: any = new Client(config)
+      canceller.cancel(client, (client as any)._activeQuery ?? (client as any)._sentQueryQueue[0])
       const err: any = await within(5000, 'the cancelled query', sleeping.then(() => assert.fail('not cancelled'), (e) => e))
       assert.equal(err.code, '57014')
+      // Postgres hangs up on a CancelRequest once it has read it, as over TCP; the proxy closes only after.
+      await eventually(() => canceller.connection.stream.destroyed, 'the cancel connection to be closed by Postgres')
     } finally {
       await client.end()
     }
