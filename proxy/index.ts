@@ -45,13 +45,13 @@ export interface ProxyOptions {
   idleTimeoutMs?: number
   /** Resolves a host name to its addresses (default: the system resolver). */
   lookup?: (host: string) => Promise<string[]>
-  /** POST /sql: Neon's SQL-over-HTTP protocol, on pooled connections (default on); false: off. */
+  /** POST /sql: Neon's SQL-over-HTTP protocol, on the warm backends sessions use too (default on); false: off. */
   sql?: false | Pick<SqlOptions, 'maxBodyBytes' | 'maxResponseBytes' | 'statementTimeoutMs' | 'maxRequests' | 'authToken'> & { pool?: SqlPoolOptions }
   /** Called once per /sql request; never given passwords, queries or parameters. */
   sqlLog?: (entry: SqlLog) => void
   /** Called once per ended session; never given passwords or payloads. */
   log?: (entry: SessionLog) => void
-  /** Warm backends for sessions whose login the proxy runs (default on; see proxy/pool.ts). */
+  /** Warm backends for sessions whose login the proxy runs, and for /sql (default on; see proxy/pool.ts). */
   pool?: PoolOptions
 }
 

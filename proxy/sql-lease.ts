@@ -22,7 +22,7 @@ export interface LeaseOptions {
   perKey: number
   /** Longest wait for a turn, and then for a login, before HTTP 503. */
   connectTimeoutMs: number
-  /** Whether requests SET statement_timeout (only on pooled backends: see proxy/sql.ts). */
+  /** statement_timeout in ms (0: none), SET by each request when the pool is on (see proxy/sql.ts). */
   statementTimeoutMs: number
   applicationName?: string
 }

@@ -29,6 +29,8 @@ export class TooLarge extends Error {}
 
 /** How long past statement_timeout the proxy waits before cancelling a statement itself. */
 const TIMEOUT_GRACE_MS = 1000
+/** A statement that may be a COPY (which nothing may follow in the pipe until it is over). */
+const MAY_COPY = /copy/i
 /** Array types learnt, per database, at most (then forgotten and learnt again). */
 const MAX_LEARNT_TYPES = 10_000
 
@@ -48,11 +50,13 @@ export async function runRequest(
   // the ping a warm backend needs (one that died while idle never answers it: see Leases.with()).
   if (lease.timeoutSet) statements.query(`SET statement_timeout = ${statementTimeout}`).catch(() => {})
   else if (lease.unpinged) statements.sync().catch(() => {})
-  /** The reset, in the same write as the last statement. */
-  const resetBehind = () => (lease.reset = statements.query('DISCARD ALL').then(() => statements.status === 'I', () => false))
+  /** The reset, in the same write as the last statement (unless that may be a COPY: see Statements.execute). */
+  const resetBehind = (last: string) => {
+    if (!MAY_COPY.test(last)) lease.reset = statements.query('DISCARD ALL').then(() => statements.status === 'I', () => false)
+  }
   if (payload.single) {
     const running = runStatement(lease, types, ctl, payload.single, flags, budget, limits, false)
-    resetBehind()
+    resetBehind(payload.single.query)
     const json = await running
     if (Buffer.byteLength(json) > maxResponse) throw new TooLarge()
     return { status: 200, body: json }
@@ -76,7 +80,7 @@ export async function runRequest(
     if (Buffer.byteLength(json) > maxResponse) throw new TooLarge()
     if (ctl.aborted) throw new HttpError(499, 'client went away')
     const commit = statements.query('COMMIT')
-    resetBehind()
+    resetBehind('COMMIT')
     await commit
     const headers: Record<string, string> = {}
     if (flags.isolation) headers['neon-batch-isolation-level'] = flags.isolation

@@ -29,9 +29,12 @@ export type RowHandler = (row: Array<string | null>, fields: Field[]) => void
 
 /** pg's reading of a command tag: `INSERT 0 5`, `SELECT 3`, `CREATE TABLE`. */
 const COMMAND_TAG = /^([A-Za-z]+)(?: (\d+))?(?: (\d+))?/
-/** What pg answers a COPY FROM STDIN it has no stream for. */
-const NO_COPY_SOURCE = serialize.copyFail('No source stream defined')
 const SYNC = serialize.sync()
+/**
+ * What pg answers a COPY FROM STDIN it has no stream for; and a Sync, as Postgres ignored the one
+ * sent with the statement while it waited for the data.
+ */
+const NO_COPY_SOURCE = Buffer.concat([serialize.copyFail('No source stream defined'), SYNC])
 const DESCRIBE_PORTAL = serialize.describe({ type: 'P' })
 const EXECUTE = serialize.execute({})
 
@@ -64,7 +67,11 @@ export class Statements {
     if (upstream.closed) this.onClose()
   }
 
-  /** A statement with the extended protocol; `onRow` sees each row as it arrives. */
+  /**
+   * A statement with the extended protocol; `onRow` sees each row as it arrives. A COPY FROM STDIN
+   * is refused (no data comes over HTTP): nothing may be sent behind one, as Postgres would take it
+   * for the data.
+   */
   execute(text: string, values: Array<string | null>, onRow?: RowHandler): Promise<Outcome> {
     return this.send(Buffer.concat([serialize.parse({ text }), serialize.bind({ values }), DESCRIBE_PORTAL, EXECUTE, SYNC]), onRow)
   }

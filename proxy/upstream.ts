@@ -143,7 +143,7 @@ export class Upstream {
     return secure
   }
 
-  private tlsOver(socket: Socket): tls.TLSSocket {
+  private tlsOver(socket: Socket): TLSSocket {
     const { mode, ca, direct, servername } = this.tlsOptions!
     const { host } = this.target
     return tls.connect({

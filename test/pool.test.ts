@@ -46,6 +46,18 @@ const config = (proxy: TestProxy, role: Role = 'scram_user', extra: ClientConfig
   ...extra,
 })
 
+/** POST /sql to the proxy as scram_user, with `host:port` in the connection string: a query's first row (status 200 asserted). */
+function sqlVia(proxy: TestProxy, hostPort: string) {
+  const { user, password, database } = pgConfig('scram_user', own)
+  const conn = `postgresql://${user}:${encodeURIComponent(String(password))}@${hostPort}/${database}`
+  return async (query: string) => {
+    const res = await fetch(`http://127.0.0.1:${proxy.port}/sql`, { method: 'POST', headers: { 'Neon-Connection-String': conn }, body: JSON.stringify({ query }) })
+    const body = await res.json()
+    assert.equal(res.status, 200, JSON.stringify(body))
+    return body.rows[0]
+  }
+}
+
 /** Backends Postgres has for `application_name` (other than the asker's). */
 async function backendsOf(app: string): Promise<number[]> {
   const admin = own.admin()
@@ -144,14 +156,7 @@ test('one pool for WebSocket sessions and /sql: a backend warmed by either serve
   const proxy = await startProxy()
   try {
     const cfg = config(proxy)
-    const { user, password, host, port, database } = pgConfig('scram_user', own)
-    const conn = `postgresql://${user}:${encodeURIComponent(String(password))}@${host}:${port}/${database}`
-    const sql = async (query: string) => {
-      const res = await fetch(`http://127.0.0.1:${proxy.port}/sql`, { method: 'POST', headers: { 'Neon-Connection-String': conn }, body: JSON.stringify({ query }) })
-      const body = await res.json()
-      assert.equal(res.status, 200, JSON.stringify(body))
-      return body.rows[0]
-    }
+    const sql = sqlVia(proxy, `${own.host}:${own.port}`)
     const fresh = new pg.Client(pgConfig('scram_user', own))
     await fresh.connect()
     const clean = (await fresh.query(STATE)).rows[0]
@@ -327,14 +332,7 @@ test('/sql: a warm backend that died unseen is passed over: the request runs onc
   await admin.connect()
   try {
     await admin.query('CREATE TABLE IF NOT EXISTS pool_once (n int); TRUNCATE pool_once')
-    const { user, password, database } = pgConfig('scram_user', own)
-    const conn = `postgresql://${user}:${encodeURIComponent(String(password))}@127.0.0.1:${relayPort}/${database}`
-    const sql = async (query: string) => {
-      const res = await fetch(`http://127.0.0.1:${proxy.port}/sql`, { method: 'POST', headers: { 'Neon-Connection-String': conn }, body: JSON.stringify({ query }) })
-      const body = await res.json()
-      assert.equal(res.status, 200, JSON.stringify(body))
-      return body.rows[0]
-    }
+    const sql = sqlVia(proxy, `127.0.0.1:${relayPort}`)
     const first = await sql('SELECT pg_backend_pid() AS pid')
     assert.equal(links.length, 1)
     links[0].silent = true

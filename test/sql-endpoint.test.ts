@@ -274,6 +274,8 @@ test('errors: HTTP 400 with every DatabaseError field, equal to pg over TCP', as
       [],
     ],
     ['SELECT $1::int', ['abc']],
+    // No data can follow over HTTP: refused with CopyFail, as pg refuses a COPY without a stream.
+    [`COPY ${schema}.items FROM STDIN`, []],
   ]
   const seen = new Set<string>()
   for (const [text, values] of cases) {
