@@ -9,7 +9,7 @@ import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
 import { createProxy } from '../proxy/index'
 import { freePort } from '../test/stack'
-import { stopChild } from '../test/child-proxy'
+import { cpuSecondsOf, stopChild } from '../test/child-proxy'
 import type { ProxyMode } from './lib'
 
 export interface RunningProxy {
@@ -21,6 +21,8 @@ export interface RunningProxy {
 
 export interface RunningRelay {
   port: number
+  /** The child's CPU time so far (user + system), in seconds. */
+  cpuSeconds(): number
   stop(): Promise<void>
 }
 
@@ -37,8 +39,12 @@ export interface ProxyStartOptions {
   authOffload?: boolean
   /** false: no warm backends (--no-pool). */
   pool?: boolean
+  /** More CLI flags (child mode only). */
+  flags?: string[]
 }
 
+export async function startProxy(upstream: string, mode: 'child', options?: ProxyStartOptions): Promise<RunningProxy & RunningRelay>
+export async function startProxy(upstream: string, mode: ProxyMode, options?: ProxyStartOptions): Promise<RunningProxy>
 export async function startProxy(upstream: string, mode: ProxyMode, options: ProxyStartOptions = {}): Promise<RunningProxy> {
   if (mode === 'in-process') {
     const proxy = createProxy({ upstream, authOffload: options.authOffload, pool: { enabled: options.pool !== false } })
@@ -47,10 +53,10 @@ export async function startProxy(upstream: string, mode: ProxyMode, options: Pro
   }
   // The CLI refuses port 0, so pick a free port here (a tiny race, harmless on a bench machine).
   const listen = `127.0.0.1:${await freePort()}`
-  const flags = [...(options.authOffload === false ? ['--no-auth-offload'] : []), ...(options.pool === false ? ['--no-pool'] : [])]
+  const flags = [...(options.authOffload === false ? ['--no-auth-offload'] : []), ...(options.pool === false ? ['--no-pool'] : []), ...(options.flags ?? [])]
   // As deployed: the built CLI (npm run bench builds first), not the TypeScript under tsx.
-  const { port, stop } = await startChild(['dist/cli.mjs', '--upstream', upstream, '--listen', listen, ...flags], 'edgepg-proxy')
-  return { port, url: `ws://127.0.0.1:${port}/v2`, mode, stop }
+  const child = await startChild(['dist/cli.mjs', '--upstream', upstream, '--listen', listen, ...flags], 'edgepg-proxy')
+  return { ...child, url: `ws://127.0.0.1:${child.port}/v2`, mode }
 }
 
 export function startTcpRelay(upstream: string): Promise<RunningRelay> {
@@ -91,7 +97,7 @@ async function startChild(args: string[], what: string): Promise<RunningRelay> {
         } catch {}
       })
     })
-    return { port, stop }
+    return { port, cpuSeconds: () => cpuSecondsOf(child.pid!), stop }
   } catch (err) {
     await stop()
     throw err

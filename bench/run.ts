@@ -15,12 +15,13 @@ import { connect } from './connect'
 import { sessions } from './sessions'
 import { core } from './core'
 import { proxycost } from './proxycost'
+import { loadBench } from './load'
 import { httpBench } from './http'
 import { bundle } from './bundle'
 import { passes, type BenchContext, type ProxyMode, type Row, type Section } from './lib'
 import { startProxy, type RunningProxy } from './proxy'
 
-const SECTIONS: Section[] = [core, connect, sessions, proxycost]
+const SECTIONS: Section[] = [core, connect, sessions, proxycost, loadBench]
 SECTIONS.push(httpBench, bundle)
 
 const args = process.argv.slice(2)

@@ -74,19 +74,13 @@ export async function startChildProxy(upstream: string, options: ChildProxyOptio
       }
     })
   })
-  const ticks = 100 // USER_HZ on Linux
   return {
     child,
     pid: child.pid!,
     port,
     url: `ws://127.0.0.1:${port}/v2`,
     logs,
-    cpuSeconds() {
-      // Fields after the command name: state is #3; utime #14, stime #15.
-      const stat = readFileSync(`/proc/${child.pid}/stat`, 'utf8')
-      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
-      return (Number(fields[11]) + Number(fields[12])) / ticks
-    },
+    cpuSeconds: () => cpuSecondsOf(child.pid!),
     rss() {
       const status = readFileSync(`/proc/${child.pid}/status`, 'utf8')
       const kb = /^VmRSS:\s+(\d+) kB$/m.exec(status)
@@ -109,4 +103,12 @@ export function stopChild(child: ChildProcess): Promise<void> {
     child.stdin?.end()
     child.kill('SIGTERM')
   })
+}
+
+/** A process's CPU time so far (user + system), in seconds, from /proc. */
+export function cpuSecondsOf(pid: number): number {
+  // Fields after the command name: state is #3; utime #14, stime #15, in ticks of USER_HZ (100 on Linux).
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+  return (Number(fields[11]) + Number(fields[12])) / 100
 }
