@@ -63,6 +63,11 @@ export function startTcpRelay(upstream: string): Promise<RunningRelay> {
   return startChild(['bench/tcp-relay.ts', upstream], 'tcp relay')
 }
 
+/** A bare WebSocket-to-TCP relay (bench/ws-relay.ts): the floor for a warm query over a WebSocket. */
+export function startWsRelay(upstream: string): Promise<RunningRelay> {
+  return startChild(['bench/ws-relay.ts', upstream], 'ws relay')
+}
+
 /** A bare WebSocket server (bench/ws-echo.ts): the floor for a cold session. */
 export function startWsEcho(): Promise<RunningRelay> {
   return startChild(['bench/ws-echo.ts'], 'ws echo')
