@@ -11,7 +11,7 @@ import { neon, neonConfig } from '@neondatabase/serverless'
 import { httpSql } from '../src/index'
 import { sqlHandler } from '../proxy/sql'
 import { gc, interleave, median, ms, percentile, printGrid, type BenchContext, type Row, type Section } from './lib'
-import { startHttpFloor } from './proxy'
+import { startHttpFloor, startHttpPg } from './proxy'
 
 const LATENCY_WARMUP = 100
 const LATENCY_ROUNDS = 10
@@ -24,9 +24,9 @@ const DRIVERS = ['edgepg', 'neon', 'pg'] as const
 type Driver = (typeof DRIVERS)[number]
 const LABELS: Record<Driver, string> = { edgepg: 'edgepg httpSql (HTTP)', neon: 'neon() (HTTP)', pg: 'pg.Pool (TCP)' }
 
-const LEAN = ['sql', 'floor', 'pg'] as const
+const LEAN = ['sql', 'floor', 'httpPg', 'pg'] as const
 type Lean = (typeof LEAN)[number]
-const LEAN_LABELS: Record<Lean, string> = { sql: 'POST /sql (edgepg-proxy)', floor: 'floor: bare HTTP server', pg: 'pg.Pool query (TCP)' }
+const LEAN_LABELS: Record<Lean, string> = { sql: 'POST /sql (edgepg-proxy)', floor: 'floor: bare HTTP server', httpPg: 'bare HTTP server + pg.Pool', pg: 'pg.Pool query (TCP)' }
 const LEAN_ROUNDS = 10
 const LEAN_PER_ROUND = 200
 const LEAN_CONCURRENCY = 32
@@ -67,6 +67,8 @@ async function leanServer(url: string, connectionString: string, pool: pg.Pool):
   const sample = await sql.post(request(7))
   const floorServer = await startHttpFloor(sample)
   const floor = leanPoster(`http://127.0.0.1:${floorServer.port}/sql`, headers)
+  const httpPgServer = await startHttpPg(connectionString)
+  const httpPg = leanPoster(`http://127.0.0.1:${httpPgServer.port}/sql`, headers)
   let n = 0
   const one: Record<Lean, () => Promise<unknown>> = {
     sql: async () => {
@@ -75,6 +77,11 @@ async function leanServer(url: string, connectionString: string, pool: pg.Pool):
       if (!text.includes(`[["${v}"]]`)) throw new Error(`http bench: /sql answered ${text}`)
     },
     floor: () => floor.post(request(++n)),
+    httpPg: async () => {
+      const v = ++n % 1_000_000
+      const text = await httpPg.post(request(v))
+      if (!text.includes(`[[${v}]]`)) throw new Error(`http bench: http + pg.Pool answered ${text}`)
+    },
     pg: () => pool.query('SELECT $1::int AS v', [++n % 1_000_000]),
   }
   const rate = async (key: Lean) => {
@@ -87,7 +94,7 @@ async function leanServer(url: string, connectionString: string, pool: pg.Pool):
   }
   try {
     for (const key of LEAN) for (let i = 0; i < 200; i++) await one[key]()
-    const lat: Record<Lean, number[]> = { sql: [], floor: [], pg: [] }
+    const lat: Record<Lean, number[]> = { sql: [], floor: [], httpPg: [], pg: [] }
     await interleave(LEAN, LEAN_ROUNDS, async (key) => {
       gc()
       for (let i = 0; i < LEAN_PER_ROUND; i++) {
@@ -96,13 +103,13 @@ async function leanServer(url: string, connectionString: string, pool: pg.Pool):
         lat[key].push(performance.now() - t0)
       }
     })
-    const rps: Record<Lean, number[]> = { sql: [], floor: [], pg: [] }
+    const rps: Record<Lean, number[]> = { sql: [], floor: [], httpPg: [], pg: [] }
     await interleave(LEAN, 3, async (key) => {
       gc()
       rps[key].push(await rate(key))
     })
-    const m = { sql: median(lat.sql), floor: median(lat.floor), pg: median(lat.pg) }
-    const r = { sql: median(rps.sql), floor: median(rps.floor), pg: median(rps.pg) }
+    const m = Object.fromEntries(LEAN.map((k) => [k, median(lat[k])])) as Record<Lean, number>
+    const r = Object.fromEntries(LEAN.map((k) => [k, median(rps[k])])) as Record<Lean, number>
     const over = m.sql - m.floor
     const share = r.sql / r.floor
     const perSecond = (x: number) => `${Math.round(x).toLocaleString('en-US')}/s`
@@ -117,6 +124,9 @@ async function leanServer(url: string, connectionString: string, pool: pg.Pool):
         `The floor is a bare Node HTTP server in a child process that reads the request and answers /sql's own response body ` +
           `(${sample.length} bytes); /sql runs in edgepg-proxy's child process; pg.Pool (max 32) queries Postgres over TCP. ` +
           `The client is Node's http.request on a keep-alive agent (32 sockets). ${LEAN_ROUNDS} alternating rounds of ${LEAN_PER_ROUND}.`,
+        `The least a hand-written SQL-over-HTTP endpoint does (bench/http-pg.ts: parse the JSON, pg.Pool query, answer the rows; no ` +
+          `credentials per request, limits, timeouts or types) costs ${ms(m.httpPg - m.floor)} over the floor = ${((m.httpPg - m.floor) / m.pg).toFixed(2)}x a pg query, ` +
+          `and runs at ${(r.httpPg / r.floor).toFixed(2)}x the floor's rate at ${LEAN_CONCURRENCY} in flight.`,
       ]
     )
     return [
@@ -126,7 +136,9 @@ async function leanServer(url: string, connectionString: string, pool: pg.Pool):
   } finally {
     sql.close()
     floor.close()
+    httpPg.close()
     await floorServer.stop()
+    await httpPgServer.stop()
   }
 }
 

@@ -78,6 +78,11 @@ export function startHttpFloor(body: string): Promise<RunningRelay> {
   return startChild(['bench/http-floor.ts', body], 'http floor')
 }
 
+/** A bare HTTP server running each request's query on pg.Pool (bench/http-pg.ts): the floor for SQL over HTTP. */
+export function startHttpPg(connectionString: string): Promise<RunningRelay> {
+  return startChild(['bench/http-pg.ts', connectionString], 'http + pg.Pool')
+}
+
 /** Runs an entry point (TypeScript under tsx) and waits for its {"listening":"host:port"} line. */
 async function startChild(args: string[], what: string): Promise<RunningRelay> {
   const child = spawn(process.execPath, [...(args[0].endsWith('.ts') ? ['--import', 'tsx'] : []), ...args], { cwd: root, stdio: ['pipe', 'pipe', 'pipe'] })
