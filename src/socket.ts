@@ -2,6 +2,8 @@ import { QueuedSocket } from './queued-socket'
 import { LOGIN_PREFIX, MAX_LOGIN_CHARS, resolveConfig, webSocketUrl, SUBPROTOCOL, UPSTREAM_TLS_REQUEST, type EdgeConfig } from './config'
 
 const OPEN = 1
+/** The largest WebSocket message sent: a large write (a COPY's data) goes as several, under any proxy's message limit. */
+const MAX_MESSAGE = 1 << 20
 /** URLs whose server answered without a subprotocol, where `ws` needs none offered. */
 const refusesSubprotocol = new Set<string>()
 
@@ -129,7 +131,7 @@ export class WebSocketSocket extends QueuedSocket {
     const onMessage = (data: unknown, text: boolean) => {
       if (this.closed) return // as net.Socket: no data after destroy()
       if (text) return this.fail(reportedError(String(data), this.url))
-      this.emit('data', Buffer.isBuffer(data) ? data : Buffer.from(data as ArrayBuffer))
+      this.push(Buffer.isBuffer(data) ? data : Buffer.from(data as ArrayBuffer))
     }
     // Node's `ws` also speaks EventEmitter, whose 'message' spares a MessageEvent per message.
     const emitter = ws as unknown as { on?: (event: 'message', listener: (data: Buffer, isBinary: boolean) => void) => void }
@@ -168,8 +170,22 @@ export class WebSocketSocket extends QueuedSocket {
     if (this.corked || !this.pending.length || this.closed) return
     if (this.ws?.readyState !== OPEN && (this.ws || !this.deferOpen)) return
     const { data, callbacks } = this.takePending()
-    this.ws ? this.ws.send(data) : this.open(data) // the first flight rides in the upgrade
+    if (!this.ws) this.open(data) // the first flight rides in the upgrade
+    else for (let at = 0; at < data.length; at += MAX_MESSAGE) this.ws.send(at === 0 && data.length <= MAX_MESSAGE ? data : data.subarray(at, at + MAX_MESSAGE))
     for (const cb of callbacks) cb()
+  }
+
+  protected get transportBacklog() {
+    return this.ws?.bufferedAmount ?? 0
+  }
+
+  // Node's `ws` can stop reading its socket (TCP then pushes back on the sender); a browser's WebSocket cannot.
+  protected pauseTransport() {
+    ;(this.ws as { pause?: () => void } | undefined)?.pause?.()
+  }
+
+  protected resumeTransport() {
+    ;(this.ws as { resume?: () => void } | undefined)?.resume?.()
   }
 
   /** Sends at once, ahead of anything queued: for `fallback`. */
@@ -211,7 +227,7 @@ export class WebSocketSocket extends QueuedSocket {
     if (this.closed) return
     this.closed = true
     this.writable = this.readable = false
-    this.pending = []
+    this.dropPending()
     for (const cb of this.callbacks.splice(0)) cb()
     // Asynchronously, as net.Socket does: pg's end() destroys the socket and only then listens.
     queueMicrotask(() => this.emit('close', false))

@@ -39,6 +39,8 @@ export class TlsSocket extends QueuedSocket {
   private queue?: ReadQueue
   private tls?: Tls
   private writing = false
+  /** Bytes of the batch being encrypted and written. */
+  private encrypting = 0
   private reading = false
   private errored = false
   private innerClosed = false
@@ -86,7 +88,7 @@ export class TlsSocket extends QueuedSocket {
       this.queue?.dequeue() // a read waiting for more now gets what there is
       if (this.closed) return
       this.closed = true
-      this.pending = []
+      this.dropPending()
       for (const cb of this.callbacks.splice(0)) cb()
       this.emit('close', false)
     })
@@ -146,7 +148,7 @@ export class TlsSocket extends QueuedSocket {
       for (;;) {
         const data = await this.tls.read()
         if (!data || this.closed) return
-        if (data.length) this.emit('data', Buffer.from(data.buffer, data.byteOffset, data.byteLength))
+        if (data.length) this.push(Buffer.from(data.buffer, data.byteOffset, data.byteLength))
       }
     } catch (err) {
       if (this.errored || this.closed || this.ending || this.innerClosed) return
@@ -170,19 +172,34 @@ export class TlsSocket extends QueuedSocket {
     if (!this.tls || this.writing || this.corked || !this.pending.length || this.innerClosed) return
     this.writing = true
     const { data, callbacks } = this.takePending()
+    this.encrypting = data.length
     try {
       const written = this.tls.write(data)
       this.readLoop() // no-op once reading
       await written
     } catch (err) {
       this.writing = false
+      this.encrypting = 0
       for (const cb of callbacks) cb()
       return this.fail(new Error(`edgepg: TLS to Postgres at ${this.where} (via ${this.url}) failed to encrypt: ${(err as Error).message}`, { cause: err }))
     }
     this.writing = false
+    this.encrypting = 0
     for (const cb of callbacks) cb()
     if (this.pending.length) return this.flush()
     if (this.ending) this.inner.end()
+  }
+
+  protected get transportBacklog() {
+    return this.encrypting + this.inner.writableLength
+  }
+
+  protected pauseTransport() {
+    this.inner.pause()
+  }
+
+  protected resumeTransport() {
+    this.inner.resume()
   }
 
   /** Sends what is queued (encrypted), then closes the WebSocket; 'close' follows. */
@@ -197,7 +214,7 @@ export class TlsSocket extends QueuedSocket {
     if (this.closed) return this
     this.ending = true
     this.writable = false
-    this.pending = []
+    this.dropPending()
     if (err && !this.errored) {
       this.errored = true
       // pg destroys with a bare reason (e.g. 'timeout expired'); say which connection, and when.
