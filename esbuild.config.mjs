@@ -41,6 +41,8 @@ const driver = {
       setup(build) {
         build.onResolve({ filter: /^\.\/(native|stream|cert-signatures)$/ }, ({ path, importer }) =>
           /[\\/]node_modules[\\/]pg[\\/]lib[\\/]/.test(importer) ? { path: fileURLToPath(new URL(`./shims/pg/${path.slice(2)}.cjs`, import.meta.url)) } : undefined)
+        // pg's CommonJS entry, not its ESM wrapper (whose re-exports are property reads no minifier can drop).
+        build.onResolve({ filter: /^pg$/ }, () => ({ path: fileURLToPath(new URL('./node_modules/pg/lib/index.js', import.meta.url)) }))
         build.onResolve({ filter: /^events$/ }, ({ importer }) => (/[\\/]shims[\\/]events\.cjs$/.test(importer) ? undefined : { path: fileURLToPath(new URL('./shims/events.cjs', import.meta.url)) }))
         // pg's SCRAM client, loaded on first use (shims/pg/sasl.ts), except by src/scram.ts, which is it.
         build.onResolve({ filter: /^(\.\/crypto\/sasl|pg\/lib\/crypto\/sasl\.js)$/ }, ({ importer }) =>
@@ -75,6 +77,20 @@ const results = await Promise.all([
       ...driver.plugins,
     ],
   }),
+  // For Node (not Deno, Bun or bundlers for the edge): the same source on the installed pg, not a
+  // copy of it, so that edgepg's Pool and Client are instances of pg's own classes: libraries that
+  // check (`instanceof pg.Pool`, as @prisma/adapter-pg and Drizzle do) take them for what they are.
+  ...['esm', 'cjs'].map((format) =>
+    esbuild.build({
+      entryPoints: ['src/index.ts'],
+      outfile: `dist/node.${format === 'esm' ? 'mjs' : 'cjs'}`,
+      bundle: true,
+      platform: 'node',
+      format,
+      target: 'node20',
+      external: ['pg', 'pg/*'],
+    })
+  ),
   esbuild.build({
     entryPoints: { proxy: 'proxy/index.ts', cli: 'proxy/cli.ts' },
     outdir: 'dist',
@@ -88,7 +104,7 @@ const results = await Promise.all([
 ])
 
 // terser minifies a further 5% beyond esbuild; the driver is what users download.
-const driverFiles = ['index.cjs', ...readdirSync('dist').filter((f) => f.endsWith('.mjs') && !/^(proxy|cli)\./.test(f)), ...readdirSync('dist/chunks').map((f) => `chunks/${f}`)]
+const driverFiles = ['index.cjs', ...readdirSync('dist').filter((f) => f.endsWith('.mjs') && !/^(proxy|cli|node)\./.test(f)), ...readdirSync('dist/chunks').map((f) => `chunks/${f}`)]
 for (const file of driverFiles.map((f) => `dist/${f}`)) {
   const { code } = await minify(readFileSync(file, 'utf8'), { module: file.endsWith('.mjs'), ecma: 2020, format: { preserve_annotations: true } })
   writeFileSync(file, code)

@@ -57,7 +57,7 @@ function openSocket(own: EdgeConfig, { ssl, sslNegotiation }: StreamConfig): Web
   if (!ssl) return socket
   const options: SslOptions = typeof ssl === 'object' ? ssl : {}
   if (options.key || options.cert || options.pfx) {
-    socket.refusal = new Error('edgepg: client certificates (ssl.key, ssl.cert, ssl.pfx) are not supported: the proxy cannot present them for you. Authenticate with a password instead.')
+    socket.refusal = new Error('edgepg: client certificates (ssl.key, ssl.cert, ssl.pfx) are not supported: the proxy cannot present them. Log in with a password.')
   }
   const rootCerts = setting(own, 'rootCerts') ?? (typeof options.ca === 'string' ? options.ca : undefined)
   if (rootCerts) return new TlsSocket(socket, { host: options.servername, rootCerts, pipelineTLS: setting(own, 'pipelineTLS') })
@@ -102,12 +102,8 @@ export class Client extends pg.Client {
     ;(this.connection as any).ssl = false
   }
 
-  private get internals(): any {
-    return this
-  }
-
   _connect(callback: (err?: Error, client?: Client) => void) {
-    const self = this.internals
+    const self = this as any // pg's internals
     const con = this.connection as any
     const socket: WebSocketSocket | TlsSocket = con.stream
     if (socket instanceof WebSocketSocket) {
@@ -165,7 +161,7 @@ export class Client extends pg.Client {
    * off; `pipeline: true` is pg's own strict mode.
    */
   _pulseQueryQueue() {
-    const self = this.internals
+    const self = this as any // pg's internals
     const pulse = (pg.Client.prototype as any)._pulseQueryQueue
     if (this.holding) return
     if (!this.pipelining || this.strict) return pulse.call(this)

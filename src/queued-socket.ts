@@ -2,11 +2,10 @@ import { EventEmitter } from 'events'
 
 /**
  * Bytes not yet sent past which write() returns false, and 'drain' follows once they are under it
- * again; and bytes read but held (paused) past which the transport stops reading. Streams such
- * as pg-copy-streams wait on both, which keeps a 100 MB COPY's memory to about this much.
+ * again. pg-copy-streams waits on it, which keeps a 100 MB COPY FROM STDIN's memory to about this.
  */
-const HIGH_WATER = 1 << 20
-/** How often a backlog is looked at while a writer waits for 'drain' (WebSockets have no drain event). */
+export const HIGH_WATER = 1 << 20
+/** How often a backlog is looked at while a writer waits for 'drain'. */
 const DRAIN_POLL_MS = 1
 
 /**
@@ -19,9 +18,7 @@ const DRAIN_POLL_MS = 1
 export abstract class QueuedSocket extends EventEmitter {
   writable = false
   readable = false
-  readonly writableHighWaterMark = HIGH_WATER
   protected pending: Uint8Array[] = []
-  protected pendingBytes = 0
   protected callbacks: Array<() => void> = []
   protected flushQueued = false
   protected corked = 0
@@ -38,21 +35,20 @@ export abstract class QueuedSocket extends EventEmitter {
   private drainTimer?: ReturnType<typeof setTimeout>
   private flowing = true
   private held: Buffer[] = []
-  private heldBytes = 0
 
   /** Arranges for `pending` to be sent (now or on a microtask). */
   protected abstract scheduleFlush(): void
   /** Sends what is queued, then closes; 'close' follows. */
   protected abstract close(): void
-  /** Bytes handed to the transport that it has not sent yet. */
-  protected abstract get transportBacklog(): number
-  /** Stop and restart reading from the transport, while what was read waits for read(). */
-  protected abstract pauseTransport(): void
-  protected abstract resumeTransport(): void
+  /**
+   * What the bytes go through: its backlog counts as not yet sent, and it stops reading while what
+   * was read waits for read(). (Browsers' WebSockets cannot stop reading; Node's `ws` can.)
+   */
+  protected transport?: { bufferedAmount?: number; pause?(): unknown; resume?(): unknown }
 
-  /** As net.Socket's: bytes written and not yet sent. */
-  get writableLength() {
-    return this.pendingBytes + this.transportBacklog
+  /** Bytes written and not yet sent, queued or handed on (named as a WebSocket's, for a socket on top of this one). */
+  get bufferedAmount(): number {
+    return this.pending.reduce((n, chunk) => n + chunk.length, this.transport?.bufferedAmount ?? 0)
   }
 
   end(data?: Uint8Array | (() => void), cb?: () => void) {
@@ -73,63 +69,47 @@ export abstract class QueuedSocket extends EventEmitter {
       return false
     }
     this.writes++
-    const bytes = typeof data === 'string' ? Buffer.from(data) : data
-    this.pending.push(bytes)
-    this.pendingBytes += bytes.length
+    this.pending.push(typeof data === 'string' ? Buffer.from(data) : data)
     if (cb) this.callbacks.push(cb)
     if (!this.corked) this.scheduleFlush()
-    if (this.writableLength < HIGH_WATER) return true
-    this.awaitDrain()
-    return false
+    return this.bufferedAmount < HIGH_WATER || this.awaitDrain()
   }
 
-  private awaitDrain() {
-    if (this.drainTimer || this.closed) return
-    this.drainTimer = setTimeout(() => {
+  /** Looks at the backlog until it is under the mark, then emits 'drain' (WebSockets have no such event). */
+  private awaitDrain(): false {
+    this.drainTimer ??= setTimeout(() => {
       this.drainTimer = undefined
-      if (this.closed) return
-      if (this.writableLength >= HIGH_WATER) return this.awaitDrain()
-      this.emit('drain')
+      if (!this.closed) this.bufferedAmount < HIGH_WATER ? this.emit('drain') : this.awaitDrain()
     }, DRAIN_POLL_MS)
+    return false
   }
 
   // ── reading: flowing ('data') or paused (read(), 'readable'), as a net.Socket ──
 
-  /** Hands on bytes read from the transport. */
+  /** Hands on bytes read from the transport; held while paused, when the transport stops reading too. */
   protected push(chunk: Buffer) {
-    if (this.flowing && !this.held.length) return void this.emit('data', chunk)
+    if (this.flowing) return void this.emit('data', chunk) // (resume() hands on what was held first)
     this.held.push(chunk)
-    this.heldBytes += chunk.length
-    if (this.heldBytes >= HIGH_WATER) this.pauseTransport()
-    if (!this.flowing) this.emit('readable')
+    this.transport?.pause?.()
+    this.emit('readable')
   }
 
   pause() {
     this.flowing = false
-    return this
   }
 
   resume() {
-    if (this.flowing) return this
     this.flowing = true
-    queueMicrotask(() => {
-      const data = this.read()
-      if (data && !this.closed) this.emit('data', data)
-    })
-    return this
-  }
-
-  isPaused() {
-    return !this.flowing
+    const data = this.read()
+    if (data) this.emit('data', data)
   }
 
   /** Everything read and held, or null if nothing is. */
   read(): Buffer | null {
     if (!this.held.length) return null
-    const data = this.held.length === 1 ? this.held[0] : Buffer.concat(this.held)
+    const data = Buffer.concat(this.held)
     this.held = []
-    this.heldBytes = 0
-    this.resumeTransport()
+    this.transport?.resume?.()
     return data
   }
 
@@ -142,20 +122,10 @@ export abstract class QueuedSocket extends EventEmitter {
     if (this.corked > 0 && --this.corked === 0 && this.pending.length) this.scheduleFlush()
   }
 
-  /** Closed: nothing queued will be sent, nor held data read. */
-  protected dropPending() {
-    this.pending = []
-    this.pendingBytes = 0
-    this.held = []
-    this.heldBytes = 0
-    clearTimeout(this.drainTimer)
-  }
-
   /** Everything queued, as one chunk, with the callbacks to run once it is handed on. */
   protected takePending(): { data: Uint8Array; callbacks: Array<() => void> } {
     const { pending, callbacks } = this
     this.pending = []
-    this.pendingBytes = 0
     this.callbacks = []
     return { data: pending.length === 1 ? pending[0] : Buffer.concat(pending), callbacks }
   }

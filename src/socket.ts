@@ -1,9 +1,7 @@
-import { QueuedSocket } from './queued-socket'
+import { HIGH_WATER, QueuedSocket } from './queued-socket'
 import { LOGIN_PREFIX, MAX_LOGIN_CHARS, resolveConfig, webSocketUrl, SUBPROTOCOL, UPSTREAM_TLS_REQUEST, type EdgeConfig } from './config'
 
 const OPEN = 1
-/** The largest WebSocket message sent: a large write (a COPY's data) goes as several, under any proxy's message limit. */
-const MAX_MESSAGE = 1 << 20
 /** URLs whose server answered without a subprotocol, where `ws` needs none offered. */
 const refusesSubprotocol = new Set<string>()
 
@@ -111,7 +109,7 @@ export class WebSocketSocket extends QueuedSocket {
     const protocols = !offer ? undefined : fits ? [SUBPROTOCOL, LOGIN_PREFIX + login] : SUBPROTOCOL
     let ws: WebSocket
     try {
-      ws = this.ws = new this.cfg!.webSocketConstructor(this.url, protocols)
+      ws = this.ws = this.transport = new this.cfg!.webSocketConstructor(this.url, protocols)
     } catch (err) {
       return this.failSoon(err as Error)
     }
@@ -171,22 +169,11 @@ export class WebSocketSocket extends QueuedSocket {
     if (this.ws?.readyState !== OPEN && (this.ws || !this.deferOpen)) return
     const { data, callbacks } = this.takePending()
     if (!this.ws) this.open(data) // the first flight rides in the upgrade
-    else for (let at = 0; at < data.length; at += MAX_MESSAGE) this.ws.send(at === 0 && data.length <= MAX_MESSAGE ? data : data.subarray(at, at + MAX_MESSAGE))
+    // A large write (a COPY's data) goes as several messages, under any proxy's message limit.
+    else for (let at = 0; at < data.length; ) this.ws.send(data.subarray(at, (at += HIGH_WATER)))
     for (const cb of callbacks) cb()
   }
 
-  protected get transportBacklog() {
-    return this.ws?.bufferedAmount ?? 0
-  }
-
-  // Node's `ws` can stop reading its socket (TCP then pushes back on the sender); a browser's WebSocket cannot.
-  protected pauseTransport() {
-    ;(this.ws as { pause?: () => void } | undefined)?.pause?.()
-  }
-
-  protected resumeTransport() {
-    ;(this.ws as { resume?: () => void } | undefined)?.resume?.()
-  }
 
   /** Sends at once, ahead of anything queued: for `fallback`. */
   send(data: Uint8Array) {
@@ -227,7 +214,7 @@ export class WebSocketSocket extends QueuedSocket {
     if (this.closed) return
     this.closed = true
     this.writable = this.readable = false
-    this.dropPending()
+    this.pending = []
     for (const cb of this.callbacks.splice(0)) cb()
     // Asynchronously, as net.Socket does: pg's end() destroys the socket and only then listens.
     queueMicrotask(() => this.emit('close', false))

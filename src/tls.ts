@@ -39,8 +39,6 @@ export class TlsSocket extends QueuedSocket {
   private queue?: ReadQueue
   private tls?: Tls
   private writing = false
-  /** Bytes of the batch being encrypted and written. */
-  private encrypting = 0
   private reading = false
   private errored = false
   private innerClosed = false
@@ -52,6 +50,7 @@ export class TlsSocket extends QueuedSocket {
 
   constructor(readonly inner: WebSocketSocket, private readonly options: TlsOptions) {
     super()
+    this.transport = inner // (its backlog leaves out the batch being encrypted: at most what write() allowed)
   }
 
   /** SSLRequest and ClientHello go together (in the upgrade) unless told otherwise. */
@@ -88,7 +87,7 @@ export class TlsSocket extends QueuedSocket {
       this.queue?.dequeue() // a read waiting for more now gets what there is
       if (this.closed) return
       this.closed = true
-      this.dropPending()
+      this.pending = []
       for (const cb of this.callbacks.splice(0)) cb()
       this.emit('close', false)
     })
@@ -172,34 +171,19 @@ export class TlsSocket extends QueuedSocket {
     if (!this.tls || this.writing || this.corked || !this.pending.length || this.innerClosed) return
     this.writing = true
     const { data, callbacks } = this.takePending()
-    this.encrypting = data.length
     try {
       const written = this.tls.write(data)
       this.readLoop() // no-op once reading
       await written
     } catch (err) {
       this.writing = false
-      this.encrypting = 0
       for (const cb of callbacks) cb()
       return this.fail(new Error(`edgepg: TLS to Postgres at ${this.where} (via ${this.url}) failed to encrypt: ${(err as Error).message}`, { cause: err }))
     }
     this.writing = false
-    this.encrypting = 0
     for (const cb of callbacks) cb()
     if (this.pending.length) return this.flush()
     if (this.ending) this.inner.end()
-  }
-
-  protected get transportBacklog() {
-    return this.encrypting + this.inner.writableLength
-  }
-
-  protected pauseTransport() {
-    this.inner.pause()
-  }
-
-  protected resumeTransport() {
-    this.inner.resume()
   }
 
   /** Sends what is queued (encrypted), then closes the WebSocket; 'close' follows. */
@@ -214,7 +198,7 @@ export class TlsSocket extends QueuedSocket {
     if (this.closed) return this
     this.ending = true
     this.writable = false
-    this.dropPending()
+    this.pending = []
     if (err && !this.errored) {
       this.errored = true
       // pg destroys with a bare reason (e.g. 'timeout expired'); say which connection, and when.
