@@ -56,6 +56,7 @@ for (const mode of ['query-stream', 'cursor'] as const) {
 test('an error in the middle of a COPY leaves the connection usable, and nothing of that COPY in the table', async () => {
   const client = edgeClient(proxy.port)
   await client.connect()
+  let pid: number | undefined
   try {
     await client.query('CREATE TEMP TABLE copy_err (id int, name text)')
     const good = (from: number, n: number) => Array.from({ length: n }, (_, i) => `${from + i}\tname ${from + i}\n`).join('')
@@ -81,7 +82,16 @@ test('an error in the middle of a COPY leaves the connection usable, and nothing
       for await (const chunk of source) chunks.push(chunk)
     })
     assert.equal(Buffer.concat(chunks).toString(), good(1, 3), 'a COPY after the errors works')
+    pid = (await client.query('SELECT pg_backend_pid() AS pid')).rows[0].pid
   } finally {
     await client.end()
+  }
+  // Warm backends are on: the backend went back to the pool after all that, and serves the next session.
+  const next = edgeClient(proxy.port)
+  await next.connect()
+  try {
+    assert.equal((await next.query('SELECT pg_backend_pid() AS pid')).rows[0].pid, pid, 'the next session gets the same (warm) backend')
+  } finally {
+    await next.end()
   }
 })
