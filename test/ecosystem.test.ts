@@ -3,9 +3,9 @@ import assert from 'node:assert/strict'
 import pg from 'pg'
 import { drizzle } from 'drizzle-orm/node-postgres'
 import { pgTable, serial, text, integer } from 'drizzle-orm/pg-core'
-import { eq, asc } from 'drizzle-orm'
+import { and, eq, asc, sql } from 'drizzle-orm'
 import { Kysely, PostgresDialect, type Generated } from 'kysely'
-import { startProxy, edgePool, pgConfig, same } from './helpers'
+import { startProxy, edgePool, edgeConfig, pgConfig, same } from './helpers'
 
 // The ORMs/query builders people put on top of pg, running over edgepg's Pool (through the proxy).
 // A unique table per run; rolled-back rows are checked over plain TCP, outside edgepg.
@@ -36,24 +36,28 @@ async function tcpRows(tag: string) {
   return rows
 }
 
-test('Drizzle (node-postgres dialect) over edgepg Pool: CRUD and a rolled-back transaction', async () => {
+// The sources (as the other tests do), and the package as a Node app imports it (package.json
+// "exports" → dist/node.mjs, on the installed pg): Drizzle runs a transaction on one pooled
+// connection only for a Pool it recognises as pg's.
+for (const from of ['src', 'package'] as const) test(`Drizzle (node-postgres dialect) over edgepg Pool (${from}): CRUD and a rolled-back transaction`, async () => {
   const items = pgTable(table, {
     id: serial('id').primaryKey(),
     name: text('name').notNull(),
     qty: integer('qty').notNull(),
     tag: text('tag').notNull(),
   })
-  const pool = edgePool(proxy.port, { max: 3 })
+  const { Pool } = from === 'src' ? { Pool: undefined } : await import('edgepg' as string)
+  const pool: pg.Pool = Pool ? new Pool(edgeConfig(proxy.port, 'scram_user', { max: 3 } as object)) : edgePool(proxy.port, { max: 3 })
   try {
     const db = drizzle(pool)
-    const tag = 'drizzle'
+    const tag = `drizzle-${from}`
 
     const inserted = await db.insert(items).values([{ name: 'apple', qty: 1, tag }, { name: 'pear', qty: 2, tag }]).returning()
     assert.equal(inserted.length, 2, 'insert … returning gives both rows')
     assert.ok(inserted.every((r) => Number.isInteger(r.id) && r.id > 0), 'returned rows carry serial ids')
     same(inserted.map(({ name, qty, tag }) => ({ name, qty, tag })), [{ name: 'apple', qty: 1, tag }, { name: 'pear', qty: 2, tag }], 'inserted rows')
 
-    const pear = await db.select().from(items).where(eq(items.name, 'pear'))
+    const pear = await db.select().from(items).where(and(eq(items.name, 'pear'), eq(items.tag, tag)))
     same(pear, [inserted[1]], 'select … where name = pear')
 
     const updated = await db.update(items).set({ qty: 20 }).where(eq(items.id, inserted[1].id)).returning({ qty: items.qty })
@@ -70,9 +74,11 @@ test('Drizzle (node-postgres dialect) over edgepg Pool: CRUD and a rolled-back t
     await assert.rejects(
       db.transaction(async (tx) => {
         await tx.insert(items).values({ name: 'ghost', qty: 99, tag })
-        await tx.update(items).set({ qty: 0 }).where(eq(items.name, 'pear'))
+        await tx.update(items).set({ qty: 0 }).where(and(eq(items.name, 'pear'), eq(items.tag, tag)))
         const seen = await tx.select().from(items).where(eq(items.name, 'ghost'))
         assert.equal(seen.length, 1, 'the transaction sees its own insert')
+        const [a, b] = await Promise.all([tx.execute(sql`SELECT pg_backend_pid() AS pid`), tx.execute(sql`SELECT pg_backend_pid() AS pid`)])
+        assert.equal(a.rows[0].pid, b.rows[0].pid, 'statements at once in a transaction share its one connection')
         throw new Error('boom')
       }),
       /boom/,
