@@ -57,7 +57,7 @@ function openSocket(own: EdgeConfig, { ssl, sslNegotiation }: StreamConfig): Web
   if (!ssl) return socket
   const options: SslOptions = typeof ssl === 'object' ? ssl : {}
   if (options.key || options.cert || options.pfx) {
-    socket.refusal = new Error('edgepg: client certificates (ssl.key, ssl.cert, ssl.pfx) are not supported: the proxy cannot present them. Log in with a password.')
+    socket.refusal = new Error('edgepg: client certificates (ssl.key, ssl.cert, ssl.pfx) are not supported: the proxy cannot present them for you. Authenticate with a password instead.')
   }
   const rootCerts = setting(own, 'rootCerts') ?? (typeof options.ca === 'string' ? options.ca : undefined)
   if (rootCerts) return new TlsSocket(socket, { host: options.servername, rootCerts, pipelineTLS: setting(own, 'pipelineTLS') })

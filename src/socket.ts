@@ -174,7 +174,6 @@ export class WebSocketSocket extends QueuedSocket {
     for (const cb of callbacks) cb()
   }
 
-
   /** Sends at once, ahead of anything queued: for `fallback`. */
   send(data: Uint8Array) {
     this.ws!.send(data)
