@@ -5,6 +5,7 @@ import { readFileSync } from 'node:fs'
 import vm from 'node:vm'
 import { webcrypto } from 'node:crypto'
 import { WebSocket } from 'ws'
+import pg from 'pg'
 import { startProxy, pgConfig } from './helpers'
 
 // These run the built bundle (what users get); `npm test` builds it first.
@@ -34,6 +35,21 @@ test('dist/index.cjs (CommonJS) connects and queries', async () => {
   const res = await pool.query('SELECT 1 AS one')
   assert.deepEqual(res.rows, [{ one: 1 }])
   await pool.end()
+})
+
+test("in Node, the package is the Node build, on the installed pg: import and require; its classes are pg's", async () => {
+  const require = createRequire(import.meta.url)
+  const esm = await import('edgepg' as string)
+  const cjs = require('edgepg')
+  assert.equal(require.resolve('edgepg'), new URL('../dist/node.cjs', import.meta.url).pathname)
+  for (const mod of [esm, cjs]) {
+    assert.deepEqual(await roundTrip(mod), [{ greeting: 'hi', four: 4 }])
+    const pool = new mod.Pool({ ...options(), webSocketConstructor: WebSocket })
+    assert.ok(pool instanceof pg.Pool && new mod.Client() instanceof pg.Client, 'instances of pg.Pool and pg.Client')
+    assert.equal(mod.Pool.name, 'Pool')
+    assert.deepEqual((await pool.query('SELECT 1 AS one')).rows, [{ one: 1 }])
+    await pool.end()
+  }
 })
 
 test('the bundle runs with no Node APIs: no process, Buffer, require or module globals', async () => {
