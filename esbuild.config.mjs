@@ -4,6 +4,7 @@ import * as esbuild from 'esbuild'
 import { minify } from 'terser'
 import { execFileSync } from 'node:child_process'
 import { copyFileSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
+import { createRequire } from 'node:module'
 import { fileURLToPath } from 'node:url'
 
 const shim = (name) => `./shims/${name}.ts`
@@ -42,7 +43,7 @@ const driver = {
         build.onResolve({ filter: /^\.\/(native|stream|cert-signatures)$/ }, ({ path, importer }) =>
           /[\\/]node_modules[\\/]pg[\\/]lib[\\/]/.test(importer) ? { path: fileURLToPath(new URL(`./shims/pg/${path.slice(2)}.cjs`, import.meta.url)) } : undefined)
         // pg's CommonJS entry, not its ESM wrapper (whose re-exports are property reads no minifier can drop).
-        build.onResolve({ filter: /^pg$/ }, () => ({ path: fileURLToPath(new URL('./node_modules/pg/lib/index.js', import.meta.url)) }))
+        build.onResolve({ filter: /^pg$/ }, () => ({ path: createRequire(import.meta.url).resolve('pg') }))
         build.onResolve({ filter: /^events$/ }, ({ importer }) => (/[\\/]shims[\\/]events\.cjs$/.test(importer) ? undefined : { path: fileURLToPath(new URL('./shims/events.cjs', import.meta.url)) }))
         // pg's SCRAM client, loaded on first use (shims/pg/sasl.ts), except by src/scram.ts, which is it.
         build.onResolve({ filter: /^(\.\/crypto\/sasl|pg\/lib\/crypto\/sasl\.js)$/ }, ({ importer }) =>

@@ -8,6 +8,7 @@
  * Prints {"listening":"127.0.0.1:PORT"} once ready; exits when its stdin closes (its parent died).
  */
 import http from 'node:http'
+import { announce } from './child'
 
 const body = Buffer.from(process.argv[2] ?? '{}')
 const server = http.createServer((req, res) => {
@@ -18,10 +19,4 @@ const server = http.createServer((req, res) => {
   })
 })
 server.keepAliveTimeout = 60_000
-server.listen(0, '127.0.0.1', () => {
-  const { port } = server.address() as { port: number }
-  process.stdout.write(JSON.stringify({ listening: `127.0.0.1:${port}` }) + '\n')
-})
-process.stdin.resume()
-process.stdin.on('end', () => process.exit(0))
-process.stdin.on('error', () => process.exit(0))
+server.listen(0, '127.0.0.1', () => announce(server))

@@ -10,6 +10,7 @@
  */
 import http from 'node:http'
 import pg from 'pg'
+import { announce } from './child'
 
 const pool = new pg.Pool({ connectionString: process.argv[2], max: 32 })
 const server = http.createServer((req, res) => {
@@ -30,10 +31,4 @@ const server = http.createServer((req, res) => {
   })
 })
 server.keepAliveTimeout = 60_000
-server.listen(0, '127.0.0.1', () => {
-  const { port } = server.address() as { port: number }
-  process.stdout.write(JSON.stringify({ listening: `127.0.0.1:${port}` }) + '\n')
-})
-process.stdin.resume()
-process.stdin.on('end', () => process.exit(0))
-process.stdin.on('error', () => process.exit(0))
+server.listen(0, '127.0.0.1', () => announce(server))

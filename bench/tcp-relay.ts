@@ -7,6 +7,7 @@
  * Prints {"listening":"127.0.0.1:PORT"} once ready; exits when its stdin closes (its parent died).
  */
 import net from 'node:net'
+import { announce } from './child'
 
 const [host, port] = (process.argv[2] ?? '').split(':')
 if (!host || !port) {
@@ -21,10 +22,4 @@ const server = net.createServer({ noDelay: true }, (client) => {
   client.on('close', () => upstream.destroy())
   upstream.on('close', () => client.destroy())
 })
-server.listen(0, '127.0.0.1', () => {
-  const { port: listening } = server.address() as net.AddressInfo
-  process.stdout.write(JSON.stringify({ listening: `127.0.0.1:${listening}` }) + '\n')
-})
-process.stdin.resume()
-process.stdin.on('end', () => process.exit(0))
-process.stdin.on('error', () => process.exit(0))
+server.listen(0, '127.0.0.1', () => announce(server))

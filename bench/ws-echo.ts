@@ -8,6 +8,7 @@
  * Prints {"listening":"127.0.0.1:PORT"} once ready; exits when its stdin closes (its parent died).
  */
 import { WebSocketServer } from 'ws'
+import { announce } from './child'
 
 const LOGIN_ANSWER = Buffer.alloc(400)
 const RESULT = Buffer.alloc(60)
@@ -16,10 +17,4 @@ wss.on('connection', (ws) => {
   ws.send(LOGIN_ANSWER)
   ws.on('message', () => ws.send(RESULT))
 })
-wss.on('listening', () => {
-  const { port } = wss.address() as { port: number }
-  process.stdout.write(JSON.stringify({ listening: `127.0.0.1:${port}` }) + '\n')
-})
-process.stdin.resume()
-process.stdin.on('end', () => process.exit(0))
-process.stdin.on('error', () => process.exit(0))
+wss.on('listening', () => announce(wss))

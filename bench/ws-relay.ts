@@ -9,6 +9,7 @@
  */
 import net from 'node:net'
 import { WebSocketServer } from 'ws'
+import { announce } from './child'
 
 const [host, port] = (process.argv[2] ?? '').split(':')
 if (!host || !port) {
@@ -26,10 +27,4 @@ wss.on('connection', (ws, req) => {
   upstream.on('error', () => ws.terminate())
   ws.on('close', () => upstream.destroy())
 })
-wss.on('listening', () => {
-  const { port: listening } = wss.address() as net.AddressInfo
-  process.stdout.write(JSON.stringify({ listening: `127.0.0.1:${listening}` }) + '\n')
-})
-process.stdin.resume()
-process.stdin.on('end', () => process.exit(0))
-process.stdin.on('error', () => process.exit(0))
+wss.on('listening', () => announce(wss))

@@ -7,6 +7,7 @@ import { EventEmitter } from 'events'
 export const HIGH_WATER = 1 << 20
 /** How often a backlog is looked at while a writer waits for 'drain'. */
 const DRAIN_POLL_MS = 1
+const addLength = (bytes: number, chunk: Uint8Array) => bytes + chunk.length
 
 /**
  * The part of net.Socket's surface that pg's Connection and the streams built on it (pg-copy-streams,
@@ -48,7 +49,7 @@ export abstract class QueuedSocket extends EventEmitter {
 
   /** Bytes written and not yet sent, queued or handed on (named as a WebSocket's, for a socket on top of this one). */
   get bufferedAmount(): number {
-    return this.pending.reduce((n, chunk) => n + chunk.length, this.transport?.bufferedAmount ?? 0)
+    return this.pending.reduce(addLength, this.transport?.bufferedAmount ?? 0)
   }
 
   end(data?: Uint8Array | (() => void), cb?: () => void) {

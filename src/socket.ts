@@ -169,6 +169,7 @@ export class WebSocketSocket extends QueuedSocket {
     if (this.ws?.readyState !== OPEN && (this.ws || !this.deferOpen)) return
     const { data, callbacks } = this.takePending()
     if (!this.ws) this.open(data) // the first flight rides in the upgrade
+    else if (data.length <= HIGH_WATER) this.ws.send(data)
     // A large write (a COPY's data) goes as several messages, under any proxy's message limit.
     else for (let at = 0; at < data.length; ) this.ws.send(data.subarray(at, (at += HIGH_WATER)))
     for (const cb of callbacks) cb()

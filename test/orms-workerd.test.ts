@@ -12,11 +12,11 @@ import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import * as esbuild from 'esbuild'
 import { Miniflare } from 'miniflare'
 import pg from 'pg'
 import { startProxy, testPostgres, pgConfig, eventually, within } from './helpers'
 import { PASSWORD } from './stack'
+import { bundleWorker } from './workers/bundle'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
 const work = mkdtempSync(join(tmpdir(), 'edgepg-orms-'))
@@ -25,56 +25,26 @@ const FINAL = [{ name: 'pear', qty: 20 }, { name: 'plum', qty: 3 }]
 let proxy: Awaited<ReturnType<typeof startProxy>>
 before(async () => {
   proxy = await startProxy()
-  const driver = join(root, 'dist/index.mjs')
-  await esbuild.build({
-    entryPoints: [join(root, 'test/workers/orm-worker.mjs')],
-    outfile: join(work, 'worker.mjs'),
-    bundle: true,
-    format: 'esm',
-    platform: 'neutral', // no Node built-in may be needed
-    mainFields: ['module', 'main'],
-    conditions: ['workerd', 'worker', 'browser'],
-    target: 'es2022',
-    // drizzle-orm/node-postgres imports pg (pg.types, `instanceof pg.Pool` for transactions): edgepg is that pg.
-    alias: { pg: driver, edgepg: driver },
-    logLevel: 'error',
-  })
+  await bundleWorker(join(root, 'test/workers/orm-worker.mjs'), join(work, 'worker.mjs'))
 })
 after(async () => {
   await proxy?.close()
   rmSync(work, { recursive: true, force: true })
 })
 
+/** What every route answers: the same CRUD and transactions, each ORM its own way. */
+const crud = {
+  inserted: [{ id: 1, name: 'apple', qty: 1 }, { id: 2, name: 'pear', qty: 2 }],
+  selected: [{ id: 2, name: 'pear', qty: 2 }],
+  updated: [{ id: 2, qty: 20 }],
+  deleted: [{ id: 1 }],
+  committed: 2,
+  final: FINAL,
+}
 const expected: Record<string, Record<string, unknown>> = {
-  '/drizzle': {
-    inserted: [{ id: 1, name: 'apple', qty: 1 }, { id: 2, name: 'pear', qty: 2 }],
-    selected: [{ id: 2, name: 'pear', qty: 2 }],
-    updated: [{ id: 2, qty: 20 }],
-    deleted: [{ id: 1 }],
-    committed: 2,
-    rolledBack: 'boom',
-    final: FINAL,
-    checkedOut: 0,
-  },
-  '/kysely': {
-    inserted: [{ id: 1, name: 'apple', qty: 1 }, { id: 2, name: 'pear', qty: 2 }],
-    selected: [{ id: 2, name: 'pear', qty: 2 }],
-    updated: [{ id: 2, qty: 20 }],
-    deleted: [{ id: 1 }],
-    committed: 2,
-    rolledBack: 'boom',
-    final: FINAL,
-    checkedOut: 0,
-  },
-  '/neon-http': {
-    inserted: [{ id: 1, name: 'apple', qty: 1 }, { id: 2, name: 'pear', qty: 2 }],
-    selected: [{ id: 2, name: 'pear', qty: 2 }],
-    updated: [{ id: 2, qty: 20 }],
-    deleted: [{ id: 1 }],
-    committed: 2,
-    rolledBack: 'division by zero',
-    final: FINAL,
-  },
+  '/drizzle': { ...crud, rolledBack: 'boom', checkedOut: 0 },
+  '/kysely': { ...crud, rolledBack: 'boom', checkedOut: 0 },
+  '/neon-http': { ...crud, rolledBack: 'division by zero' },
 }
 
 for (const nodejsCompat of [false, true]) {

@@ -17,12 +17,12 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { promisify } from 'node:util'
-import * as esbuild from 'esbuild'
 import { Miniflare } from 'miniflare'
 import pg from 'pg'
 import { WebSocket } from 'ws'
 import { startProxy, testPostgres, pgConfig, eventually, within } from './helpers'
 import { PASSWORD } from './stack'
+import { bundleWorker } from './workers/bundle'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
 const here = join(root, 'test/prisma')
@@ -69,20 +69,9 @@ test("Prisma in Node: @prisma/adapter-pg on edgepg's Pool (the package's Node bu
 })
 
 test('Prisma inside workerd (miniflare), with and without nodejs_compat', async () => {
-  const edgepg = join(root, 'dist/index.mjs')
-  await esbuild.build({
-    entryPoints: [join(here, 'worker.ts')],
-    outfile: join(work, 'worker.mjs'),
-    bundle: true,
-    format: 'esm',
-    platform: 'browser',
-    conditions: ['workerd', 'worker', 'browser'],
-    target: 'es2022',
-    // One pg: the adapter's `import pg from 'pg'` is edgepg, so edgepg's Pool is its pg.Pool.
-    alias: { pg: edgepg, edgepg },
+  await bundleWorker(join(here, 'worker.ts'), join(work, 'worker.mjs'), {
     // The query compiler's wasm stays a module of its own: workerd compiles no wasm at run time.
     plugins: [{ name: 'wasm-module', setup: (b) => b.onResolve({ filter: /\.wasm\?module$/ }, ({ path }) => ({ path: `./${path.split('/').pop()!.replace(/\?module$/, '')}`, external: true })) }],
-    logLevel: 'error',
   })
   const wasm = 'query_compiler_fast_bg.wasm'
   copyFileSync(join(here, 'generated/workerd/internal', wasm), join(work, wasm))

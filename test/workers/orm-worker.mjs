@@ -17,15 +17,22 @@ const create = (table) => `CREATE TABLE ${table} (id serial PRIMARY KEY, name te
 const failure = (promise) => promise.then(() => 'no error', (err) => String(err?.message ?? err))
 const pid = (rows) => rows[0].pid
 
-async function withDrizzle(pool, table) {
-  const db = drizzle({ client: pool })
-  const t = items(table)
+/** Drizzle's CRUD, the same on either driver. */
+async function drizzleCrud(db, t, table) {
   await db.execute(sql.raw(create(table)))
   return {
     inserted: await db.insert(t).values([{ name: 'apple', qty: 1 }, { name: 'pear', qty: 2 }]).returning(),
     selected: await db.select().from(t).where(eq(t.name, 'pear')),
     updated: await db.update(t).set({ qty: 20 }).where(eq(t.name, 'pear')).returning({ id: t.id, qty: t.qty }),
     deleted: await db.delete(t).where(eq(t.name, 'apple')).returning({ id: t.id }),
+  }
+}
+
+async function withDrizzle(pool, table) {
+  const db = drizzle({ client: pool })
+  const t = items(table)
+  return {
+    ...(await drizzleCrud(db, t, table)),
     committed: await db.transaction(async (tx) => {
       await tx.insert(t).values({ name: 'plum', qty: 3 })
       return (await tx.select({ n: sql`count(*)::int` }).from(t))[0].n
@@ -72,12 +79,8 @@ async function withNeonHttp(env, table) {
   neonConfig.fetchEndpoint = `http://127.0.0.1:${env.PROXY_PORT}/sql` // @neondatabase/serverless reads it only from neonConfig
   const db = drizzleHttp({ client: neon(env.DATABASE_URL) })
   const t = items(table)
-  await db.execute(sql.raw(create(table)))
   return {
-    inserted: await db.insert(t).values([{ name: 'apple', qty: 1 }, { name: 'pear', qty: 2 }]).returning(),
-    selected: await db.select().from(t).where(eq(t.name, 'pear')),
-    updated: await db.update(t).set({ qty: 20 }).where(eq(t.name, 'pear')).returning({ id: t.id, qty: t.qty }),
-    deleted: await db.delete(t).where(eq(t.name, 'apple')).returning({ id: t.id }),
+    ...(await drizzleCrud(db, t, table)),
     // db.batch is one POST /sql, one transaction.
     committed: (await db.batch([db.insert(t).values({ name: 'plum', qty: 3 }), db.select({ n: sql`count(*)::int` }).from(t)]))[1][0].n,
     rolledBack: await failure(db.batch([db.insert(t).values({ name: 'ghost', qty: 99 }), db.execute(sql`SELECT 1/0`)])),
