@@ -89,7 +89,21 @@ const results = await Promise.all([
       platform: 'node',
       format,
       target: 'node20',
-      external: ['pg', 'pg/*'],
+      external: ['pg', 'pg/*', 'pg-protocol', 'pg-protocol/*'],
+      plugins: [
+        {
+          // httpSql's errors are pg's own DatabaseError (instanceof works both ways), not a copy's.
+          name: 'pg-database-error',
+          setup(build) {
+            build.onResolve({ filter: /^pg-protocol\/dist\/messages\.js$/ }, ({ importer }) =>
+              /[\\/]src[\\/]http\.ts$/.test(importer) ? { path: 'messages', namespace: 'pg-messages' } : undefined)
+            build.onLoad({ filter: /.*/, namespace: 'pg-messages' }, () => ({
+              contents: "import pg from 'pg'\nexport const { DatabaseError } = pg\nexport { Field } from 'pg-protocol/dist/messages.js'\n",
+              resolveDir: process.cwd(),
+            }))
+          },
+        },
+      ],
     })
   ),
   esbuild.build({

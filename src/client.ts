@@ -217,16 +217,71 @@ Client.prototype.query = function (this: any, ...args: unknown[]) {
   }
 } as pg.Client['query']
 
-/** node-postgres's Pool of edgepg Clients. */
+const inTransaction = (client: pg.PoolClient) => /^[TE]$/.test(client.getTransactionStatus() ?? '')
+
+/** Why pool.query() refuses a statement that leaves its connection inside a transaction. */
+const transactionOnPool = () =>
+  new Error(
+    'edgepg: pool.query() left its connection inside a transaction (a BEGIN with no COMMIT), so edgepg rolled it back: ' +
+      'each pool.query() may run on another connection, and a transaction must run on one. ' +
+      'Take a connection with `const client = await pool.connect()`, run BEGIN, the statements and COMMIT on it, then `client.release()`. ' +
+      "With Drizzle, use drizzle-orm/node-postgres with this Pool (or install edgepg as @neondatabase/serverless: see the README's \"Moving from Neon\")."
+  )
+
+/**
+ * node-postgres's Pool of edgepg Clients. Stricter than pg in one way: a connection inside a
+ * transaction never serves another caller. One released mid-transaction is rolled back before it
+ * is reused, and pool.query() that leaves one open rejects (pg would hand the open transaction to
+ * the next caller, whose writes then vanish with a later rollback).
+ */
 export class Pool extends pg.Pool {
   constructor(config?: PoolConfig) {
     super({ ...config, Client: Client as any })
+  }
+
+  _release(client: pg.PoolClient, idleListener: unknown, err?: unknown) {
+    const release = (pg.Pool.prototype as any)._release
+    const self = client as any // pg's internals, read as pg-pool reads them
+    if (err || this.ending || !self._queryable || self._ending || !inTransaction(client)) return release.call(this, client, idleListener, err)
+    // Until it is back in the pool nobody listens for its errors: the ROLLBACK's own callback reports them.
+    const ignore = () => {}
+    client.on('error', ignore)
+    client.query('ROLLBACK', (rollbackErr) => {
+      client.off('error', ignore)
+      release.call(this, client, idleListener, rollbackErr ?? undefined)
+    })
   }
 }
 
 // With `queryViaHttp`, a query that needs no session goes over HTTP: one request, no connection.
 // (Assigned, not declared, so that pg's typed overloads of `query` stay as they are.)
-const poolQuery = pg.Pool.prototype.query as (...args: unknown[]) => unknown
-Pool.prototype.query = function (this: Pool, config: unknown, values?: unknown, callback?: unknown) {
-  return poolQueryViaHttp(this, config, values, callback) ?? poolQuery.call(this, config, values, callback)
+Pool.prototype.query = function (this: Pool, config: any, values?: any, callback?: any) {
+  const viaHttp = poolQueryViaHttp(this, config, values, callback)
+  if (viaHttp) return viaHttp
+  if (typeof values === 'function') [callback, values] = [values, undefined]
+  if (typeof config === 'function') return (pg.Pool.prototype.query as any).call(this, config) // pg's own refusal
+  const result = this.connect().then(
+    (client) =>
+      new Promise((resolve, reject) => {
+        let released = false
+        // As pg-pool: a connection that fails mid-query is released with its error (and dropped).
+        const done = (err?: Error | null, res?: unknown) => {
+          if (released) return
+          released = true
+          client.off('error', done)
+          const leftOpen = !err && inTransaction(client)
+          client.release(err ?? undefined) // one left in a transaction is rolled back first (_release)
+          if (leftOpen) reject(transactionOnPool())
+          else err ? reject(err) : resolve(res)
+        }
+        client.once('error', done)
+        try {
+          client.query(config, values, done)
+        } catch (err) {
+          done(err as Error)
+        }
+      })
+  )
+  if (typeof callback !== 'function') return result
+  result.then((res) => callback(undefined, res), callback)
 } as pg.Pool['query']

@@ -78,3 +78,26 @@ test('the package bin (npx edgepg-proxy) is the built CLI and runs', async () =>
   const help = execFileSync(process.execPath, [bin.pathname, '--help'], { encoding: 'utf8' })
   for (const flag of ['--upstream', '--listen', '--allow', '--max-message-bytes', '--help']) assert.ok(help.includes(flag), flag)
 })
+
+test("one DatabaseError: Postgres's errors over WebSocket and httpSql are instances of the exported class, in every build; in Node's, pg's own", async () => {
+  const require = createRequire(import.meta.url)
+  const builds: Array<[string, any]> = [
+    ['edgepg by import (Node build)', await import('edgepg' as string)],
+    ['edgepg by require (Node build)', require('edgepg')],
+    ['dist/index.mjs (bundle)', await import('../dist/index.mjs' as string)],
+    ['dist/index.cjs (bundle)', require('../dist/index.cjs')],
+  ]
+  for (const [name, mod] of builds) {
+    const client = new mod.Client({ ...options(), webSocketConstructor: WebSocket })
+    await client.connect()
+    const overWs = await client.query('SELECT 1/0').catch((err: unknown) => err)
+    await client.end()
+    const sql = mod.httpSql({ ...options(), fetchEndpoint: `http://127.0.0.1:${proxy.port}/sql` })
+    const overHttp = await sql`SELECT 1/0`.catch((err: unknown) => err)
+    for (const [via, err] of [['WebSocket', overWs], ['httpSql', overHttp]] as const) {
+      assert.ok(err instanceof mod.DatabaseError, `${name}, ${via}: instanceof the exported DatabaseError`)
+      assert.equal((err as any).code, '22012', `${name}, ${via}: Postgres's SQLSTATE`)
+      if (name.includes('Node build')) assert.ok(err instanceof pg.DatabaseError, `${name}, ${via}: instanceof pg's DatabaseError`)
+    }
+  }
+})

@@ -1,0 +1,87 @@
+/**
+ * A pooled connection inside a transaction never serves another caller: the one place edgepg is
+ * stricter than pg. On the package as Node imports it and on the bundle, through the real proxy;
+ * what committed is checked over TCP, outside edgepg.
+ */
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import pg from 'pg'
+import { WebSocket } from 'ws'
+import { startProxy, pgConfig, edgeConfig } from './helpers'
+
+const table = `pool_tx_${process.pid}_${Date.now()}`
+let proxy: Awaited<ReturnType<typeof startProxy>>
+let tcp: pg.Client
+
+before(async () => {
+  proxy = await startProxy()
+  tcp = new pg.Client(pgConfig('scram_user'))
+  await tcp.connect()
+  await tcp.query(`CREATE TABLE ${table} (tag text NOT NULL, name text NOT NULL)`)
+})
+after(async () => {
+  await tcp?.query(`DROP TABLE IF EXISTS ${table}`)
+  await tcp?.end()
+  await proxy?.close()
+})
+
+const committed = async (tag: string) => (await tcp.query(`SELECT name FROM ${table} WHERE tag = $1 ORDER BY name`, [tag])).rows.map((r) => r.name)
+
+const builds = {
+  package: async () => (await import('edgepg' as string)).Pool,
+  bundle: async () => (await import('../dist/index.mjs' as string)).Pool,
+}
+
+for (const [build, load] of Object.entries(builds)) {
+  const newPool = async () => {
+    const Pool = await load()
+    return new Pool({ ...edgeConfig(proxy.port), webSocketConstructor: WebSocket, max: 1 }) as pg.Pool
+  }
+
+  test(`${build}: pool.query('BEGIN') rejects, names the fix, and the connection goes back rolled back`, async () => {
+    const pool = await newPool()
+    try {
+      for (const text of ['BEGIN', 'START TRANSACTION', `BEGIN; INSERT INTO ${table} VALUES ('${build}-begin', 'lost')`]) {
+        await assert.rejects(pool.query(text), (err: Error) => /pool\.connect\(\)/.test(err.message) && /rolled it back/.test(err.message), text)
+      }
+      // The callback form reports it too.
+      const viaCallback = await new Promise<Error | undefined>((resolve) => pool.query('BEGIN', (err: Error | undefined) => resolve(err)))
+      assert.match(String(viaCallback?.message), /inside a transaction/)
+      // The one connection (max 1) is out of the transaction: this insert commits by itself.
+      await pool.query(`INSERT INTO ${table} VALUES ($1, 'kept')`, [`${build}-begin`])
+      assert.deepEqual(await committed(`${build}-begin`), ['kept'], 'the later insert committed; the one inside the refused transaction did not')
+      const client = await pool.connect()
+      assert.equal(client.getTransactionStatus(), 'I')
+      client.release()
+    } finally {
+      await pool.end()
+    }
+  })
+
+  test(`${build}: a client released inside a transaction is rolled back before the next caller gets it`, async () => {
+    const pool = await newPool()
+    const tag = `${build}-release`
+    try {
+      const a = await pool.connect()
+      await a.query('BEGIN')
+      await a.query(`INSERT INTO ${table} VALUES ($1, 'uncommitted')`, [tag])
+      const pid = (await a.query('SELECT pg_backend_pid() AS pid')).rows[0].pid
+      a.release() // forgot COMMIT
+      // Another request, meanwhile: on the same connection (max 1), outside any transaction.
+      await pool.query(`INSERT INTO ${table} VALUES ($1, 'other request')`, [tag])
+      const b = await pool.connect()
+      assert.equal((await b.query('SELECT pg_backend_pid() AS pid')).rows[0].pid, pid, 'the same connection')
+      assert.equal(b.getTransactionStatus(), 'I')
+      await b.query('BEGIN')
+      await b.query('SELECT 1/0').catch(() => {}) // failed transaction: status E
+      assert.equal(b.getTransactionStatus(), 'E')
+      b.release()
+      const c = await pool.connect()
+      assert.equal(c.getTransactionStatus(), 'I', 'a failed transaction is rolled back too')
+      c.release()
+      assert.deepEqual(await committed(tag), ['other request'], "the other request's insert committed; the forgotten transaction's did not")
+    } finally {
+      await pool.end()
+    }
+  })
+}
