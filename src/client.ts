@@ -69,6 +69,35 @@ function openSocket(own: EdgeConfig, { ssl, sslNegotiation }: StreamConfig): Web
   return socket
 }
 
+/** The WebSocket under a client's connection (under TLS inside it, if any); none before connect(). */
+const webSocketOf = (client: pg.Client): WebSocketSocket | undefined => {
+  const stream = (client as any).connection?.stream
+  return stream instanceof TlsSocket ? stream.inner : stream instanceof WebSocketSocket ? stream : undefined
+}
+
+/** False for a connection opened by an earlier request of a Cloudflare Worker (see WebSocketSocket.usableHere). */
+const usableHere = (client: pg.Client) => webSocketOf(client)?.usableHere !== false
+
+const IN_WORKERS = (globalThis as any).navigator?.userAgent === 'Cloudflare-Workers'
+
+const crossedRequests = () =>
+  new Error(
+    'edgepg: this Client was connected during an earlier request, and Cloudflare Workers let a connection serve only the request that opened it. ' +
+      'Create and connect the Client inside the request handler (end it with ctx.waitUntil(client.end())), or use a Pool, which replaces such connections by itself.'
+  )
+
+/** Fails a query the way pg fails one it cannot send: through its callback, its promise, or the Submittable's handleError. */
+function refuseQuery(client: pg.Client, err: Error, args: any[]) {
+  const [config] = args
+  if (typeof config?.submit === 'function') {
+    queueMicrotask(() => config.handleError(err, (client as any).connection))
+    return config
+  }
+  const callback = args.slice(1).find((a) => typeof a === 'function') ?? (typeof config?.callback === 'function' ? config.callback : undefined)
+  if (!callback) return Promise.reject(err)
+  queueMicrotask(() => callback(err))
+}
+
 /** A query that keeps a portal open across round trips (pg-cursor, query streams, COPY, `rows`). */
 const isPortalQuery = (config: any) =>
   typeof config === 'object' && config !== null && ((typeof config.submit === 'function' && !(config instanceof PgQuery)) || Boolean(config.rows))
@@ -197,6 +226,7 @@ export class Client extends pg.Client {
  */
 const clientQuery = pg.Client.prototype.query as (...args: unknown[]) => unknown
 Client.prototype.query = function (this: any, ...args: unknown[]) {
+  if (!usableHere(this)) return refuseQuery(this, crossedRequests(), args)
   if (!this.pipelining || this.strict) return clientQuery.apply(this, args)
   const portal = isPortalQuery(args[0])
   const waiting: unknown[] | undefined = portal && this._queryQueue.length ? this._queryQueue : undefined
@@ -236,7 +266,8 @@ const transactionOnPool = () =>
  */
 export class Pool extends pg.Pool {
   constructor(config?: PoolConfig) {
-    super({ ...config, Client: Client as any })
+    // Workers allow six simultaneous outgoing connections per request; leave one for a fetch.
+    super({ ...(IN_WORKERS && { max: 5 }), ...config, Client: Client as any })
   }
 
   _release(client: pg.PoolClient, idleListener: unknown, err?: unknown) {
@@ -252,6 +283,28 @@ export class Pool extends pg.Pool {
     })
   }
 }
+
+// A Worker's Pool at module scope: a connection opened by another request cannot serve this one.
+// Those left idle are dropped before anything is sent (they close from their own request), and one
+// handed over by another request's release is dropped on receipt, its slot then taken by a new
+// connection of this request's own: the caller sees what an empty Pool gives. While it waits for a
+// slot another request frees, a timer keeps workerd from taking the wait for a hang.
+// (Assigned, not declared, so that pg's typed overloads stay as they are.)
+const poolConnect = pg.Pool.prototype.connect as (this: pg.Pool) => Promise<pg.PoolClient>
+Pool.prototype.connect = function (this: any, callback?: (err: Error | undefined, client?: pg.PoolClient, done?: unknown) => void) {
+  if (!IN_WORKERS) return (poolConnect as any).call(this, callback)
+  for (const { client } of this._idle.slice()) if (!usableHere(client)) this._remove(client)
+  const acquire = (): Promise<pg.PoolClient> =>
+    poolConnect.call(this).then((client) => {
+      if (usableHere(client)) return client
+      client.release(crossedRequests())
+      return acquire()
+    })
+  const awake = setInterval(() => {}, 1000)
+  const acquired = acquire().finally(() => clearInterval(awake))
+  if (!callback) return acquired
+  acquired.then((client) => callback(undefined, client, client.release), (err) => callback(err))
+} as pg.Pool['connect']
 
 // With `queryViaHttp`, a query that needs no session goes over HTTP: one request, no connection.
 // (Assigned, not declared, so that pg's typed overloads of `query` stay as they are.)

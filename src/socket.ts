@@ -70,6 +70,8 @@ export class WebSocketSocket extends QueuedSocket {
   refusal?: Error
   private ws?: WebSocket
   private opened = false
+  /** Closes the WebSocket from the request that opened it (see open()). */
+  private closeFromOrigin?: () => void
   private cfg?: ReturnType<typeof resolveConfig>
 
   constructor(private readonly own: EdgeConfig = {}) {
@@ -113,6 +115,10 @@ export class WebSocketSocket extends QueuedSocket {
     } catch (err) {
       return this.failSoon(err as Error)
     }
+    // Cloudflare Workers let only the request that opened a WebSocket touch it, but a promise's
+    // continuation runs in the request that made the promise: a later request resolves this one to
+    // have the WebSocket closed, so the proxy frees its backend.
+    new Promise<void>((resolve) => (this.closeFromOrigin = resolve)).then(() => ws.close(1000)).catch(() => {})
     // Node's `ws` (and Bun) hand over Buffers by default, without a copy; elsewhere ask for ArrayBuffers.
     if (ws.binaryType !== ('nodebuffer' as BinaryType)) ws.binaryType = 'arraybuffer'
     ws.addEventListener('open', () => {
@@ -163,9 +169,22 @@ export class WebSocketSocket extends QueuedSocket {
     queueMicrotask(() => this.flush())
   }
 
+  /**
+   * False in a Cloudflare Worker's later request: the WebSocket belongs to the request that opened
+   * it, and any other throws on touching it (reading readyState is the cheapest such touch).
+   */
+  get usableHere(): boolean {
+    try {
+      return this.ws?.readyState !== -1 // (a comparison a minifier keeps; a bare read it may drop)
+    } catch {
+      return false
+    }
+  }
+
   private flush() {
     this.flushQueued = false
     if (this.corked || !this.pending.length || this.closed) return
+    if (!this.usableHere) return void this.destroy() // what was queued cannot go; pg sees the connection end
     if (this.ws?.readyState !== OPEN && (this.ws || !this.deferOpen)) return
     const { data, callbacks } = this.takePending()
     if (!this.ws) this.open(data) // the first flight rides in the upgrade
@@ -185,7 +204,7 @@ export class WebSocketSocket extends QueuedSocket {
    * opening (the login under way), it is given up at once: what was queued goes nowhere.
    */
   protected close() {
-    if (this.ws?.readyState !== OPEN) return void this.destroy()
+    if (!this.usableHere || this.ws?.readyState !== OPEN) return void this.destroy()
     this.flush()
     this.ws.close(1000)
   }
@@ -197,9 +216,11 @@ export class WebSocketSocket extends QueuedSocket {
     if (err) this.emit('error', new Error(`edgepg: connection to ${this.url} failed: ${err.message}`, { cause: err }))
     this.ending = true
     this.writable = false
-    try {
-      this.ws?.close(this.opened ? 1000 : undefined)
-    } catch {}
+    if (!this.usableHere) this.closeFromOrigin!()
+    else
+      try {
+        this.ws?.close(this.opened ? 1000 : undefined)
+      } catch {}
     this.finish()
     return this
   }
