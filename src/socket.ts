@@ -72,6 +72,7 @@ export class WebSocketSocket extends QueuedSocket {
   private opened = false
   /** Closes the WebSocket from the request that opened it (see open()). */
   private closeFromOrigin?: () => void
+  private referenced = true
   private cfg?: ReturnType<typeof resolveConfig>
 
   constructor(private readonly own: EdgeConfig = {}) {
@@ -79,6 +80,8 @@ export class WebSocketSocket extends QueuedSocket {
   }
 
   connect(port: number | string, host: string) {
+    // As net.Socket: one destroyed before it connected (a pool's connection timeout) may connect afresh.
+    if (this.closed && !this.ws) this.closed = this.ending = false
     this.writable = true
     this.url = `${host}:${port}`
     if (this.refusal) {
@@ -123,6 +126,7 @@ export class WebSocketSocket extends QueuedSocket {
     if (ws.binaryType !== ('nodebuffer' as BinaryType)) ws.binaryType = 'arraybuffer'
     ws.addEventListener('open', () => {
       this.opened = this.readable = true
+      if (!this.referenced) this.unref()
       this.loginTaken = ws.protocol === SUBPROTOCOL && Array.isArray(protocols)
       if (this.loginTaken && tls.length) {
         this.encrypted = true
@@ -156,7 +160,8 @@ export class WebSocketSocket extends QueuedSocket {
       if (ws !== this.ws || this.closed) return
       // A normal close from the other side is TCP's end: Postgres (or the proxy) hung up. Any
       // other code says what went wrong.
-      if (!this.ending) code === 1000 ? this.emit('end') : this.fail(new Error(`edgepg: WebSocket to ${this.url} ${this.opened ? 'was closed' : 'closed before it opened'} (code ${code}${reason ? `: ${reason}` : ''})`))
+      if (this.ending || code === 1000) this.emit('end')
+      else this.fail(new Error(`edgepg: WebSocket to ${this.url} ${this.opened ? 'was closed' : 'closed before it opened'} (code ${code}${reason ? `: ${reason}` : ''})`))
       this.finish()
     })
   }
@@ -192,6 +197,22 @@ export class WebSocketSocket extends QueuedSocket {
     // A large write (a COPY's data) goes as several messages, under any proxy's message limit.
     else for (let at = 0; at < data.length; ) this.ws.send(data.subarray(at, (at += HIGH_WATER)))
     for (const cb of callbacks) cb()
+  }
+
+  /**
+   * As net.Socket's: an unref'd connection does not keep Node running (pg-pool's allowExitOnIdle).
+   * Node's `ws` has the TCP socket; elsewhere there is nothing to hold a runtime open.
+   */
+  ref() {
+    this.referenced = true
+    ;(this.ws as any)?._socket?.ref?.()
+    return this
+  }
+
+  unref() {
+    this.referenced = false
+    ;(this.ws as any)?._socket?.unref?.()
+    return this
   }
 
   /** Sends at once, ahead of anything queued: for `fallback`. */

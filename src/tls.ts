@@ -63,6 +63,16 @@ export class TlsSocket extends QueuedSocket {
     return this.inner.url
   }
 
+  ref() {
+    this.inner.ref()
+    return this
+  }
+
+  unref() {
+    this.inner.unref()
+    return this
+  }
+
   connect(port: number | string, host: string) {
     const name = this.options.host || host
     this.where = `${name}:${port}`
