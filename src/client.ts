@@ -54,7 +54,7 @@ type SslOptions = { ca?: unknown; servername?: string; rejectUnauthorized?: bool
  */
 function openSocket(own: EdgeConfig, { ssl, sslNegotiation }: StreamConfig): WebSocketSocket | TlsSocket {
   const socket = new WebSocketSocket(own)
-  if (!ssl) return socket
+  if (!ssl || setting(own, 'forceDisablePgSSL')) return socket
   const options: SslOptions = typeof ssl === 'object' ? ssl : {}
   if (options.key || options.cert || options.pfx) {
     socket.refusal = new Error('edgepg: client certificates (ssl.key, ssl.cert, ssl.pfx) are not supported: the proxy cannot present them for you. Authenticate with a password instead.')
@@ -116,6 +116,11 @@ export class Client extends pg.Client {
   private holding = false
   /** The active query failed before anything was sent: pg answers it on the next tick, and nothing goes behind it. */
   private stalled = false
+
+  /** Neon's name for this client's own options (over the global `config`). */
+  get neonConfig(): EdgeConfig {
+    return this.edgeConfig
+  }
 
   constructor(config?: string | ClientConfig) {
     const { options, own } = splitConfig(config)
@@ -323,7 +328,7 @@ Pool.prototype.query = function (this: Pool, config: any, values?: any, callback
           released = true
           client.off('error', done)
           const leftOpen = !err && inTransaction(client)
-          client.release(err ?? undefined) // one left in a transaction is rolled back first (_release)
+          client.release(err as Error) // (null on success, as pg-pool passes it); one left in a transaction is rolled back first
           if (leftOpen) reject(transactionOnPool())
           else err ? reject(err) : resolve(res)
         }

@@ -1,5 +1,14 @@
-/** A WebSocket constructor with the browser API (the global one, or `ws` in Node). */
-export type WebSocketConstructor = new (url: string, protocols?: string | string[]) => WebSocket
+/** What edgepg uses of a WebSocket: the browser API, as the global one and Node's `ws` offer it. */
+export interface WebSocketLike {
+  readonly readyState: number
+  binaryType: string
+  close(code?: number, reason?: string): void
+  send(data: any): void
+  addEventListener(type: 'open' | 'message' | 'close' | 'error', listener: (this: WebSocketLike, ev: any) => any, options?: any): void
+}
+
+/** A WebSocket constructor (the global one, or `ws` in Node). */
+export type WebSocketConstructor = new (...args: any[]) => WebSocketLike
 
 export interface EdgeConfig {
   /** WebSocket implementation. Defaults to `globalThis.WebSocket`; pass `ws` in Node < 22. */
@@ -43,10 +52,30 @@ export interface EdgeConfig {
    * hangs on it. PostgreSQL 17+ accepts it directly.
    */
   pipelineTLS?: boolean
+  /**
+   * Set pg's `ssl` (and `sslmode`) aside: no TLS to Postgres beyond the WebSocket's own. Neon's
+   * default is true; edgepg's is false, so that `ssl` asks edgepg-proxy for TLS to Postgres.
+   */
+  forceDisablePgSSL?: boolean
 }
 
-/** Global defaults; any of them can be overridden per Client or Pool. */
-export const config: EdgeConfig = {
+/** Options only the global `config` (`neonConfig`) takes, under Neon's names. */
+export interface GlobalConfig extends EdgeConfig {
+  /** Where httpSql (neon()) and `queryViaHttp` POST by default: a URL, or a function of the host and port. */
+  fetchEndpoint?: string | ((host: string, port: number | string, options?: { jwtAuth?: boolean }) => string)
+  /** The `fetch` httpSql (neon()) uses by default. */
+  fetchFunction?: (input: string, init: RequestInit) => Promise<Response>
+  /** Every Pool's `queryViaHttp` default: pool.query() goes over HTTP where it needs no session. */
+  poolQueryViaFetch?: boolean
+  /** Taken for Neon's sake, without effect: edgepg brings its own TLS, always sends SNI, never warns, and fetch reuses connections. */
+  subtls?: unknown
+  disableSNI?: boolean
+  disableWarningInBrowsers?: boolean
+  fetchConnectionCache?: boolean
+}
+
+/** Global defaults; any of them but GlobalConfig's own can be overridden per Client or Pool. Also exported as `neonConfig`. */
+export const config: GlobalConfig = {
   webSocketConstructor: undefined,
   wsProxy: undefined,
   useSecureWebSocket: true,
@@ -57,7 +86,7 @@ export const config: EdgeConfig = {
   pipelineTLS: undefined,
 }
 
-export const configKeys = ['webSocketConstructor', 'wsProxy', 'useSecureWebSocket', 'coalesceWrites', 'authOffload', 'pipelineConnect', 'rootCerts', 'pipelineTLS'] as const
+export const configKeys = ['webSocketConstructor', 'wsProxy', 'useSecureWebSocket', 'coalesceWrites', 'authOffload', 'pipelineConnect', 'rootCerts', 'pipelineTLS', 'forceDisablePgSSL'] as const
 
 /** An option's value for one client: its own if given, else the global one. */
 export const setting = <K extends keyof EdgeConfig>(own: EdgeConfig, key: K): EdgeConfig[K] => (own[key] !== undefined ? own[key] : config[key])

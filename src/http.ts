@@ -73,7 +73,7 @@ export interface HttpTransportOptions {
    * Pool's `queryViaHttp`: the Pool's WebSocket proxy address with `ws(s)://…/v2` turned into
    * `http(s)://…/sql` (edgepg-proxy serves both).
    */
-  fetchEndpoint?: string | ((host: string, port: number) => string)
+  fetchEndpoint?: string | ((host: string, port: number, options?: { jwtAuth?: boolean }) => string)
   /** The `fetch` to use; default `globalThis.fetch`. */
   fetch?: (input: string, init: RequestInit) => Promise<Response>
   fetchOptions?: RequestInit
@@ -271,12 +271,22 @@ export class HttpSqlError extends Error {
   }
 }
 
-const ERROR_FIELDS = ['severity', 'code', 'detail', 'hint', 'position', 'internalPosition', 'internalQuery', 'where', 'schema', 'table', 'column', 'dataType', 'constraint', 'file', 'line', 'routine'] as const
+export const errorFields = ['severity', 'code', 'detail', 'hint', 'position', 'internalPosition', 'internalQuery', 'where', 'schema', 'table', 'column', 'dataType', 'constraint', 'file', 'line', 'routine'] as const
+
+/**
+ * Neon's error class, for code that catches by it: whatever a query rejects with from Postgres
+ * (pg's DatabaseError) or from the request (HttpSqlError) is an instance of it.
+ */
+export class NeonDbError extends Error {
+  static [Symbol.hasInstance](value: unknown): boolean {
+    return value instanceof DatabaseError || value instanceof HttpSqlError || Function.prototype[Symbol.hasInstance].call(this, value)
+  }
+}
 
 /** Postgres' error, as pg's DatabaseError with every field (`length`, the wire message size, stays undefined). */
 function databaseError(body: any): DatabaseError {
   const err = new DatabaseError(body.message, undefined as any, 'error')
-  for (const key of ERROR_FIELDS) (err as any)[key] = body[key] == null ? undefined : String(body[key])
+  for (const key of errorFields) (err as any)[key] = body[key] == null ? undefined : String(body[key])
   return err
 }
 
@@ -414,8 +424,11 @@ const resolver = (url: URL, password: HttpSqlOptions['password']) => async () =>
 
 const hostOf = (url: URL) => decodeURIComponent(url.hostname)
 const portOf = (url: URL) => Number(url.port || 5432)
-const endpointFor = (fetchEndpoint: HttpTransportOptions['fetchEndpoint'], host: string, port: number) =>
-  typeof fetchEndpoint === 'function' ? fetchEndpoint(host, port) : fetchEndpoint
+/** The endpoint given, else `config.fetchEndpoint` (Neon's neonConfig.fetchEndpoint), for a host and port. */
+const endpointFor = (given: HttpTransportOptions['fetchEndpoint'], host: string, port: number, authToken: unknown) => {
+  const fetchEndpoint = given ?? edgeConfig.fetchEndpoint
+  return typeof fetchEndpoint === 'function' ? fetchEndpoint(host, port, { jwtAuth: authToken !== undefined }) : fetchEndpoint
+}
 
 /**
  * Runs SQL over HTTP (POST /sql on edgepg-proxy, or Neon). `connection` is a postgres:// URL, or
@@ -431,8 +444,8 @@ export function httpSql(connection: string | HttpSqlOptions<boolean, boolean>, o
   if (typeof connection !== 'string') options = connection ?? {}
   const { connectionString, fetchEndpoint, fetch, user, password, host, port, database, ...defaults } = options
   const url = connectionUrl(typeof connection === 'string' ? connection : connectionString, { user, host, port, database, password: typeof password === 'string' ? password : undefined }, true)
-  const endpoint = endpointFor(fetchEndpoint, hostOf(url), portOf(url)) ?? `https://${url.hostname}/sql`
-  return makeSql({ url: endpoint, connectionString: resolver(url, password), fetch }, defaults) as HttpSql<any, any>
+  const endpoint = endpointFor(fetchEndpoint, hostOf(url), portOf(url), defaults.authToken) ?? `https://${url.hostname}/sql`
+  return makeSql({ url: endpoint, connectionString: resolver(url, password), fetch: fetch ?? edgeConfig.fetchFunction }, defaults) as HttpSql<any, any>
 }
 
 // ── Pool.query over HTTP ────────────────────────────────────────────────────────────────────
@@ -469,7 +482,8 @@ const poolSql = new WeakMap<object, HttpSql<boolean, boolean>>()
  */
 export function poolQueryViaHttp(pool: any, config: unknown, values?: unknown, callback?: unknown): Promise<HttpQueryResult> | undefined {
   const options = pool?.options ?? {}
-  if (!options.queryViaHttp || pool.ending || callback !== undefined || typeof values === 'function') return
+  const viaHttp = options.queryViaHttp ?? edgeConfig.poolQueryViaFetch
+  if (!viaHttp || pool.ending || callback !== undefined || typeof values === 'function') return
   if (SESSION_EVENTS.some((e) => pool.listenerCount(e) > 0)) return
   if (SESSION_OPTIONS.some((key) => options[key] != null && options[key] !== false) || /[?&](options|[a-z_]+_timeout)=/.test(options.connectionString ?? '')) return
   const cfg: any = typeof config === 'string' ? { text: config } : config
@@ -477,29 +491,28 @@ export function poolQueryViaHttp(pool: any, config: unknown, values?: unknown, c
   if (/;\s*\S/.test(cfg.text)) return // perhaps several statements: only the simple protocol, on a connection, runs those
   let sql = poolSql.get(pool)
   try {
-    if (!sql) poolSql.set(pool, (sql = sqlForPool(options)))
+    if (!sql) poolSql.set(pool, (sql = sqlForPool(options, viaHttp === true ? {} : viaHttp)))
   } catch (err) {
     return Promise.reject(err) // (pool.query reports errors by rejecting)
   }
   const timeout = cfg.query_timeout ?? options.query_timeout
   const signal = timeout > 0 ? AbortSignal.timeout(timeout) : undefined
   const opts: AnyOptions = { arrayMode: cfg.rowMode === 'array', types: cfg.types }
-  if (signal) opts.fetchOptions = { ...options.queryViaHttp.fetchOptions, signal }
+  if (signal) opts.fetchOptions = { ...viaHttp.fetchOptions, signal }
   return sql.query(cfg.text, (values ?? cfg.values ?? []) as unknown[], opts).then(undefined, (err) => {
     throw signal?.aborted && err instanceof HttpSqlError ? new Error('Query read timeout') : err
   })
 }
 
 /** httpSql for a Pool's connection options (pg's precedence: the connection string's fields win). */
-function sqlForPool(options: any): HttpSql<boolean, boolean> {
+function sqlForPool(options: any, transport: HttpTransportOptions): HttpSql<boolean, boolean> {
   const { password } = options
   const url = connectionUrl(
     options.connectionString,
     { user: options.user ?? pgDefaults.user, host: options.host ?? pgDefaults.host, port: options.port, database: options.database, password: typeof password === 'string' ? password : undefined },
     false
   )
-  const transport: HttpTransportOptions = options.queryViaHttp === true ? {} : options.queryViaHttp
-  let endpoint = endpointFor(transport.fetchEndpoint, hostOf(url), portOf(url))
+  let endpoint = endpointFor(transport.fetchEndpoint, hostOf(url), portOf(url), transport.authToken)
   if (!endpoint) {
     // edgepg-proxy serves /sql next to /v2: the WebSocket address this Pool would use, as http(s)
     const own: EdgeConfig = { ...edgeConfig, ...definedOnly({ wsProxy: options.wsProxy, useSecureWebSocket: options.useSecureWebSocket }) }
@@ -510,5 +523,5 @@ function sqlForPool(options: any): HttpSql<boolean, boolean> {
     endpoint = ws.href
   }
   const { fetchOptions, authToken, fetch } = transport
-  return makeSql({ url: endpoint, connectionString: resolver(url, password), fetch }, { fullResults: true, types: options.types, fetchOptions, authToken })
+  return makeSql({ url: endpoint, connectionString: resolver(url, password), fetch: fetch ?? edgeConfig.fetchFunction }, { fullResults: true, types: options.types, fetchOptions, authToken })
 }

@@ -114,7 +114,7 @@ export class WebSocketSocket extends QueuedSocket {
     const protocols = !offer ? undefined : fits ? [SUBPROTOCOL, LOGIN_PREFIX + login] : SUBPROTOCOL
     let ws: WebSocket
     try {
-      ws = this.ws = this.transport = new this.cfg!.webSocketConstructor(this.url, protocols)
+      ws = this.ws = this.transport = new this.cfg!.webSocketConstructor(this.url, protocols) as WebSocket
     } catch (err) {
       return this.failSoon(err as Error)
     }

@@ -85,3 +85,26 @@ for (const [build, load] of Object.entries(builds)) {
     }
   })
 }
+
+test("Drizzle's neon-serverless handed edgepg's Pool (not Neon's): its transaction fails loudly, and nothing else is lost", async () => {
+  const { drizzle } = await import('drizzle-orm/neon-serverless')
+  const { pgTable, text } = await import('drizzle-orm/pg-core')
+  const items = pgTable(table, { tag: text('tag').notNull(), name: text('name').notNull() })
+  const Pool = await builds.package()
+  const pool = new Pool({ ...edgeConfig(proxy.port), webSocketConstructor: WebSocket, max: 2 })
+  const tag = 'drizzle-neon-direct'
+  try {
+    // Drizzle takes a Pool that is not Neon's for one connection and sends BEGIN through pool.query.
+    const db = drizzle({ client: pool as any })
+    await assert.rejects(
+      db.transaction(async (tx) => {
+        await tx.insert(items).values({ tag, name: 'inside' })
+      }),
+      (err: Error) => /pool\.connect\(\)/.test(String((err.cause as Error)?.message)), // Drizzle's "Failed query: begin", caused by ours
+    )
+    await db.insert(items).values({ tag, name: 'other request' })
+    assert.deepEqual(await committed(tag), ['other request'])
+  } finally {
+    await pool.end()
+  }
+})

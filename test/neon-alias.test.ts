@@ -1,0 +1,86 @@
+/**
+ * Moving from Neon in one line, as a user does it: the packed tarball installed under Neon's name
+ * in a fresh project (package.json as the README's "Moving from Neon" says, `overrides` included),
+ * with Drizzle's neon-serverless and neon-http drivers from the registry, unchanged. The app in
+ * test/neon-app/ runs against edgepg-proxy and is type-checked with the project's own `tsc`.
+ */
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { execFile } from 'node:child_process'
+import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { promisify } from 'node:util'
+import pg from 'pg'
+import { startProxy, pgConfig } from './helpers'
+import { PASSWORD } from './stack'
+
+const run = promisify(execFile)
+const root = fileURLToPath(new URL('..', import.meta.url))
+const work = mkdtempSync(join(tmpdir(), 'edgepg-neon-app-'))
+const app = join(work, 'app')
+const TABLE = `neon_app_${process.pid}`
+const version = (name: string) => JSON.parse(readFileSync(join(root, 'node_modules', name, 'package.json'), 'utf8')).version
+
+let proxy: Awaited<ReturnType<typeof startProxy>>
+let tcp: pg.Client
+
+before(async () => {
+  proxy = await startProxy()
+  tcp = new pg.Client(pgConfig('scram_user'))
+  await tcp.connect()
+  await tcp.query(`CREATE TABLE ${TABLE} (tag text NOT NULL, name text NOT NULL)`)
+  const { stdout } = await run('npm', ['pack', '--silent', '--pack-destination', work], { cwd: root })
+  const tarball = stdout.trim().split('\n').pop()!
+  cpSync(join(root, 'test/neon-app'), app, { recursive: true })
+  const pkg = {
+    name: 'neon-app',
+    private: true,
+    type: 'module',
+    dependencies: {
+      '@neondatabase/serverless': `file:../${tarball}`,
+      'drizzle-orm': version('drizzle-orm'),
+      ws: version('ws'),
+    },
+    devDependencies: { typescript: version('typescript'), '@types/ws': version('@types/ws'), '@types/node': version('@types/node') },
+    // The README's line: npm's peer check takes edgepg's version for Neon's (drizzle-orm asks >= 0.10).
+    overrides: { '@neondatabase/serverless': '$@neondatabase/serverless' },
+  }
+  writeFileSync(join(app, 'package.json'), JSON.stringify(pkg, null, 2))
+  await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund', '--loglevel=error'], { cwd: app, timeout: 240_000 })
+})
+
+after(async () => {
+  await tcp?.query(`DROP TABLE IF EXISTS ${TABLE}`)
+  await tcp?.end()
+  await proxy?.close()
+  rmSync(work, { recursive: true, force: true })
+})
+
+test("npm installs the tarball under Neon's name, once, for the app and for Drizzle", async () => {
+  const { stdout } = await run('npm', ['ls', '@neondatabase/serverless', '--all', '--json'], { cwd: app })
+  const installed = JSON.parse(readFileSync(join(app, 'node_modules/@neondatabase/serverless/package.json'), 'utf8'))
+  assert.equal(installed.name, 'edgepg')
+  assert.ok(!stdout.includes('"version": "1.'), `no copy of Neon's own driver anywhere: ${stdout}`)
+})
+
+test('Drizzle neon-serverless and neon-http, unchanged, on edgepg: one backend per transaction, a rollback loses nothing else, db.batch', async () => {
+  const { host, port, database } = pgConfig('scram_user') as { host: string; port: number; database: string }
+  const env = { ...process.env, DATABASE_URL: `postgres://scram_user:${encodeURIComponent(PASSWORD)}@${host}:${port}/${database}`, PROXY: `http://127.0.0.1:${proxy.port}`, TABLE }
+  const { stdout } = await run(process.execPath, [join(root, 'node_modules/tsx/dist/cli.mjs'), 'drizzle.ts'], { cwd: app, env, timeout: 60_000 })
+  const out = JSON.parse(stdout.trim().split('\n').pop()!)
+  assert.deepEqual(out, { rollback: 'boom', seenInside: 1, samePid: true, batch: ['batched'], neonDbError: '22012' })
+  const rows = (await tcp.query(`SELECT tag, name FROM ${TABLE} ORDER BY tag, name`)).rows
+  assert.deepEqual(rows, [
+    { tag: 'http', name: 'batched' },
+    { tag: 'ws', name: 'committed' },
+    { tag: 'ws', name: 'other request' },
+  ], 'over TCP: the committed rows and the other request’s insert; nothing of the rolled-back transaction')
+})
+
+test('tsc type-checks the app against the installed types with no casts, and refuses what Neon’s types refuse', async () => {
+  await run(process.execPath, [join(root, 'node_modules/typescript/bin/tsc'), '-p', '.'], { cwd: app, timeout: 120_000 }).catch((err) => {
+    assert.fail(`tsc failed:\n${err.stdout}${err.stderr}`)
+  })
+})
