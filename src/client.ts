@@ -7,6 +7,7 @@ import { configKeys, setting, type EdgeConfig } from './config'
 import { WebSocketSocket } from './socket'
 import { TlsSocket } from './tls'
 import { poolQueryViaHttp, type HttpPoolConfig } from './http'
+import { CANCEL_WHEN_RUNNING, stoppableQuery } from './stop'
 import sasl from 'pg/lib/crypto/sasl.js'
 
 // pg's own exports, as they are.
@@ -116,6 +117,10 @@ export class Client extends pg.Client {
   private holding = false
   /** The active query failed before anything was sent: pg answers it on the next tick, and nothing goes behind it. */
   private stalled = false
+  /** As given, for the connection that carries a CancelRequest. */
+  private readonly given?: string | ClientConfig
+  /** pg's `query_timeout`, kept here: edgepg's cancels the statement (pg's leaves it running). */
+  private readonly queryTimeout?: number
 
   /** Neon's name for this client's own options (over the global `config`). */
   get neonConfig(): EdgeConfig {
@@ -128,6 +133,10 @@ export class Client extends pg.Client {
     if (!options.stream) options.stream = ((conn: StreamConfig) => openSocket(own, conn)) as any
     super(options)
     this.edgeConfig = own
+    this.given = config
+    const params = (this as any).connectionParameters as { query_timeout?: number } // pg's internals
+    this.queryTimeout = params.query_timeout
+    params.query_timeout = undefined
     this.pipelining = options.pipeline !== false
     this.strict = options.pipeline === true
     // pg must not negotiate TLS itself: TlsSocket does it inside the WebSocket, or edgepg-proxy
@@ -171,6 +180,19 @@ export class Client extends pg.Client {
     if (setting(this.edgeConfig, 'authOffload') !== false) socket.secret = message
     // A server that does not take the login gets the password right behind the StartupMessage, if asked to.
     if (inBand) socket.fallback = (first) => (socket.send(first), socket.send(message), (this.passwordSent = true))
+  }
+
+  /**
+   * Cancels the statement running now: pg's CancelRequest, on a connection of its own that carries
+   * it in the WebSocket upgrade. A cancel that fails changes nothing; the query just runs on.
+   */
+  cancelRunning() {
+    const con = new Client(this.given).connection as any
+    if (con.stream instanceof WebSocketSocket) con.stream.deferOpen = true
+    con.on('error', () => {})
+    const { processID, secretKey } = this as any // pg's, from BackendKeyData
+    con.once('connect', () => con.cancel(processID, secretKey))
+    con.connect(this.port, this.host)
   }
 
   _handleAuthSASL(msg: unknown) {
@@ -219,6 +241,9 @@ export class Client extends pg.Client {
     const later = queue.splice(sendable)
     self._pulsePipelinedQueryQueue()
     queue.push(...later)
+    // An aborted query sent behind others is cancelled once it is the one running.
+    const cancel = self._activeQuery?.[CANCEL_WHEN_RUNNING]
+    if (cancel) (self._activeQuery[CANCEL_WHEN_RUNNING] = undefined), cancel()
   }
 }
 
@@ -230,8 +255,13 @@ export class Client extends pg.Client {
  * so that pg's typed overloads of `query` stay as they are.)
  */
 const clientQuery = pg.Client.prototype.query as (...args: unknown[]) => unknown
-Client.prototype.query = function (this: any, ...args: unknown[]) {
+Client.prototype.query = function (this: any, ...args: any[]) {
   if (!usableHere(this)) return refuseQuery(this, crossedRequests(), args)
+  const [config] = args
+  const signal: AbortSignal | undefined = config?.signal
+  const timeout: number | undefined = config?.query_timeout || this.queryTimeout
+  if ((signal || timeout) && typeof config?.submit !== 'function')
+    return stoppableQuery(this, (query) => this.query(query), () => this.cancelRunning(), args, signal, timeout)
   if (!this.pipelining || this.strict) return clientQuery.apply(this, args)
   const portal = isPortalQuery(args[0])
   const waiting: unknown[] | undefined = portal && this._queryQueue.length ? this._queryQueue : undefined

@@ -1,0 +1,199 @@
+/**
+ * Stopping a query: an AbortSignal, or pg's query_timeout, stops the statement on the server, not
+ * only the promise, and the connection stays usable. On the package as Node imports it, through
+ * the real proxy; what Postgres ran is read from pg_stat_activity and tables over TCP.
+ */
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import pg from 'pg'
+import { WebSocket } from 'ws'
+import { startProxy, pgConfig, edgeConfig, eventually, within } from './helpers'
+import { startDelayRelay } from './delay-relay'
+
+const table = `abort_${process.pid}_${Date.now()}`
+let proxy: Awaited<ReturnType<typeof startProxy>>
+let tcp: pg.Client
+let edgepg: any
+
+before(async () => {
+  proxy = await startProxy()
+  edgepg = await import('edgepg' as string)
+  tcp = new pg.Client(pgConfig('scram_user'))
+  await tcp.connect()
+  await tcp.query(`CREATE TABLE ${table} (name text NOT NULL)`)
+})
+after(async () => {
+  await tcp?.query(`DROP TABLE IF EXISTS ${table}`)
+  await tcp?.end()
+  await proxy?.close()
+})
+
+const config = (app: string, extra: object = {}) => ({ ...edgeConfig(proxy.port), webSocketConstructor: WebSocket, application_name: app, ...extra })
+const connect = async (app: string, extra: object = {}) => {
+  const client = new edgepg.Client(config(app, extra))
+  await client.connect()
+  return client as pg.Client
+}
+/** Statements running now for an application_name, seen from outside. */
+const running = async (app: string) =>
+  (await tcp.query(`SELECT query FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'`, [app])).rows.map((r) => r.query)
+const rows = async () => (await tcp.query(`SELECT name FROM ${table} ORDER BY name`)).rows.map((r) => r.name)
+const sleeping = (app: string) => eventually(async () => (await running(app)).some((q) => q.includes('pg_sleep')), 'the statement to run')
+
+test('an already-aborted signal: rejects with its reason, and nothing reaches Postgres', async () => {
+  const client = await connect('abort-before')
+  try {
+    const reason = new Error('user went away')
+    await assert.rejects(client.query({ text: `INSERT INTO ${table} VALUES ('never')`, signal: AbortSignal.abort(reason) } as any), (err) => err === reason)
+    assert.deepEqual((await client.query('SELECT 1 AS one')).rows, [{ one: 1 }], 'the connection is usable')
+    assert.deepEqual(await rows(), [])
+  } finally {
+    await client.end()
+  }
+})
+
+test('aborted while it runs: cancelled on the server, rejects with the reason (an AbortError by default); the connection goes on', async () => {
+  const app = 'abort-running'
+  const client = await connect(app)
+  try {
+    const controller = new AbortController()
+    const query = client.query({ text: 'SELECT pg_sleep(30)', signal: controller.signal } as any)
+    await sleeping(app)
+    controller.abort()
+    const err: any = await within(5000, 'the rejection', query.then(() => assert.fail('resolved'), (e: unknown) => e))
+    assert.equal(err, controller.signal.reason)
+    assert.equal(err.name, 'AbortError')
+    assert.deepEqual(await running(app), [], 'Postgres is no longer running it')
+    assert.deepEqual((await client.query('SELECT 2 AS two')).rows, [{ two: 2 }])
+  } finally {
+    await client.end()
+  }
+})
+
+test('aborted behind others in a pipeline: the one ahead of it is not touched; it is cancelled once it runs', async () => {
+  const app = 'abort-pipelined'
+  const client = await connect(app)
+  try {
+    const controller = new AbortController()
+    const ahead = client.query('SELECT pg_sleep(0.5) AS ahead')
+    const behind = client.query({ text: 'SELECT pg_sleep(30)', signal: controller.signal } as any)
+    const start = Date.now()
+    controller.abort()
+    assert.deepEqual((await ahead).rows, [{ ahead: '' }], 'the query ahead finishes normally')
+    await within(5000, 'the rejection', assert.rejects(behind, { name: 'AbortError' }))
+    assert.ok(Date.now() - start < 5000)
+    assert.deepEqual((await client.query('SELECT 3 AS three')).rows, [{ three: 3 }])
+  } finally {
+    await client.end()
+  }
+})
+
+test('aborted while queued and not yet sent (pipeline: false): it never reaches Postgres', async () => {
+  const client = await connect('abort-queued', { pipeline: false })
+  try {
+    const controller = new AbortController()
+    const ahead = client.query('SELECT pg_sleep(0.3)')
+    const queued = client.query({ text: `INSERT INTO ${table} VALUES ('queued')`, signal: controller.signal } as any)
+    controller.abort()
+    await assert.rejects(queued, { name: 'AbortError' })
+    await ahead
+    assert.deepEqual(await rows(), [])
+  } finally {
+    await client.end()
+  }
+})
+
+test("aborted inside a transaction: Postgres's own semantics (the transaction is failed, ROLLBACK ends it)", async () => {
+  const app = 'abort-transaction'
+  const client = await connect(app)
+  try {
+    await client.query('BEGIN')
+    await client.query(`INSERT INTO ${table} VALUES ('in transaction')`)
+    const controller = new AbortController()
+    const query = client.query({ text: 'SELECT pg_sleep(30)', signal: controller.signal } as any)
+    await sleeping(app)
+    controller.abort()
+    await within(5000, 'the rejection', assert.rejects(query, { name: 'AbortError' }))
+    assert.equal(client.getTransactionStatus(), 'E')
+    await assert.rejects(client.query('SELECT 1'), { code: '25P02' })
+    await client.query('ROLLBACK')
+    assert.deepEqual(await rows(), [])
+  } finally {
+    await client.end()
+  }
+})
+
+test('query_timeout stops the statement on the server too (pg over TCP leaves it running)', async () => {
+  const app = 'abort-timeout'
+  for (const where of ['client', 'query'] as const) {
+    const client = await connect(app, where === 'client' ? { query_timeout: 300 } : {})
+    try {
+      const text = 'SELECT pg_sleep(30)'
+      await within(5000, 'the timeout', assert.rejects(client.query(where === 'client' ? text : ({ text, query_timeout: 300 } as any)), { message: 'Query read timeout' }))
+      await eventually(async () => (await running(app)).length === 0, 'the statement to stop')
+      assert.deepEqual((await client.query('SELECT 4 AS four')).rows, [{ four: 4 }])
+    } finally {
+      await client.end()
+    }
+  }
+})
+
+test('pool.query({ signal }) and a Pool with query_timeout', async () => {
+  const app = 'abort-pool'
+  const pool = new edgepg.Pool({ ...config(app), max: 1 }) as pg.Pool
+  const timed = new edgepg.Pool({ ...config(app), max: 1, query_timeout: 300 }) as pg.Pool
+  try {
+    const controller = new AbortController()
+    const query = pool.query({ text: 'SELECT pg_sleep(30)', signal: controller.signal } as any)
+    await sleeping(app)
+    controller.abort()
+    await within(5000, 'the rejection', assert.rejects(query, { name: 'AbortError' }))
+    assert.deepEqual((await pool.query('SELECT 5 AS five')).rows, [{ five: 5 }], 'its connection serves the next query')
+    await within(5000, 'the timeout', assert.rejects(timed.query('SELECT pg_sleep(30)'), { message: 'Query read timeout' }))
+    await eventually(async () => (await running(app)).length === 0, 'the statement to stop')
+  } finally {
+    await pool.end()
+    await timed.end()
+  }
+})
+
+test("Neon's driver through the proxy: its CancelRequest still cancels its query", async () => {
+  const neon = await import('@neondatabase/serverless')
+  const app = 'abort-neon'
+  const options = { ...pgConfig('scram_user'), application_name: app }
+  neon.neonConfig.webSocketConstructor = WebSocket
+  neon.neonConfig.wsProxy = () => `127.0.0.1:${proxy.port}/v2`
+  neon.neonConfig.useSecureWebSocket = false
+  neon.neonConfig.pipelineConnect = false
+  const client = new neon.Client(options)
+  await client.connect()
+  try {
+    const query = new neon.Client(options) as any
+    const running = client.query('SELECT pg_sleep(30)')
+    await sleeping(app)
+    query.cancel(client, (client as any).activeQuery)
+    await within(5000, 'the cancel', assert.rejects(running, { code: '57014' }))
+  } finally {
+    await client.end()
+  }
+})
+
+test('behind a 200 ms RTT: abort to rejection takes one round trip (the CancelRequest rides in the upgrade)', async () => {
+  const relay = await startDelayRelay({ host: '127.0.0.1', port: proxy.port }, 100)
+  const app = 'abort-rtt'
+  const client = new edgepg.Client({ ...config(app), wsProxy: () => `ws://127.0.0.1:${relay.port}/v2` }) as pg.Client
+  await client.connect()
+  try {
+    const controller = new AbortController()
+    const query = client.query({ text: 'SELECT pg_sleep(30)', signal: controller.signal } as any).catch((e: unknown) => e)
+    await sleeping(app)
+    const start = performance.now()
+    controller.abort()
+    await query
+    const trips = (performance.now() - start) / relay.rttMs
+    assert.ok(trips >= 0.9 && trips < 1.5, `abort to rejection: ${trips.toFixed(2)} round trips (expected 1)`)
+  } finally {
+    await client.end()
+    await relay.close()
+  }
+})
