@@ -10,8 +10,9 @@ import { poolQueryViaHttp, type HttpPoolConfig } from './http'
 import { CANCEL_WHEN_RUNNING, stoppableQuery } from './stop'
 import sasl from 'pg/lib/crypto/sasl.js'
 
-// pg's own exports, as they are.
+// pg's own exports, as they are (and pg's connection-string parser, which Neon exports).
 export const { types, defaults, DatabaseError, Query, escapeIdentifier, escapeLiteral } = pg
+export { parseIntoClientConfig } from 'pg-connection-string'
 
 export type ClientConfig = pg.ClientConfig & EdgeConfig
 export type PoolConfig = pg.PoolConfig & EdgeConfig & HttpPoolConfig
@@ -82,10 +83,7 @@ const usableHere = (client: pg.Client) => webSocketOf(client)?.usableHere !== fa
 const IN_WORKERS = (globalThis as any).navigator?.userAgent === 'Cloudflare-Workers'
 
 const crossedRequests = () =>
-  new Error(
-    'edgepg: this Client was connected during an earlier request, and Cloudflare Workers let a connection serve only the request that opened it. ' +
-      'Create and connect the Client inside the request handler (end it with ctx.waitUntil(client.end())), or use a Pool, which replaces such connections by itself.'
-  )
+  new Error("edgepg: this Client was connected in an earlier request, and a Worker's connection serves only the request that opened it. Create the Client in the request handler, or use a Pool.")
 
 /** Fails a query the way pg fails one it cannot send: through its callback, its promise, or the Submittable's handleError. */
 function refuseQuery(client: pg.Client, err: Error, args: any[]) {
@@ -287,10 +285,8 @@ const inTransaction = (client: pg.PoolClient) => /^[TE]$/.test(client.getTransac
 /** Why pool.query() refuses a statement that leaves its connection inside a transaction. */
 const transactionOnPool = () =>
   new Error(
-    'edgepg: pool.query() left its connection inside a transaction (a BEGIN with no COMMIT), so edgepg rolled it back: ' +
-      'each pool.query() may run on another connection, and a transaction must run on one. ' +
-      'Take a connection with `const client = await pool.connect()`, run BEGIN, the statements and COMMIT on it, then `client.release()`. ' +
-      "With Drizzle, use drizzle-orm/node-postgres with this Pool (or install edgepg as @neondatabase/serverless: see the README's \"Moving from Neon\")."
+    'edgepg: pool.query() left its connection in a transaction, so it was rolled back: a transaction must run on one connection. ' +
+      'Run BEGIN…COMMIT on `const client = await pool.connect()`, then `client.release()` (with Drizzle: drizzle-orm/node-postgres).'
   )
 
 /**
@@ -305,10 +301,14 @@ export class Pool extends pg.Pool {
     super({ ...(IN_WORKERS && { max: 5 }), ...config, Client: Client as any })
   }
 
+  /** The connection released last was left in a transaction (read by pool.query, below). */
+  private leftOpen = false
+
   _release(client: pg.PoolClient, idleListener: unknown, err?: unknown) {
     const release = (pg.Pool.prototype as any)._release
     const self = client as any // pg's internals, read as pg-pool reads them
-    if (err || this.ending || !self._queryable || self._ending || !inTransaction(client)) return release.call(this, client, idleListener, err)
+    this.leftOpen = !err && !this.ending && self._queryable && !self._ending && inTransaction(client)
+    if (!this.leftOpen) return release.call(this, client, idleListener, err)
     // Until it is back in the pool nobody listens for its errors: the ROLLBACK's own callback reports them.
     const ignore = () => {}
     client.on('error', ignore)
@@ -343,33 +343,14 @@ Pool.prototype.connect = function (this: any, callback?: (err: Error | undefined
 
 // With `queryViaHttp`, a query that needs no session goes over HTTP: one request, no connection.
 // (Assigned, not declared, so that pg's typed overloads of `query` stay as they are.)
-Pool.prototype.query = function (this: Pool, config: any, values?: any, callback?: any) {
+const poolQuery = pg.Pool.prototype.query as (...args: unknown[]) => unknown
+Pool.prototype.query = function (this: any, config: any, values?: any, callback?: any) {
   const viaHttp = poolQueryViaHttp(this, config, values, callback)
   if (viaHttp) return viaHttp
   if (typeof values === 'function') [callback, values] = [values, undefined]
-  if (typeof config === 'function') return (pg.Pool.prototype.query as any).call(this, config) // pg's own refusal
-  const result = this.connect().then(
-    (client) =>
-      new Promise((resolve, reject) => {
-        let released = false
-        // As pg-pool: a connection that fails mid-query is released with its error (and dropped).
-        const done = (err?: Error | null, res?: unknown) => {
-          if (released) return
-          released = true
-          client.off('error', done)
-          const leftOpen = !err && inTransaction(client)
-          client.release(err as Error) // (null on success, as pg-pool passes it); one left in a transaction is rolled back first
-          if (leftOpen) reject(transactionOnPool())
-          else err ? reject(err) : resolve(res)
-        }
-        client.once('error', done)
-        try {
-          client.query(config, values, done)
-        } catch (err) {
-          done(err as Error)
-        }
-      })
-  )
-  if (typeof callback !== 'function') return result
-  result.then((res) => callback(undefined, res), callback)
+  let done = callback
+  const result = done ? undefined : new Promise((resolve, reject) => (done = (err: unknown, res: unknown) => (err ? reject(err) : resolve(res))))
+  // pg-pool releases the connection, then calls back, in one go: _release has just said whether it was left open.
+  poolQuery.call(this, config, values, (err: unknown, res: unknown) => (this.leftOpen && !err ? done(transactionOnPool()) : done(err, res)))
+  return result
 } as pg.Pool['query']

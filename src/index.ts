@@ -1,10 +1,9 @@
 // Only re-exports: an app that imports `httpSql` alone leaves the whole WebSocket driver (and pg's
 // Client) out of its bundle, since nothing here runs on import. The names after pg's and edgepg's
 // own are @neondatabase/serverless's, so that edgepg can be installed under its name.
-import { Client, Pool, types, defaults, DatabaseError, Query, escapeIdentifier, escapeLiteral } from './client'
+import { Client, Pool, types, defaults, DatabaseError, Query, escapeIdentifier, escapeLiteral, parseIntoClientConfig } from './client'
 import { config } from './config'
 import { httpSql, HttpQuery, NeonDbError, errorFields } from './http'
-import { parseIntoClientConfig } from 'pg-connection-string'
 
 /** Neon's warning for a browser; edgepg works in browsers on purpose (with a token or a proxy that allows it), so it says nothing. */
 const warnIfBrowser = () => {}

@@ -86,7 +86,7 @@ test('a Client kept across requests fails at once, saying to create it per reque
     for (let i = 2; i < 4; i++) {
       const later = await call(mf, 'client', i)
       assert.equal(later.status, 500)
-      assert.match(later.body.error, /earlier request.*inside the request handler.*Pool/s)
+      assert.match(later.body.error, /earlier request.*in the request handler.*Pool/s)
     }
   } finally {
     await mf.dispose()
