@@ -84,6 +84,7 @@ export const config: GlobalConfig = {
   pipelineConnect: undefined,
   rootCerts: undefined,
   pipelineTLS: undefined,
+  forceDisablePgSSL: false,
 }
 
 export const configKeys = ['webSocketConstructor', 'wsProxy', 'useSecureWebSocket', 'coalesceWrites', 'authOffload', 'pipelineConnect', 'rootCerts', 'pipelineTLS', 'forceDisablePgSSL'] as const

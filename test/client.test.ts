@@ -33,3 +33,12 @@ test('client.end() leaves no Postgres backend behind: none without the pool; wit
     await eventually(async () => (await backends(app)) === 0, `pool ${enabled ? 'on' : 'off'}: the backend to exit`)
   }
 })
+
+test("forceDisablePgSSL (Neon's option) sets ssl aside: sslmode=require reaches a Postgres without TLS only with it", async () => {
+  const withSsl = edgeClient(proxy.port, 'scram_user', { ssl: true })
+  await assert.rejects(withSsl.connect(), 'without it, the proxy is asked for TLS that this Postgres does not offer')
+  const client = edgeClient(proxy.port, 'scram_user', { ssl: true, forceDisablePgSSL: true })
+  await client.connect()
+  assert.deepEqual((await client.query('SELECT 1 AS one')).rows, [{ one: 1 }])
+  await client.end()
+})
