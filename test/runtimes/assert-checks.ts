@@ -17,5 +17,10 @@ export function assertChecks(out: any, runtime: string, context = '', endToEnd =
   same(out.login.rows, [{ seven: 7, pid: out.login.processID }], `${runtime}: processID set by connect(), the query after it${more}`)
   same(out.wrongPassword, { databaseError: true, code: '28P01', severity: 'FATAL', message: 'password authentication failed for user "scram_user"' }, `${runtime}: a wrong password rejects connect() with Postgres's DatabaseError${more}`)
   same(out.endToEnd, endToEnd ? [{ who: 'scram_user' }] : undefined, `${runtime}: SCRAM in the client (authOffload: false)${more}`)
+  same(
+    out.moduleScope,
+    { sequential: [[1, 101], [2, 102]], concurrent: [[3, 103], [4, 104], [5, 105]], aborted: 'AbortError', after: [{ six: 6 }] },
+    `${runtime}: a Pool kept across requests, and a query stopped by an AbortSignal${more}`
+  )
   same(out.http, { template: [{ ten: 10, s: 'a b' }], query: [{ joined: 'edgepg' }] }, `${runtime}: httpSql over POST /sql${more}`)
 }

@@ -47,6 +47,31 @@ globalThis.edgepgChecks = async function edgepgChecks(mod, { proxyPort, host, po
     await own.end()
   }
 
+  // A Pool kept across requests, as at module scope: several requests one after another and at
+  // once, each a pool.query and a transaction on pool.connect(); then a query stopped by a signal
+  // while it runs (cancelled on the server), after which the Pool serves on.
+  const shared = new Pool({ ...base('scram_user'), max: 2 })
+  const request = async (n) => {
+    const c = await shared.connect()
+    let rows
+    try {
+      await c.query('BEGIN')
+      rows = (await c.query('SELECT $1::int AS n', [n])).rows
+      await c.query('COMMIT')
+    } finally {
+      c.release()
+    }
+    return [rows[0].n, (await shared.query('SELECT $1::int + 100 AS m', [n])).rows[0].m]
+  }
+  const moduleScope = { sequential: [await request(1), await request(2)], concurrent: await Promise.all([3, 4, 5].map(request)) }
+  const controller = new AbortController()
+  const sleeping = shared.query({ text: 'SELECT pg_sleep(30)', signal: controller.signal })
+  setTimeout(() => controller.abort(), 200)
+  moduleScope.aborted = await sleeping.then(() => 'ran to the end', (e) => e === controller.signal.reason && e.name)
+  moduleScope.after = plain((await shared.query('SELECT 6 AS six')).rows)
+  await shared.end()
+  out.moduleScope = moduleScope
+
   // HTTP: httpSql against the proxy's POST /sql, through the runtime's fetch.
   const sql = httpSql(`postgresql://scram_user:${encodeURIComponent(password)}@${host}:${port}/${database}`, {
     fetchEndpoint: `http://127.0.0.1:${proxyPort}/sql`,
