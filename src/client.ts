@@ -347,6 +347,7 @@ const poolQuery = pg.Pool.prototype.query as (...args: unknown[]) => unknown
 Pool.prototype.query = function (this: any, config: any, values?: any, callback?: any) {
   const viaHttp = poolQueryViaHttp(this, config, values, callback)
   if (viaHttp) return viaHttp
+  if (typeof config === 'function') return poolQuery.call(this, config) // pg-pool's own refusal
   if (typeof values === 'function') [callback, values] = [values, undefined]
   let done = callback
   const result = done ? undefined : new Promise((resolve, reject) => (done = (err: unknown, res: unknown) => (err ? reject(err) : resolve(res))))

@@ -114,9 +114,10 @@ test("aborted inside a transaction: Postgres's own semantics (the transaction is
     await sleeping(app)
     controller.abort()
     await within(5000, 'the rejection', assert.rejects(query, { name: 'AbortError' }))
-    assert.equal(client.getTransactionStatus(), 'E')
-    await assert.rejects(client.query('SELECT 1'), { code: '25P02' })
+    // (pg calls back on the ErrorResponse, maybe before the ReadyForQuery that says 'E' is read.)
+    await assert.rejects(client.query('SELECT 1'), { code: '25P02' }, 'the transaction is failed')
     await client.query('ROLLBACK')
+    assert.equal(client.getTransactionStatus(), 'I')
     assert.deepEqual(await rows(), [])
   } finally {
     await client.end()
@@ -191,7 +192,7 @@ test('behind a 200 ms RTT: abort to rejection takes one round trip (the CancelRe
     controller.abort()
     await query
     const trips = (performance.now() - start) / relay.rttMs
-    assert.ok(trips >= 0.9 && trips < 1.5, `abort to rejection: ${trips.toFixed(2)} round trips (expected 1)`)
+    assert.ok(trips >= 0.9 && trips < 1.75, `abort to rejection: ${trips.toFixed(2)} round trips (expected 1; a second would make 2)`)
   } finally {
     await client.end()
     await relay.close()

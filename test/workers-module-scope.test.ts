@@ -107,7 +107,7 @@ test('behind a 200 ms RTT: a module-scope Pool pays what a new connection does (
     await timed('pool', 1) // warms the proxy's backends
     // Two queries at once: two connections, each the upgrade carrying the login, then its query.
     const replaced = await timed('pool', 2) // the connections request 1 left idle are replaced
-    assert.ok(replaced >= 2 && replaced < 2.5, `a request after another: ${replaced.toFixed(2)} round trips (expected 2)`)
+    assert.ok(replaced >= 2 && replaced < 2.75, `a request after another: ${replaced.toFixed(2)} round trips (expected 2; a third would make 3)`)
   } finally {
     await mf.dispose()
     await relay.close()
