@@ -3,7 +3,7 @@ import './install-buffer'
 import pg from 'pg'
 import { isIP } from 'net'
 import { serialize } from 'pg-protocol'
-import { configKeys, setting, type EdgeConfig } from './config'
+import { configKeys, setting, IN_WORKERS, type EdgeConfig } from './config'
 import { WebSocketSocket } from './socket'
 import { TlsSocket } from './tls'
 import { poolQueryViaHttp, type HttpPoolConfig } from './http'
@@ -79,8 +79,6 @@ const webSocketOf = (client: pg.Client): WebSocketSocket | undefined => {
 
 /** False for a connection opened by an earlier request of a Cloudflare Worker (see WebSocketSocket.usableHere). */
 const usableHere = (client: pg.Client) => webSocketOf(client)?.usableHere !== false
-
-const IN_WORKERS = (globalThis as any).navigator?.userAgent === 'Cloudflare-Workers'
 
 const crossedRequests = () =>
   new Error("edgepg: this Client was connected in an earlier request, and a Worker's connection serves only the request that opened it. Create the Client in the request handler, or use a Pool.")
@@ -254,7 +252,7 @@ export class Client extends pg.Client {
  */
 const clientQuery = pg.Client.prototype.query as (...args: unknown[]) => unknown
 Client.prototype.query = function (this: any, ...args: any[]) {
-  if (!usableHere(this)) return refuseQuery(this, crossedRequests(), args)
+  if (IN_WORKERS && !usableHere(this)) return refuseQuery(this, crossedRequests(), args)
   const [config] = args
   const signal: AbortSignal | undefined = config?.signal
   const timeout: number | undefined = config?.query_timeout || this.queryTimeout

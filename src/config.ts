@@ -74,6 +74,9 @@ export interface GlobalConfig extends EdgeConfig {
   fetchConnectionCache?: boolean
 }
 
+/** Cloudflare Workers, where a connection serves only the request that opened it. */
+export const IN_WORKERS = (globalThis as any).navigator?.userAgent === 'Cloudflare-Workers'
+
 /** Global defaults; any of them but GlobalConfig's own can be overridden per Client or Pool. Also exported as `neonConfig`. */
 export const config: GlobalConfig = {
   webSocketConstructor: undefined,

@@ -1,5 +1,5 @@
 import { HIGH_WATER, QueuedSocket } from './queued-socket'
-import { LOGIN_PREFIX, MAX_LOGIN_CHARS, resolveConfig, webSocketUrl, SUBPROTOCOL, UPSTREAM_TLS_REQUEST, type EdgeConfig } from './config'
+import { IN_WORKERS, LOGIN_PREFIX, MAX_LOGIN_CHARS, resolveConfig, webSocketUrl, SUBPROTOCOL, UPSTREAM_TLS_REQUEST, type EdgeConfig } from './config'
 
 const OPEN = 1
 /** URLs whose server answered without a subprotocol, where `ws` needs none offered. */
@@ -121,7 +121,7 @@ export class WebSocketSocket extends QueuedSocket {
     // Cloudflare Workers let only the request that opened a WebSocket touch it, but a promise's
     // continuation runs in the request that made the promise: a later request resolves this one to
     // have the WebSocket closed, so the proxy frees its backend.
-    new Promise<void>((resolve) => (this.closeFromOrigin = resolve)).then(() => ws.close(1000)).catch(() => {})
+    if (IN_WORKERS) new Promise<void>((resolve) => (this.closeFromOrigin = resolve)).then(() => ws.close(1000)).catch(() => {})
     // Node's `ws` (and Bun) hand over Buffers by default, without a copy; elsewhere ask for ArrayBuffers.
     if (ws.binaryType !== ('nodebuffer' as BinaryType)) ws.binaryType = 'arraybuffer'
     ws.addEventListener('open', () => {
@@ -189,7 +189,7 @@ export class WebSocketSocket extends QueuedSocket {
   private flush() {
     this.flushQueued = false
     if (this.corked || !this.pending.length || this.closed) return
-    if (!this.usableHere) return void this.destroy() // what was queued cannot go; pg sees the connection end
+    if (IN_WORKERS && !this.usableHere) return void this.destroy() // what was queued cannot go; pg sees the connection end
     if (this.ws?.readyState !== OPEN && (this.ws || !this.deferOpen)) return
     const { data, callbacks } = this.takePending()
     if (!this.ws) this.open(data) // the first flight rides in the upgrade
@@ -225,7 +225,7 @@ export class WebSocketSocket extends QueuedSocket {
    * opening (the login under way), it is given up at once: what was queued goes nowhere.
    */
   protected close() {
-    if (!this.usableHere || this.ws?.readyState !== OPEN) return void this.destroy()
+    if ((IN_WORKERS && !this.usableHere) || this.ws?.readyState !== OPEN) return void this.destroy()
     this.flush()
     this.ws.close(1000)
   }
@@ -237,7 +237,7 @@ export class WebSocketSocket extends QueuedSocket {
     if (err) this.emit('error', new Error(`edgepg: connection to ${this.url} failed: ${err.message}`, { cause: err }))
     this.ending = true
     this.writable = false
-    if (!this.usableHere) this.closeFromOrigin!()
+    if (IN_WORKERS && !this.usableHere) this.closeFromOrigin!()
     else
       try {
         this.ws?.close(this.opened ? 1000 : undefined)

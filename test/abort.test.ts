@@ -7,55 +7,54 @@ import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import pg from 'pg'
 import { WebSocket } from 'ws'
-import { startProxy, pgConfig, edgeConfig, eventually, within } from './helpers'
+import { startProxy, pgConfig, edgeConfig, eventually, within, scratchTable } from './helpers'
 import { startDelayRelay } from './delay-relay'
 
-const table = `abort_${process.pid}_${Date.now()}`
 let proxy: Awaited<ReturnType<typeof startProxy>>
-let tcp: pg.Client
+let scratch: Awaited<ReturnType<typeof scratchTable>>
+let table: string
 let edgepg: any
 
 before(async () => {
   proxy = await startProxy()
   edgepg = await import('edgepg' as string)
-  tcp = new pg.Client(pgConfig('scram_user'))
-  await tcp.connect()
-  await tcp.query(`CREATE TABLE ${table} (name text NOT NULL)`)
+  scratch = await scratchTable('abort', 'name text NOT NULL')
+  table = scratch.name
 })
 after(async () => {
-  await tcp?.query(`DROP TABLE IF EXISTS ${table}`)
-  await tcp?.end()
+  await scratch?.drop()
   await proxy?.close()
 })
 
 const config = (app: string, extra: object = {}) => ({ ...edgeConfig(proxy.port), webSocketConstructor: WebSocket, application_name: app, ...extra })
-const connect = async (app: string, extra: object = {}) => {
-  const client = new edgepg.Client(config(app, extra))
+/** An edgepg Client for `app`, connected for `use`, ended afterwards whatever happened. */
+async function withClient(app: string, use: (client: pg.Client) => Promise<void>, extra: object = {}) {
+  const client: pg.Client = new edgepg.Client(config(app, extra))
   await client.connect()
-  return client as pg.Client
+  try {
+    await use(client)
+  } finally {
+    await client.end()
+  }
 }
 /** Statements running now for an application_name, seen from outside. */
 const running = async (app: string) =>
-  (await tcp.query(`SELECT query FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'`, [app])).rows.map((r) => r.query)
-const rows = async () => (await tcp.query(`SELECT name FROM ${table} ORDER BY name`)).rows.map((r) => r.name)
+  (await scratch.tcp.query(`SELECT query FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'`, [app])).rows.map((r) => r.query)
+const rows = async () => (await scratch.tcp.query(`SELECT name FROM ${table} ORDER BY name`)).rows.map((r) => r.name)
 const sleeping = (app: string) => eventually(async () => (await running(app)).some((q) => q.includes('pg_sleep')), 'the statement to run')
 
 test('an already-aborted signal: rejects with its reason, and nothing reaches Postgres', async () => {
-  const client = await connect('abort-before')
-  try {
+  await withClient('abort-before', async (client) => {
     const reason = new Error('user went away')
     await assert.rejects(client.query({ text: `INSERT INTO ${table} VALUES ('never')`, signal: AbortSignal.abort(reason) } as any), (err) => err === reason)
     assert.deepEqual((await client.query('SELECT 1 AS one')).rows, [{ one: 1 }], 'the connection is usable')
     assert.deepEqual(await rows(), [])
-  } finally {
-    await client.end()
-  }
+  })
 })
 
 test('aborted while it runs: cancelled on the server, rejects with the reason (an AbortError by default); the connection goes on', async () => {
   const app = 'abort-running'
-  const client = await connect(app)
-  try {
+  await withClient(app, async (client) => {
     const controller = new AbortController()
     const query = client.query({ text: 'SELECT pg_sleep(30)', signal: controller.signal } as any)
     await sleeping(app)
@@ -65,15 +64,12 @@ test('aborted while it runs: cancelled on the server, rejects with the reason (a
     assert.equal(err.name, 'AbortError')
     assert.deepEqual(await running(app), [], 'Postgres is no longer running it')
     assert.deepEqual((await client.query('SELECT 2 AS two')).rows, [{ two: 2 }])
-  } finally {
-    await client.end()
-  }
+  })
 })
 
 test('aborted behind others in a pipeline: the one ahead of it is not touched; it is cancelled once it runs', async () => {
   const app = 'abort-pipelined'
-  const client = await connect(app)
-  try {
+  await withClient(app, async (client) => {
     const controller = new AbortController()
     const ahead = client.query('SELECT pg_sleep(0.5) AS ahead')
     const behind = client.query({ text: 'SELECT pg_sleep(30)', signal: controller.signal } as any)
@@ -83,14 +79,11 @@ test('aborted behind others in a pipeline: the one ahead of it is not touched; i
     await within(5000, 'the rejection', assert.rejects(behind, { name: 'AbortError' }))
     assert.ok(Date.now() - start < 5000)
     assert.deepEqual((await client.query('SELECT 3 AS three')).rows, [{ three: 3 }])
-  } finally {
-    await client.end()
-  }
+  })
 })
 
 test('aborted while queued and not yet sent (pipeline: false): it never reaches Postgres', async () => {
-  const client = await connect('abort-queued', { pipeline: false })
-  try {
+  await withClient('abort-queued', async (client) => {
     const controller = new AbortController()
     const ahead = client.query('SELECT pg_sleep(0.3)')
     const queued = client.query({ text: `INSERT INTO ${table} VALUES ('queued')`, signal: controller.signal } as any)
@@ -98,15 +91,12 @@ test('aborted while queued and not yet sent (pipeline: false): it never reaches 
     await assert.rejects(queued, { name: 'AbortError' })
     await ahead
     assert.deepEqual(await rows(), [])
-  } finally {
-    await client.end()
-  }
+  }, { pipeline: false })
 })
 
 test("aborted inside a transaction: Postgres's own semantics (the transaction is failed, ROLLBACK ends it)", async () => {
   const app = 'abort-transaction'
-  const client = await connect(app)
-  try {
+  await withClient(app, async (client) => {
     await client.query('BEGIN')
     await client.query(`INSERT INTO ${table} VALUES ('in transaction')`)
     const controller = new AbortController()
@@ -119,23 +109,18 @@ test("aborted inside a transaction: Postgres's own semantics (the transaction is
     await client.query('ROLLBACK')
     assert.equal(client.getTransactionStatus(), 'I')
     assert.deepEqual(await rows(), [])
-  } finally {
-    await client.end()
-  }
+  })
 })
 
 test('query_timeout stops the statement on the server too (pg over TCP leaves it running)', async () => {
   const app = 'abort-timeout'
   for (const where of ['client', 'query'] as const) {
-    const client = await connect(app, where === 'client' ? { query_timeout: 300 } : {})
-    try {
+    await withClient(app, async (client) => {
       const text = 'SELECT pg_sleep(30)'
       await within(5000, 'the timeout', assert.rejects(client.query(where === 'client' ? text : ({ text, query_timeout: 300 } as any)), { message: 'Query read timeout' }))
       await eventually(async () => (await running(app)).length === 0, 'the statement to stop')
       assert.deepEqual((await client.query('SELECT 4 AS four')).rows, [{ four: 4 }])
-    } finally {
-      await client.end()
-    }
+    }, where === 'client' ? { query_timeout: 300 } : {})
   }
 })
 

@@ -25,6 +25,25 @@ export function edgeConfig(proxyPort: number, role: Role = 'scram_user', extra: 
 export const edgeClient = (proxyPort: number, role?: Role, extra?: ClientConfig) => new Client(edgeConfig(proxyPort, role, extra))
 export const edgePool = (proxyPort: number, extra: ClientConfig & pg.PoolConfig = {}) => new Pool(edgeConfig(proxyPort, 'scram_user', extra))
 
+/**
+ * A table of a test file's own, made and read over TCP (outside edgepg), so what committed is seen
+ * as Postgres has it. drop() removes it and closes the connection.
+ */
+export async function scratchTable(prefix: string, columns: string) {
+  const name = `${prefix}_${process.pid}_${Date.now()}`
+  const tcp = new pg.Client(pgConfig('scram_user'))
+  await tcp.connect()
+  await tcp.query(`CREATE TABLE ${name} (${columns})`)
+  const drop = async () => {
+    try {
+      await tcp.query(`DROP TABLE IF EXISTS ${name}`)
+    } finally {
+      await tcp.end()
+    }
+  }
+  return { name, tcp, drop }
+}
+
 /** Backends other than the caller's, optionally only those with a given application_name. */
 export async function backends(applicationName?: string, on: PgInfo = testPostgres()): Promise<number> {
   const admin = new pg.Client(pgConfig('trust_user', on))

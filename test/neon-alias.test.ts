@@ -12,25 +12,21 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { promisify } from 'node:util'
-import pg from 'pg'
-import { startProxy, pgConfig } from './helpers'
+import { startProxy, pgConfig, scratchTable } from './helpers'
 import { PASSWORD } from './stack'
 
 const run = promisify(execFile)
 const root = fileURLToPath(new URL('..', import.meta.url))
 const work = mkdtempSync(join(tmpdir(), 'edgepg-neon-app-'))
 const app = join(work, 'app')
-const TABLE = `neon_app_${process.pid}`
 const version = (name: string) => JSON.parse(readFileSync(join(root, 'node_modules', name, 'package.json'), 'utf8')).version
 
 let proxy: Awaited<ReturnType<typeof startProxy>>
-let tcp: pg.Client
+let scratch: Awaited<ReturnType<typeof scratchTable>>
 
 before(async () => {
   proxy = await startProxy()
-  tcp = new pg.Client(pgConfig('scram_user'))
-  await tcp.connect()
-  await tcp.query(`CREATE TABLE ${TABLE} (tag text NOT NULL, name text NOT NULL)`)
+  scratch = await scratchTable('neon_app', 'tag text NOT NULL, name text NOT NULL')
   const { stdout } = await run('npm', ['pack', '--silent', '--pack-destination', work], { cwd: root })
   const tarball = stdout.trim().split('\n').pop()!
   cpSync(join(root, 'test/neon-app'), app, { recursive: true })
@@ -52,8 +48,7 @@ before(async () => {
 })
 
 after(async () => {
-  await tcp?.query(`DROP TABLE IF EXISTS ${TABLE}`)
-  await tcp?.end()
+  await scratch?.drop()
   await proxy?.close()
   rmSync(work, { recursive: true, force: true })
 })
@@ -67,11 +62,11 @@ test("npm installs the tarball under Neon's name, once, for the app and for Driz
 
 test('Drizzle neon-serverless and neon-http, unchanged, on edgepg: one backend per transaction, a rollback loses nothing else, db.batch', async () => {
   const { host, port, database } = pgConfig('scram_user') as { host: string; port: number; database: string }
-  const env = { ...process.env, DATABASE_URL: `postgres://scram_user:${encodeURIComponent(PASSWORD)}@${host}:${port}/${database}`, PROXY: `http://127.0.0.1:${proxy.port}`, TABLE }
+  const env = { ...process.env, DATABASE_URL: `postgres://scram_user:${encodeURIComponent(PASSWORD)}@${host}:${port}/${database}`, PROXY: `http://127.0.0.1:${proxy.port}`, TABLE: scratch.name }
   const { stdout } = await run(process.execPath, [join(root, 'node_modules/tsx/dist/cli.mjs'), 'drizzle.ts'], { cwd: app, env, timeout: 60_000 })
   const out = JSON.parse(stdout.trim().split('\n').pop()!)
   assert.deepEqual(out, { rollback: 'boom', seenInside: 1, samePid: true, batch: ['batched'], neonDbError: '22012' })
-  const rows = (await tcp.query(`SELECT tag, name FROM ${TABLE} ORDER BY tag, name`)).rows
+  const rows = (await scratch.tcp.query(`SELECT tag, name FROM ${scratch.name} ORDER BY tag, name`)).rows
   assert.deepEqual(rows, [
     { tag: 'http', name: 'batched' },
     { tag: 'ws', name: 'committed' },

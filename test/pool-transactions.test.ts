@@ -7,25 +7,23 @@ import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import pg from 'pg'
 import { WebSocket } from 'ws'
-import { startProxy, pgConfig, edgeConfig, eventually } from './helpers'
+import { startProxy, edgeConfig, eventually, scratchTable } from './helpers'
 
-const table = `pool_tx_${process.pid}_${Date.now()}`
 let proxy: Awaited<ReturnType<typeof startProxy>>
-let tcp: pg.Client
+let scratch: Awaited<ReturnType<typeof scratchTable>>
+let table: string
 
 before(async () => {
   proxy = await startProxy()
-  tcp = new pg.Client(pgConfig('scram_user'))
-  await tcp.connect()
-  await tcp.query(`CREATE TABLE ${table} (tag text NOT NULL, name text NOT NULL)`)
+  scratch = await scratchTable('pool_tx', 'tag text NOT NULL, name text NOT NULL')
+  table = scratch.name
 })
 after(async () => {
-  await tcp?.query(`DROP TABLE IF EXISTS ${table}`)
-  await tcp?.end()
+  await scratch?.drop()
   await proxy?.close()
 })
 
-const committed = async (tag: string) => (await tcp.query(`SELECT name FROM ${table} WHERE tag = $1 ORDER BY name`, [tag])).rows.map((r) => r.name)
+const committed = async (tag: string) => (await scratch.tcp.query(`SELECT name FROM ${table} WHERE tag = $1 ORDER BY name`, [tag])).rows.map((r) => r.name)
 
 const builds = {
   package: async () => (await import('edgepg' as string)).Pool,
