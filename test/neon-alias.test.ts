@@ -1,8 +1,9 @@
 /**
  * Moving from Neon in one line, as a user does it: the packed tarball installed under Neon's name
  * in a fresh project (package.json as the README's "Moving from Neon" says, `overrides` included),
- * with Drizzle's neon-serverless and neon-http drivers from the registry, unchanged. The app in
- * test/neon-app/ runs against edgepg-proxy and is type-checked with the project's own `tsc`.
+ * with Drizzle's neon-serverless and neon-http drivers and Prisma's Neon adapters from the registry,
+ * unchanged. The app in test/neon-app/ runs against edgepg-proxy and is type-checked with the
+ * project's own `tsc`.
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
@@ -12,6 +13,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { promisify } from 'node:util'
+import pg from 'pg'
 import { startProxy, pgConfig, scratchTable } from './helpers'
 import { PASSWORD } from './stack'
 
@@ -19,6 +21,7 @@ const run = promisify(execFile)
 const root = fileURLToPath(new URL('..', import.meta.url))
 const work = mkdtempSync(join(tmpdir(), 'edgepg-neon-app-'))
 const app = join(work, 'app')
+const PRISMA_DB = `neon_prisma_${process.pid}`
 const version = (name: string) => JSON.parse(readFileSync(join(root, 'node_modules', name, 'package.json'), 'utf8')).version
 
 let proxy: Awaited<ReturnType<typeof startProxy>>
@@ -37,6 +40,8 @@ before(async () => {
     dependencies: {
       '@neondatabase/serverless': `file:../${tarball}`,
       'drizzle-orm': version('drizzle-orm'),
+      '@prisma/adapter-neon': version('@prisma/adapter-neon'),
+      '@prisma/client': version('@prisma/client'),
       ws: version('ws'),
     },
     devDependencies: { typescript: version('typescript'), '@types/ws': version('@types/ws'), '@types/node': version('@types/node') },
@@ -45,15 +50,31 @@ before(async () => {
   }
   writeFileSync(join(app, 'package.json'), JSON.stringify(pkg, null, 2))
   await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund', '--loglevel=error'], { cwd: app, timeout: 240_000 })
+  // Prisma: its client generated into the app (as test/prisma.test.ts does, without the schema
+  // engine it would download), its tables in a database of their own.
+  cpSync(join(root, 'test/prisma/ops.ts'), join(app, 'ops.ts'))
+  const standIn = join(work, 'no-schema-engine')
+  writeFileSync(standIn, '#!/bin/sh\nexit 1\n', { mode: 0o755 })
+  await run(join(root, 'node_modules/.bin/prisma'), ['generate', '--schema', join(app, 'schema.prisma')], {
+    cwd: app,
+    env: { ...process.env, PRISMA_SCHEMA_ENGINE_BINARY: standIn, CHECKPOINT_DISABLE: '1', PRISMA_HIDE_UPDATE_MESSAGE: '1' },
+    timeout: 120_000,
+  })
+  await scratch.tcp.query(`CREATE DATABASE ${PRISMA_DB}`)
+  const db = new pg.Client({ ...pgConfig('scram_user'), database: PRISMA_DB })
+  await db.connect()
+  await db.query(readFileSync(join(root, 'test/prisma/schema.sql'), 'utf8'))
+  await db.end()
 })
 
 after(async () => {
+  await scratch?.tcp.query(`DROP DATABASE IF EXISTS ${PRISMA_DB} WITH (FORCE)`)
   await scratch?.drop()
   await proxy?.close()
   rmSync(work, { recursive: true, force: true })
 })
 
-test("npm installs the tarball under Neon's name, once, for the app and for Drizzle", async () => {
+test("npm installs the tarball under Neon's name, once, for the app, Drizzle and Prisma's adapter", async () => {
   const { stdout } = await run('npm', ['ls', '@neondatabase/serverless', '--all', '--json'], { cwd: app })
   const installed = JSON.parse(readFileSync(join(app, 'node_modules/@neondatabase/serverless/package.json'), 'utf8'))
   assert.equal(installed.name, 'edgepg')
@@ -72,6 +93,16 @@ test('Drizzle neon-serverless and neon-http, unchanged, on edgepg: one backend p
     { tag: 'ws', name: 'committed' },
     { tag: 'ws', name: 'other request' },
   ], 'over TCP: the committed rows and the other request’s insert; nothing of the rolled-back transaction')
+})
+
+test("Prisma's PrismaNeon (WebSocket Pool) and PrismaNeonHttp (neon()), unchanged, on edgepg", async () => {
+  const { host, port } = pgConfig('scram_user') as { host: string; port: number }
+  const env = { ...process.env, DATABASE_URL: `postgres://scram_user:${encodeURIComponent(PASSWORD)}@${host}:${port}/${PRISMA_DB}`, PROXY: `http://127.0.0.1:${proxy.port}` }
+  const { stdout } = await run(process.execPath, [join(root, 'node_modules/tsx/dist/cli.mjs'), 'prisma.ts'], { cwd: app, env, timeout: 120_000 })
+  assert.deepEqual(JSON.parse(stdout.trim().split('\n').pop()!), {
+    ws: ['crud', 'relations', 'batch transaction', 'interactive transaction', 'rollback', 'raw', 'P2002', 'cleanup'],
+    http: ['create, include', 'relation filter', 'raw', '23505', 'cleanup'],
+  })
 })
 
 test('tsc type-checks the app against the installed types with no casts, and refuses what Neon’s types refuse', async () => {
