@@ -82,6 +82,8 @@ export class IdleWatch {
   /** The type of the backend's last message. */
   private last = 0
   terminated = false
+  /** ReadyForQuery messages Postgres has sent (a pooled backend's login answer is not among them). */
+  readies = 0
   private split = false
   private customSetting = false
 
@@ -113,6 +115,7 @@ export class IdleWatch {
       this.last = type
       if (type !== READY_FOR_QUERY) return
       this.unanswered--
+      this.readies++
       if (body < chunk.length) this.status = chunk[body]
       else this.statusNext = true
     })

@@ -4,6 +4,7 @@ import type { LoginOutcome } from './login'
 import { BackendKeyWatch, errorResponse, runStartup, UpstreamError, type BackendKey } from './startup'
 import { TlsError, type Upstream } from './upstream'
 import { IdleWatch, type Ending } from './idle-watch'
+import { SUBPROTOCOL_CANCEL } from '../src/config'
 
 export type { UpstreamTls } from './upstream'
 
@@ -42,6 +43,8 @@ export interface SessionOptions {
   giveBack?: (ending: Ending | undefined) => void
   /** A CancelRequest sent in band, as it is to go to Postgres (see BackendPool.cancelRequest). */
   mapCancel?: (packet: Buffer) => Buffer
+  /** Cancels what the backend runs, for a cancel on the session's own WebSocket (SUBPROTOCOL_CANCEL). */
+  cancel?: () => void
 }
 
 /** Bytes queued on a client's WebSocket past which we stop reading from Postgres. */
@@ -84,6 +87,8 @@ class Session {
   /** For a pooled backend: whether the session leaves it idle (and the Terminate that must not reach it). */
   private readonly watch?: IdleWatch
   private abandoned = false
+  /** The client's ReadyForQuery count its last cancel named: one cancel per statement. */
+  private cancelled = -1
 
   constructor(private readonly ws: WebSocket, private readonly o: SessionOptions) {
     this.upstream = o.upstream
@@ -180,6 +185,7 @@ class Session {
     const { ws, watch } = this
     if (ws.readyState !== ws.OPEN || this.upstream.destroyed) return // closing: nothing more to relay
     if (!isBinary) {
+      if (this.cancelFrame(data as Buffer)) return
       this.outcome = 'refused a text frame'
       return this.closeClient(1003, 'edgepg-proxy: expected binary frames')
     }
@@ -200,6 +206,24 @@ class Session {
     if (this.refused) return // Postgres said no; it is closing, and gets nothing more
     this.fromClient.push(chunk)
     if (this.fromClient.length > MAX_HELD_BYTES) ws.pause() // pipelined queries wait for upstream auth
+  }
+
+  /**
+   * `cancel <n>` (SUBPROTOCOL_CANCEL, pooled backends only): the client has read n ReadyForQuery
+   * and wants the statement after them stopped. Acted on only while Postgres has sent no more than
+   * n, so that a cancel that crossed its statement's end never reaches a later one; once per statement.
+   */
+  private cancelFrame(data: Buffer): boolean {
+    const { cancel } = this.o
+    if (!cancel || !this.watch || this.ws.protocol !== SUBPROTOCOL_CANCEL || data.length > 24) return false
+    const named = /^cancel (\d{1,10})$/.exec(data.toString('latin1'))
+    if (!named) return false
+    const readies = Number(named[1])
+    if (this.relaying && !this.abandoned && readies === this.watch.readies && readies !== this.cancelled) {
+      this.cancelled = readies
+      cancel()
+    }
+    return true
   }
 
   private readonly toUpstream = (chunk: Buffer) => {

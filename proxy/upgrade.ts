@@ -13,7 +13,7 @@ import { UNUSED, type Backend, type BackendPool } from './pool'
 import { UpstreamError } from './startup'
 import type { Metrics, RefusalReason } from './metrics'
 import type { Upstreams } from './upstreams'
-import { SUBPROTOCOL } from '../src/config'
+import { SUBPROTOCOL, SUBPROTOCOL_CANCEL } from '../src/config'
 
 export interface RouteOptions {
   upstreams: Upstreams
@@ -44,17 +44,21 @@ export class WebSocketRoutes {
   private readonly perIp = new Map<string, number>()
   private readonly origins: Set<string>
   private readonly wss: WebSocketServer
+  /** Upgrades whose session can take a cancel on its own WebSocket (on a pooled backend, whose messages it follows). */
+  private readonly cancelsInBand = new WeakSet<http.IncomingMessage>()
   private closing = false
 
   constructor(private readonly o: RouteOptions) {
     this.origins = new Set(o.allowedOrigins ?? [])
-    // Selecting edgepg's subprotocol says the proxy takes a login from the upgrade (proxy/login.ts).
+    // Selecting edgepg's subprotocol says the proxy takes a login from the upgrade (proxy/login.ts);
+    // selecting SUBPROTOCOL_CANCEL, also a cancel on the session's WebSocket (proxy/session.ts).
     // Any other offered subprotocol is declined (ws would otherwise select the first one offered).
     this.wss = new WebSocketServer({
       noServer: true,
       maxPayload: o.maxMessageBytes ?? 64 << 20,
       perMessageDeflate: false,
-      handleProtocols: (offered) => (offered.has(SUBPROTOCOL) ? SUBPROTOCOL : false),
+      handleProtocols: (offered, req) =>
+        offered.has(SUBPROTOCOL_CANCEL) && this.cancelsInBand.has(req) ? SUBPROTOCOL_CANCEL : offered.has(SUBPROTOCOL) ? SUBPROTOCOL : false,
     })
   }
 
@@ -152,6 +156,7 @@ export class WebSocketRoutes {
       if (socket.destroyed) return void drop()
       // The 101 response and Postgres's answer (sent as the session starts) leave in one write.
       socket.cork()
+      if (backend) this.cancelsInBand.add(req)
       this.wss.handleUpgrade(req, socket, head, (session) => {
         ws = session
         this.upgrading.delete(socket)
@@ -167,6 +172,7 @@ export class WebSocketRoutes {
         runSession(session, {
           upstream: up!, opened, loginBytes: login?.bytes, peer, offload, passwordsAllowed,
           giveBack: backend && ((ending) => pool.giveBack(backend!, ending)),
+          cancel: backend && (() => backend!.upstream.cancel(backend!.key)),
           mapCancel: (packet) => pool.cancelRequest(formatHostPort(target), packet),
           log: (entry) => {
             metrics.sessionClosed(entry)

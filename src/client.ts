@@ -117,6 +117,8 @@ export class Client extends pg.Client {
   private readonly given?: string | ClientConfig
   /** pg's `query_timeout`, kept here: edgepg's cancels the statement (pg's leaves it running). */
   private readonly queryTimeout?: number
+  /** ReadyForQuery messages read since the login: names the running statement to a cancel. */
+  private readies = 0
 
   /** Neon's name for this client's own options (over the global `config`). */
   get neonConfig(): EdgeConfig {
@@ -135,6 +137,8 @@ export class Client extends pg.Client {
     params.query_timeout = undefined
     this.pipelining = options.pipeline !== false
     this.strict = options.pipeline === true
+    // (Registered before pg's own listener, which marks the login's ReadyForQuery as connected.)
+    this.connection.on('readyForQuery', () => (this as any)._connected && this.readies++)
     // pg must not negotiate TLS itself: TlsSocket does it inside the WebSocket, or edgepg-proxy
     // to Postgres (see openSocket).
     this.ssl = false
@@ -179,10 +183,13 @@ export class Client extends pg.Client {
   }
 
   /**
-   * Cancels the statement running now: pg's CancelRequest, on a connection of its own that carries
-   * it in the WebSocket upgrade. A cancel that fails changes nothing; the query just runs on.
+   * Cancels the statement running now: on the session's own WebSocket where the proxy takes it
+   * there, else pg's CancelRequest on a connection of its own that carries it in the WebSocket
+   * upgrade. A cancel that fails changes nothing; the query just runs on.
    */
   cancelRunning() {
+    const socket = (this.connection as any).stream
+    if (socket instanceof WebSocketSocket && socket.cancelsInBand) return socket.sendCancel(this.readies)
     const con = new Client(this.given).connection as any
     if (con.stream instanceof WebSocketSocket) con.stream.deferOpen = true
     con.on('error', () => {})

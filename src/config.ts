@@ -100,6 +100,14 @@ export const setting = <K extends keyof EdgeConfig>(own: EdgeConfig, key: K): Ed
  * it (`LOGIN_PREFIX` + base64url of the client's first flight) and answers with Postgres's reply.
  */
 export const SUBPROTOCOL = 'edgepg.v2'
+/**
+ * Offered ahead of SUBPROTOCOL: a proxy that selects it also takes a cancel on the session's own
+ * WebSocket, a text frame `cancel <n>` (n: the ReadyForQuery messages the client has read since its
+ * login), acted on only while no later ReadyForQuery has gone out, so it never reaches a later query.
+ */
+export const SUBPROTOCOL_CANCEL = 'edgepg.v3'
+/** The text frame a client sends to cancel its running statement (SUBPROTOCOL_CANCEL). */
+export const cancelFrame = (readies: number) => `cancel ${readies}`
 export const LOGIN_PREFIX = 'edgepg.login.'
 /** Longest login offered in the upgrade (base64url characters); a longer first flight goes in band. */
 export const MAX_LOGIN_CHARS = 8192

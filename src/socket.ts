@@ -1,5 +1,5 @@
 import { HIGH_WATER, QueuedSocket } from './queued-socket'
-import { IN_WORKERS, LOGIN_PREFIX, MAX_LOGIN_CHARS, resolveConfig, webSocketUrl, SUBPROTOCOL, UPSTREAM_TLS_REQUEST, type EdgeConfig } from './config'
+import { cancelFrame, IN_WORKERS, LOGIN_PREFIX, MAX_LOGIN_CHARS, resolveConfig, webSocketUrl, SUBPROTOCOL, SUBPROTOCOL_CANCEL, UPSTREAM_TLS_REQUEST, type EdgeConfig } from './config'
 
 const OPEN = 1
 /** URLs whose server answered without a subprotocol, where `ws` needs none offered. */
@@ -59,6 +59,8 @@ export class WebSocketSocket extends QueuedSocket {
   secret?: Uint8Array
   /** The proxy took the login from the upgrade (it selected edgepg's subprotocol). */
   loginTaken = false
+  /** The proxy takes a cancel on this WebSocket (it selected SUBPROTOCOL_CANCEL). */
+  cancelsInBand = false
   /** Sends the first flight in band, for a server that did not take the login. */
   fallback = (first: Uint8Array) => this.send(first)
   /** TLS for edgepg-proxy to make to Postgres (pg's `ssl` without `rootCerts`): asked for in the login. */
@@ -111,7 +113,7 @@ export class WebSocketSocket extends QueuedSocket {
     const fits = login !== undefined && login.length <= MAX_LOGIN_CHARS
     // In band, TLS to Postgres could not be asked for: better no connection than one without it.
     if (tls.length && offer && !fits) return this.failSoon(new Error(`the login is too large for the upgrade (${login!.length} characters, at most ${MAX_LOGIN_CHARS}), and \`ssl\` needs it there`))
-    const protocols = !offer ? undefined : fits ? [SUBPROTOCOL, LOGIN_PREFIX + login] : SUBPROTOCOL
+    const protocols = !offer ? undefined : fits ? [SUBPROTOCOL_CANCEL, SUBPROTOCOL, LOGIN_PREFIX + login] : [SUBPROTOCOL_CANCEL, SUBPROTOCOL]
     let ws: WebSocket
     try {
       ws = this.ws = this.transport = new this.cfg!.webSocketConstructor(this.url, protocols) as WebSocket
@@ -127,12 +129,14 @@ export class WebSocketSocket extends QueuedSocket {
     ws.addEventListener('open', () => {
       this.opened = this.readable = true
       if (!this.referenced) this.unref()
-      this.loginTaken = ws.protocol === SUBPROTOCOL && Array.isArray(protocols)
+      const edgepgProxy = ws.protocol === SUBPROTOCOL || ws.protocol === SUBPROTOCOL_CANCEL
+      this.loginTaken = edgepgProxy && fits
+      this.cancelsInBand = ws.protocol === SUBPROTOCOL_CANCEL
       if (this.loginTaken && tls.length) {
         this.encrypted = true
         this.alpnProtocol = this.upstreamTls!.sslnegotiation === 'direct' && 'postgresql' // PostgreSQL requires it there
       }
-      if (first && !this.loginTaken) ws.protocol === SUBPROTOCOL ? this.send(first) : this.fallback(first)
+      if (first && !this.loginTaken) edgepgProxy ? this.send(first) : this.fallback(first)
       if (!this.deferOpen) this.emit('connect')
       this.flush()
     })
@@ -213,6 +217,11 @@ export class WebSocketSocket extends QueuedSocket {
     this.referenced = false
     ;(this.ws as any)?._socket?.unref?.()
     return this
+  }
+
+  /** Asks the proxy to cancel the statement running once `readies` ReadyForQuery have been read (cancelsInBand). */
+  sendCancel(readies: number) {
+    this.ws!.send(cancelFrame(readies))
   }
 
   /** Sends at once, ahead of anything queued: for `fallback`. */

@@ -164,22 +164,77 @@ test("Neon's driver through the proxy: its CancelRequest still cancels its query
   }
 })
 
-test('behind a 200 ms RTT: abort to rejection takes one round trip (the CancelRequest rides in the upgrade)', async () => {
-  const relay = await startDelayRelay({ host: '127.0.0.1', port: proxy.port }, 100)
-  const app = 'abort-rtt'
-  const client = new edgepg.Client({ ...config(app), wsProxy: () => `ws://127.0.0.1:${relay.port}/v2` }) as pg.Client
-  await client.connect()
+test('behind a 200 ms RTT: abort to rejection takes one round trip, on the session\'s WebSocket and on a second one (the CancelRequest in its upgrade)', async () => {
+  const noPool = await startProxy({ pool: { enabled: false } })
   try {
-    const controller = new AbortController()
-    const query = client.query({ text: 'SELECT pg_sleep(30)', signal: controller.signal } as any).catch((e: unknown) => e)
-    await sleeping(app)
-    const start = performance.now()
-    controller.abort()
-    await query
-    const trips = (performance.now() - start) / relay.rttMs
-    assert.ok(trips >= 0.9 && trips < 1.75, `abort to rejection: ${trips.toFixed(2)} round trips (expected 1; a second would make 2)`)
+    for (const [how, port] of [['on the session', proxy.port], ['on a second WebSocket', noPool.port]] as const) {
+      const relay = await startDelayRelay({ host: '127.0.0.1', port }, 100)
+      const app = `abort-rtt-${port}`
+      const client = new edgepg.Client({ ...config(app), wsProxy: () => `ws://127.0.0.1:${relay.port}/v2` }) as pg.Client
+      await client.connect()
+      try {
+        const controller = new AbortController()
+        const query = client.query({ text: 'SELECT pg_sleep(30)', signal: controller.signal } as any).catch((e: unknown) => e)
+        await sleeping(app)
+        const start = performance.now()
+        controller.abort()
+        await query
+        const trips = (performance.now() - start) / relay.rttMs
+        assert.ok(trips >= 0.9 && trips < 1.75, `${how}: abort to rejection took ${trips.toFixed(2)} round trips (expected 1; a second would make 2)`)
+      } finally {
+        await client.end()
+        await relay.close()
+      }
+    }
   } finally {
-    await client.end()
-    await relay.close()
+    await noPool.close()
   }
+})
+
+test("the cancel goes on the session's own WebSocket where the proxy takes it (its pooled backends), else on a second one", async () => {
+  const noPool = await startProxy({ pool: { enabled: false } })
+  try {
+    for (const [which, port, sockets] of [['pooled backends', proxy.port, 1], ['no pool', noPool.port, 2]] as const) {
+      let opened = 0
+      const Counting = class extends WebSocket {
+        constructor(...args: ConstructorParameters<typeof WebSocket>) {
+          super(...args)
+          opened++
+        }
+      }
+      const app = `abort-in-band-${sockets}`
+      const client = new edgepg.Client({ ...config(app), webSocketConstructor: Counting, wsProxy: () => `ws://127.0.0.1:${port}/v2` }) as pg.Client
+      await client.connect()
+      try {
+        const controller = new AbortController()
+        const query = client.query({ text: 'SELECT pg_sleep(30)', signal: controller.signal } as any)
+        await sleeping(app)
+        controller.abort()
+        await within(5000, 'the rejection', assert.rejects(query, { name: 'AbortError' }))
+        assert.equal(opened, sockets, `${which}: WebSockets opened, the session's included`)
+        assert.deepEqual((await client.query('SELECT 1 AS one')).rows, [{ one: 1 }])
+      } finally {
+        await client.end()
+      }
+    }
+  } finally {
+    await noPool.close()
+  }
+})
+
+test('a cancel on the WebSocket that names a statement already answered reaches nothing; one naming the running statement stops it', async () => {
+  const app = 'abort-stale'
+  await withClient(app, async (client) => {
+    const socket = (client as any).connection.stream
+    assert.equal(socket.cancelsInBand, true)
+    await client.query('SELECT 1') // one ReadyForQuery read since the login
+    const finished = client.query('SELECT pg_sleep(0.5) AS slept')
+    await sleeping(app)
+    socket.sendCancel(0) // names the statement before, long answered: a cancel that arrived late
+    assert.deepEqual((await finished).rows, [{ slept: '' }], 'the statement after it ran to its end')
+    const running = client.query('SELECT pg_sleep(30)')
+    await sleeping(app)
+    socket.sendCancel(2) // two read: names this one
+    await within(5000, 'the cancel', assert.rejects(running, { code: '57014' }))
+  })
 })
