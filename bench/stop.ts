@@ -1,13 +1,15 @@
 /**
  * `stop`: from abort to rejection, in round trips through the delay relay (100 ms RTT): edgepg's
- * AbortSignal (a CancelRequest carried in a WebSocket upgrade of its own) next to pg over TCP's
- * client.cancel (a CancelRequest on a new TCP connection). Both relays delay data only: a real
- * network adds the new connection's TCP handshake to both, and TLS to a wss:// one.
+ * AbortSignal, cancelled on the session's own WebSocket (edgepg-proxy's warm backends) and, through
+ * a proxy without them, by a CancelRequest in a second WebSocket's upgrade; next to pg over TCP's
+ * client.cancel (a CancelRequest on a new TCP connection). The relays delay data only: a real
+ * network adds a new connection's TCP handshake (and TLS, for wss://) to the last two.
  */
 import pg from 'pg'
 import { Client } from '../src/index'
+import { createProxy } from '../proxy/index'
 import { startDelayRelay } from '../test/delay-relay'
-import { median, printTable, type Row, type Section } from './lib'
+import { median, printGrid, type Section } from './lib'
 
 const ONE_WAY_MS = 50
 const ROUNDS = 5
@@ -25,22 +27,27 @@ export const stop: Section = {
       }
       throw new Error(`bench stop: ${app}'s statement never ran`)
     }
+    const noPool = createProxy({ upstream: `${ctx.pg.host}:${ctx.pg.port}`, pool: { enabled: false } })
+    const noPoolPort = (await noPool.listen(0, '127.0.0.1')).port
     const toEdge = await startDelayRelay({ host: '127.0.0.1', port: ctx.proxy.port }, ONE_WAY_MS)
+    const toSecond = await startDelayRelay({ host: '127.0.0.1', port: noPoolPort }, ONE_WAY_MS)
     const toPg = await startDelayRelay({ host: ctx.pg.host, port: ctx.pg.port }, ONE_WAY_MS)
-    const trips = { edgepg: [] as number[], pg: [] as number[] }
+    const trips = { session: [] as number[], second: [] as number[], pg: [] as number[] }
     try {
       for (let round = 0; round < ROUNDS; round++) {
-        const app = `bench-stop-edge-${round}`
-        const edge = new Client({ ...ctx.edgeConfig(), application_name: app, wsProxy: () => `ws://127.0.0.1:${toEdge.port}/v2` })
-        await edge.connect()
-        const controller = new AbortController()
-        const query = edge.query({ text: 'SELECT pg_sleep(30)', signal: controller.signal } as any).catch(() => {})
-        await running(app)
-        let start = performance.now()
-        controller.abort()
-        await query
-        trips.edgepg.push((performance.now() - start) / toEdge.rttMs)
-        await edge.end()
+        for (const [path, relay] of [['session', toEdge], ['second', toSecond]] as const) {
+          const app = `bench-stop-${path}-${round}`
+          const edge = new Client({ ...ctx.edgeConfig(), application_name: app, wsProxy: () => `ws://127.0.0.1:${relay.port}/v2` })
+          await edge.connect()
+          const controller = new AbortController()
+          const query = edge.query({ text: 'SELECT pg_sleep(30)', signal: controller.signal } as any).catch(() => {})
+          await running(app)
+          const start = performance.now()
+          controller.abort()
+          await query
+          trips[path].push((performance.now() - start) / relay.rttMs)
+          await edge.end()
+        }
 
         const tcpApp = `bench-stop-pg-${round}`
         const config = { ...ctx.pgConfig(), host: '127.0.0.1', port: toPg.port, application_name: tcpApp }
@@ -50,23 +57,19 @@ export const stop: Section = {
         const done = new Promise((r) => (sleep.callback = r))
         client.query(sleep)
         await running(tcpApp)
-        start = performance.now()
+        const start = performance.now()
         ;(new pg.Client(config) as any).cancel(client, sleep)
         await done
         trips.pg.push((performance.now() - start) / toPg.rttMs)
         await client.end()
       }
     } finally {
-      await toEdge.close()
-      await toPg.close()
+      await Promise.all([toEdge.close(), toSecond.close(), toPg.close(), noPool.close()])
       await admin.end()
     }
-    const e = median(trips.edgepg)
-    const p = median(trips.pg)
-    const rows: Row[] = [{ metric: `abort → rejection, round trips at ${2 * ONE_WAY_MS} ms RTT (median of ${ROUNDS})`, edgepg: e.toFixed(2), baseline: p.toFixed(2), ratio: e / p }]
-    printTable('stop: cancelling a running statement', rows, 'pg (TCP) client.cancel', [
-      'Both stop the statement on the server; edgepg rejects with the signal\'s reason, pg with 57014. pg\'s query_timeout leaves the statement running (not comparable).',
-    ])
-    return rows
+    printGrid('stop: cancelling a running statement', ['metric', "edgepg, on the session's WebSocket", 'edgepg, a second WebSocket', 'pg (TCP) client.cancel'], [
+      [`abort → rejection, round trips at ${2 * ONE_WAY_MS} ms RTT (median of ${ROUNDS})`, ...[trips.session, trips.second, trips.pg].map((t) => median(t).toFixed(2))],
+    ], ["All three stop the statement on the server; edgepg rejects with the signal's reason, pg with 57014. pg's query_timeout leaves the statement running (not comparable)."])
+    return []
   },
 }
