@@ -46,7 +46,7 @@ export interface ProxyOptions {
   /** Resolves a host name to its addresses (default: the system resolver). */
   lookup?: (host: string) => Promise<string[]>
   /** POST /sql: Neon's SQL-over-HTTP protocol, on the warm backends sessions use too (default on); false: off. */
-  sql?: false | Pick<SqlOptions, 'maxBodyBytes' | 'maxResponseBytes' | 'statementTimeoutMs' | 'maxRequests' | 'authToken'> & { pool?: SqlPoolOptions }
+  sql?: false | Pick<SqlOptions, 'maxBodyBytes' | 'maxResponseBytes' | 'statementTimeoutMs' | 'maxRequests' | 'maxRequestsPerIp' | 'readTimeoutMs' | 'authToken'> & { pool?: SqlPoolOptions }
   /** Called once per /sql request; never given passwords, queries or parameters. */
   sqlLog?: (entry: SqlLog) => void
   /** Called once per ended session; never given passwords or payloads. */

@@ -41,6 +41,16 @@ export function header(req: IncomingMessage, name: string): string | undefined {
   return Array.isArray(v) ? v.join(', ') : v
 }
 
+/** A header that must come once (two connection strings joined by ", " would read as one, a password in its path). */
+export function singleHeader(req: IncomingMessage, name: string): string | undefined {
+  const values = req.headersDistinct[name]
+  if (values && values.length > 1) throw new HttpError(400, `the ${name} header is given ${values.length} times; send it once`)
+  return values?.[0]
+}
+
+/** Postgres's limit: a Bind carries the parameter count in 16 bits. */
+const MAX_PARAMS = 65535
+
 export interface ConnInfo {
   named: HostPort
   user: string
@@ -90,10 +100,14 @@ export function parseFlags(req: IncomingMessage): Flags {
   }
 }
 
-export function readBody(req: IncomingMessage, max: number): Promise<Buffer> {
+/** The body, whole, within `max` bytes and `ms` milliseconds. */
+export function readBody(req: IncomingMessage, max: number, ms: number): Promise<Buffer> {
   const tooLarge = () => new HttpError(413, `request body is too large (max is ${max} bytes)`)
   if (Number(req.headers['content-length']) > max) return Promise.reject(tooLarge())
-  return new Promise((resolve, reject) => {
+  return new Promise<Buffer>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new HttpError(408, `request body not received within ${Math.round(ms)} ms`)), Math.max(0, ms))
+    req.once('close', () => clearTimeout(timer))
+    req.once('end', () => clearTimeout(timer))
     const chunks: Buffer[] = []
     let size = 0
     const onData = (chunk: Buffer) => {
@@ -110,16 +124,24 @@ export function readBody(req: IncomingMessage, max: number): Promise<Buffer> {
   })
 }
 
+/** JSON nested beyond what the stack takes (parsing it, or turning a parameter into text). */
+const tooDeep = () => new HttpError(400, 'request body is nested too deeply')
+
 export function parsePayload(body: Buffer): { single?: QueryData; batch?: QueryData[] } {
   let json: any
   try {
     json = JSON.parse(body.toString('utf8'))
   } catch (err) {
+    if (err instanceof RangeError) throw tooDeep()
     throw new HttpError(400, `request body is not valid JSON: ${(err as Error).message}`)
   }
-  if (json !== null && typeof json === 'object' && !Array.isArray(json)) {
-    if ('query' in json) return { single: parseQuery(json, 'the request') }
-    if (Array.isArray(json.queries)) return { batch: json.queries.map((q: unknown, i: number) => parseQuery(q, `queries[${i}]`)) }
+  try {
+    if (json !== null && typeof json === 'object' && !Array.isArray(json)) {
+      if ('query' in json) return { single: parseQuery(json, 'the request') }
+      if (Array.isArray(json.queries)) return { batch: json.queries.map((q: unknown, i: number) => parseQuery(q, `queries[${i}]`)) }
+    }
+  } catch (err) {
+    throw err instanceof RangeError ? tooDeep() : err
   }
   throw new HttpError(400, 'request body must be JSON {"query": "...", "params": [...]} or {"queries": [{"query": "...", "params": [...]}, ...]}')
 }
@@ -128,6 +150,7 @@ function parseQuery(q: any, where: string): QueryData {
   if (q === null || typeof q !== 'object' || typeof q.query !== 'string') throw new HttpError(400, `${where}: "query" must be a string`)
   if (q.params !== undefined && q.params !== null && !Array.isArray(q.params)) throw new HttpError(400, `${where}: "params" must be an array`)
   if (q.arrayMode !== undefined && q.arrayMode !== null && typeof q.arrayMode !== 'boolean') throw new HttpError(400, `${where}: "arrayMode" must be true or false`)
+  if (q.params?.length > MAX_PARAMS) throw new HttpError(400, `${where}: ${q.params.length} params; Postgres takes at most ${MAX_PARAMS} in one statement`)
   return { query: q.query, params: (q.params ?? []).map(toParam), arrayMode: q.arrayMode ?? undefined }
 }
 

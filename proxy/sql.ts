@@ -58,7 +58,7 @@ import { BackendPool, type PoolOptions } from './pool'
 import type { UpstreamTls } from './upstream'
 import { Control, Leases } from './sql-lease'
 import { runRequest, TooLarge, type Response } from './sql-run'
-import { header, HttpError, parseFlags, parsePayload, readBody } from './sql-request'
+import { header, HttpError, parseFlags, parsePayload, readBody, singleHeader } from './sql-request'
 import { databaseErrorJson, errorJson, type ArrayType } from './sql-json'
 
 export { ERROR_FIELDS } from './sql-json'
@@ -86,6 +86,10 @@ export interface SqlOptions {
   maxResponseBytes?: number
   /** Requests served at once (waiting for a backend included); more get HTTP 503. Default 500. */
   maxRequests?: number
+  /** Requests served at once for one client address; more get HTTP 429. Default 50. */
+  maxRequestsPerIp?: number
+  /** Time a client has to send its whole body, from the request's start (HTTP 408, and the connection closed). Default 10 s. */
+  readTimeoutMs?: number
   /** Postgres statement_timeout for every statement, in ms (0: none). Default 60 s. */
   statementTimeoutMs?: number
   pool?: SqlPoolOptions
@@ -174,6 +178,10 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
   const maxBody = options.maxBodyBytes ?? 10 << 20
   const limits = { maxResponse: options.maxResponseBytes ?? 10 << 20, statementTimeout: options.statementTimeoutMs ?? 60_000 }
   const maxRequests = options.maxRequests ?? 500
+  const maxPerIp = options.maxRequestsPerIp ?? 50
+  const readTimeoutMs = options.readTimeoutMs ?? 10_000
+  /** Requests being served, by client address. */
+  const perIp = new Map<string, number>()
   const origins = new Set(options.allowedOrigins ?? [])
   const isAllowed = options.isAllowed ?? ((named: HostPort) => formatHostPort(named) === formatHostPort(upstream))
   const ownPool = !(options.backends instanceof BackendPool)
@@ -197,9 +205,10 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
     origin === undefined ? {} : { 'access-control-allow-origin': origin, vary: 'Origin', 'access-control-expose-headers': ECHOED_HEADERS.join(', ') }
 
   /** One request, from its headers to its response: who may ask what, of which Postgres. */
-  async function serve(req: IncomingMessage, ctl: Control, log: SqlLog): Promise<Response> {
+  /** `readBy`: when the body must have arrived (performance.now() time). */
+  async function serve(req: IncomingMessage, ctl: Control, log: SqlLog, readBy: number): Promise<Response> {
     if (closing) throw new HttpError(503, 'edgepg-proxy is shutting down')
-    const credentials = leases.credentialsFor(header(req, 'neon-connection-string'))
+    const credentials = leases.credentialsFor(singleHeader(req, 'neon-connection-string'))
     const { conn } = credentials
     if (conn.password !== undefined && !options.allowInsecurePasswords && !('encrypted' in req.socket) && !isLoopback(req.socket.remoteAddress ?? '')) {
       throw new HttpError(403, 'a password over plain http:// from a non-loopback client is refused: use https:// (or --allow-insecure-passwords when TLS ends in front of the proxy)')
@@ -215,7 +224,7 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
     const target = verdict === true ? conn.named : verdict
     log.upstream = formatHostPort(target)
 
-    const body = await readBody(req, maxBody)
+    const body = await readBody(req, maxBody, readBy - performance.now())
     log.bytesIn = body.length
     const payload = parsePayload(body)
     log.statements = payload.single ? 1 : payload.batch!.length
@@ -268,6 +277,12 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
       req.resume()
       return finish(503, errorJson(`too many requests in progress (${maxRequests}); try again later`), {}, 'refused: too many requests')
     }
+    const fromPeer = perIp.get(log.peer) ?? 0
+    if (fromPeer >= maxPerIp) {
+      req.resume()
+      return finish(429, errorJson(`too many requests in progress from ${log.peer} (${maxPerIp}); try again later`), {}, 'refused: too many requests from one address')
+    }
+    perIp.set(log.peer, fromPeer + 1)
     const ctl = new Control()
     active.add(ctl)
     // The client went away before its answer: cancel what runs for it.
@@ -276,7 +291,7 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
       ctl.aborted = true
       ctl.cancel()
     })
-    serve(req, ctl, log).then(
+    serve(req, ctl, log, started + readTimeoutMs).then(
       (r) => finish(r.status, r.body, r.headers),
       (err: unknown) => {
         if (ctl.shutdown) return finish(503, errorJson('edgepg-proxy is shutting down'), {}, 'shutdown')
@@ -284,8 +299,13 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
         const [status, body, outcome, headers] = describeError(err)
         finish(status, body, headers, outcome)
         if (status === 413) req.resume() // drop the rest of the body; the connection then closes
+        if (status === 408) req.socket.destroySoon() // a body that is not coming: the answer, then no more
       }
-    ).finally(() => active.delete(ctl))
+    ).finally(() => {
+      active.delete(ctl)
+      const n = perIp.get(log.peer)! - 1
+      n ? perIp.set(log.peer, n) : perIp.delete(log.peer)
+    })
   }
 
   function describeError(err: unknown): [number, string, string, Record<string, string>?] {
