@@ -6,7 +6,8 @@
  *   200 {"status":"ok","upstream":"127.0.0.1:5432","latencyMs":0.42}
  *   503 {"status":"unavailable","upstream":"127.0.0.1:5432","error":"ECONNREFUSED","latencyMs":0.3}
  *
- * It never takes longer than `timeoutMs` (the error is then "ETIMEDOUT").
+ * It never takes longer than `timeoutMs` (the error is then "ETIMEDOUT"), and Postgres is probed at
+ * most once a second (see healthHandler).
  */
 import net from 'node:net'
 import type { IncomingMessage, ServerResponse } from 'node:http'
@@ -40,15 +41,25 @@ export function checkUpstream(upstream: HostPort, timeoutMs = 2000): Promise<Hea
   })
 }
 
-/** An HTTP handler for GET/HEAD /healthz that checks `upstream` on each request. */
-export function healthHandler(upstream: HostPort, timeoutMs = 2000) {
+/**
+ * An HTTP handler for GET/HEAD /healthz. Postgres is probed at most once per `probeEveryMs`, however
+ * often it is asked: requests meanwhile share the last probe (a stranger's flood of /healthz costs
+ * Postgres one connection a second).
+ */
+export function healthHandler(upstream: HostPort, timeoutMs = 2000, probeEveryMs = 1000) {
+  let probe: Promise<HealthResult> | undefined
+  let probedAt = -Infinity
   return (req: IncomingMessage, res: ServerResponse): void => {
     if (req.method !== 'GET' && req.method !== 'HEAD') {
       res.writeHead(405, { allow: 'GET, HEAD', 'content-type': 'text/plain' })
       res.end('method not allowed\n')
       return
     }
-    checkUpstream(upstream, timeoutMs).then((result) => {
+    if (performance.now() - probedAt >= probeEveryMs) {
+      probedAt = performance.now()
+      probe = checkUpstream(upstream, timeoutMs)
+    }
+    probe!.then((result) => {
       if (res.destroyed || res.writableEnded) return // the caller gave up
       res.writeHead(result.status === 'ok' ? 200 : 503, { 'content-type': 'application/json', 'cache-control': 'no-store' })
       res.end(req.method === 'HEAD' ? undefined : JSON.stringify(result) + '\n')

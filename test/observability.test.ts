@@ -334,6 +334,26 @@ describe('healthHandler (unit)', () => {
   })
 })
 
+test('healthHandler: a flood of /healthz probes Postgres at most once a second, and a later request probes afresh', async () => {
+  // A TCP listener standing in for Postgres, counting the connections it gets.
+  let connections = 0
+  const upstream = net.createServer((socket) => (connections++, socket.destroy()))
+  await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()))
+  const port = (upstream.address() as net.AddressInfo).port
+  try {
+    await withServer(healthHandler({ host: '127.0.0.1', port }, 2000, 1000), async (url) => {
+      const answers = await Promise.all(Array.from({ length: 300 }, () => request(`${url}/healthz`)))
+      assert.ok(answers.every((r) => r.status === 200), 'every request answered 200')
+      assert.equal(connections, 1, '300 requests at once: one probe')
+      await new Promise((r) => setTimeout(r, 1100))
+      assert.equal((await request(`${url}/healthz`)).status, 200)
+      assert.equal(connections, 2, 'a request a second later: a new probe')
+    })
+  } finally {
+    upstream.close()
+  }
+})
+
 describe('proxy: /healthz and /metrics (need the wiring in proxy/index.ts)', () => {
   test('GET /healthz on the WebSocket port: 200 when Postgres is reachable, 503 ECONNREFUSED when not', async () => {
     await withProxy({}, async (p) => {
