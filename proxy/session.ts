@@ -51,6 +51,21 @@ export interface SessionOptions {
 const HIGH_WATER = 1 << 20
 /** Bytes a client may pipeline behind its password before we stop reading until auth is done. */
 const MAX_HELD_BYTES = 1 << 20
+/** How long a client has to answer our close frame before its connection is cut (ws would wait 30 s). */
+const CLOSE_ANSWER_MS = 1000
+
+/**
+ * Closes a client's WebSocket. The client may be paused by backpressure: what it still sends is read
+ * (and dropped), or its close reply would wait behind that. One that never answers the close is cut
+ * after CLOSE_ANSWER_MS, so that it holds its slot no longer.
+ */
+export function closeWebSocket(ws: WebSocket, code: number, reason?: string) {
+  ws.resume()
+  ws.close(code, reason)
+  const cut = setTimeout(() => ws.terminate(), CLOSE_ANSWER_MS).unref()
+  ws.once('close', () => clearTimeout(cut))
+}
+
 /** Terminate: a client that ends its session cleanly sends it last. */
 const TERMINATE = Buffer.from([0x58, 0, 0, 0, 4])
 
@@ -253,13 +268,9 @@ class Session {
 
   // ── the end ─────────────────────────────────────────────────────────────────────────────────
 
-  /**
-   * Ends the session from our side. The client may be paused by backpressure; read (and drop) what
-   * it still sends, or its close reply would wait behind that until ws's 30 s close timeout.
-   */
+  /** Ends the session from our side. */
   private closeClient(code: number, reason?: string) {
-    this.ws.resume()
-    this.ws.close(code, reason)
+    closeWebSocket(this.ws, code, reason)
   }
 
   private readonly onUpstreamError = (err: NodeJS.ErrnoException) => {

@@ -6,7 +6,7 @@ import http from 'node:http'
 import type { Duplex } from 'node:stream'
 import { WebSocketServer, type WebSocket } from 'ws'
 import { formatHostPort, parseHostPort, type HostPort } from './address'
-import { runSession, type SessionLog } from './session'
+import { closeWebSocket, runSession, type SessionLog } from './session'
 import { Upstream, type ClientTls, type UpstreamTls } from './upstream'
 import { redactLogin, runLogin, takeLogin, type LoginOutcome } from './login'
 import { UNUSED, type Backend, type BackendPool } from './pool'
@@ -109,10 +109,8 @@ export class WebSocketRoutes {
     const deadline = Date.now() + graceMs
     while (this.sessions.size && Date.now() < deadline) await new Promise((r) => setTimeout(r, Math.min(50, deadline - Date.now())))
     for (const socket of this.upgrading) socket.destroy()
-    for (const ws of this.sessions) ws.close(1001, SHUTDOWN_REASON)
-    const cut = setTimeout(() => this.sessions.forEach((ws) => ws.terminate()), 2000)
+    for (const ws of this.sessions) closeWebSocket(ws, 1001, SHUTDOWN_REASON)
     while (this.sessions.size) await new Promise((r) => setTimeout(r, 20))
-    clearTimeout(cut)
   }
 
   /** The login the upgrade carries goes to a warm backend or to Postgres; its answer opens the session. */
@@ -142,7 +140,7 @@ export class WebSocketRoutes {
     }
     // Until the Postgres startup is done: a stalled login is answered with an error, a stalled session closed.
     const handshake = timer(this.o.handshakeTimeoutMs, () =>
-      ws ? ws.close(1008, 'edgepg-proxy: startup not finished in time') : upgrade(new UpstreamError(`login timed out: Postgres at ${formatHostPort(target)} did not answer within ${this.o.handshakeTimeoutMs} ms`))
+      ws ? closeWebSocket(ws, 1008, 'edgepg-proxy: startup not finished in time') : upgrade(new UpstreamError(`login timed out: Postgres at ${formatHostPort(target)} did not answer within ${this.o.handshakeTimeoutMs} ms`))
     )
     /** No session after all: the backend goes back idle (its login just finished), or the connection is closed. */
     const drop = () => (backend ? pool.giveBack(backend, UNUSED) : up?.close())
@@ -162,7 +160,7 @@ export class WebSocketRoutes {
         this.upgrading.delete(socket)
         this.sessions.add(session)
         metrics.sessionOpened()
-        const idle = timer(this.o.idleTimeoutMs ?? 900_000, () => session.close(1001, 'edgepg-proxy: idle timeout'))
+        const idle = timer(this.o.idleTimeoutMs ?? 900_000, () => closeWebSocket(session, 1001, 'edgepg-proxy: idle timeout'))
         session.once('close', () => {
           this.sessions.delete(session)
           release()

@@ -1,20 +1,22 @@
 /**
- * POST /sql faces the internet: what a client without credentials can make the proxy hold is
- * bounded. Bodies that never finish hold a slot only until the read timeout, and at most
- * `maxRequestsPerIp` at once from one address, while another address is served normally; odd
- * requests (a doubled connection string, too many params, JSON nested past the stack) get a 400
- * that says what is wrong and echoes no secret. Against the real proxy and Postgres; the attacker
- * connects from 127.0.0.2, the legitimate client from 127.0.0.1.
+ * edgepg-proxy faces the internet: what a client without credentials can make it hold is bounded,
+ * and freed within a known time, while a legitimate client is served. Against the real proxy and
+ * Postgres; an attacker connects from 127.0.0.2, the legitimate client from 127.0.0.1.
+ * - POST /sql: bodies that never finish hold a slot only until the read timeout, and at most
+ *   `maxRequestsPerIp` at once from one address; odd requests (a doubled connection string, too
+ *   many params, JSON nested past the stack) get a 400 that says what is wrong and echoes no secret.
+ * - A WebSocket that never answers the proxy's close frame is cut a second later.
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import net from 'node:net'
-import { startProxy, pgConfig, within } from './helpers'
+import { startProxy, pgConfig, within, eventually } from './helpers'
 
 const READ_TIMEOUT_MS = 1000
 const PER_IP = 20
+const HANDSHAKE_MS = 500
 let proxy: Awaited<ReturnType<typeof startProxy>>
-before(async () => (proxy = await startProxy({ sql: { readTimeoutMs: READ_TIMEOUT_MS, maxRequestsPerIp: PER_IP } })))
+before(async () => (proxy = await startProxy({ sql: { readTimeoutMs: READ_TIMEOUT_MS, maxRequestsPerIp: PER_IP }, handshakeTimeoutMs: HANDSHAKE_MS })))
 after(() => proxy?.close())
 
 const { user, password, host, port, database } = pgConfig('scram_user') as Record<string, string>
@@ -74,4 +76,19 @@ test('more than 65,535 params and JSON nested past the stack are refused with 40
   const deep = await post(`{"query": "SELECT $1", "params": [${'['.repeat(1e6)}${']'.repeat(1e6)}]}`)
   assert.equal(deep.status, 400)
   assert.match(deep.body.message, /nested too deeply/)
+})
+
+test("a WebSocket that never answers the proxy's close frame holds its slot a second past it, not ws's 30 s", async () => {
+  // An upgrade by hand, then silence: no startup, and no answer to the close that the handshake timeout sends.
+  const socket = net.connect({ host: '127.0.0.1', port: proxy.port, localAddress: '127.0.0.2' })
+  socket.on('error', () => {})
+  socket.on('data', () => {}) // read, never answered
+  await new Promise((r) => socket.once('connect', r))
+  socket.write('GET /v2 HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n')
+  const start = performance.now()
+  await eventually(() => proxy.sessionCount === 1, 'the session to open')
+  await eventually(() => proxy.sessionCount === 0, 'the slot to be freed', 10_000)
+  const held = performance.now() - start
+  assert.ok(held < HANDSHAKE_MS + 2500, `the slot was held ${Math.round(held)} ms (handshake timeout ${HANDSHAKE_MS} ms, then a second to answer the close)`)
+  socket.destroy()
 })
