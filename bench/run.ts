@@ -20,11 +20,12 @@ import { httpBench } from './http'
 import { bundle } from './bundle'
 import { stop } from './stop'
 import { workerd } from './workerd'
+import { attack } from './attack'
 import { passes, type BenchContext, type ProxyMode, type Row, type Section } from './lib'
 import { startProxy, type RunningProxy } from './proxy'
 
 const SECTIONS: Section[] = [core, connect, sessions, proxycost, loadBench]
-SECTIONS.push(httpBench, bundle, stop, workerd)
+SECTIONS.push(httpBench, bundle, stop, workerd, attack)
 
 const args = process.argv.slice(2)
 const proxyArg = args.find((a) => a.startsWith('--proxy='))?.slice('--proxy='.length) ?? 'child'

@@ -34,13 +34,17 @@ if (config === 'help') {
   process.exit(0)
 }
 
-const { options, listen, shutdownGraceMs, readTls, warnings } = config
+const { options, listen, adminListen, shutdownGraceMs, readTls, warnings } = config
 for (const warning of warnings) line({ warning })
 const proxy = createProxy({ ...options, log: line, sqlLog: (entry) => line({ route: '/sql', ...entry }) })
 proxy.listen(listen.port, listen.host).then(
   (addr) => line({ listening: `${addr.address}:${addr.port}`, upstream: options.upstream, tls: Boolean(options.tls) }),
   (err) => fail(`cannot listen on ${formatHostPort(listen)}: ${err.message}`)
 )
+if (adminListen) {
+  proxy.admin.once('error', (err) => fail(`cannot listen on ${formatHostPort(adminListen)} (--admin-listen): ${err.message}`))
+  proxy.admin.listen(adminListen.port, adminListen.host, () => line({ admin: formatHostPort(adminListen), serves: ['/metrics', '/healthz'] }))
+}
 
 let stopping = false
 for (const signal of ['SIGINT', 'SIGTERM'] as const) {

@@ -19,6 +19,7 @@ interface Setting {
 export const SETTINGS = {
   upstream: { flag: 'upstream', env: 'EDGEPG_UPSTREAM', arg: 'host:port', kind: 'address', help: 'Postgres to relay to (required)' },
   listen: { flag: 'listen', env: 'EDGEPG_LISTEN', arg: '[host:]port', kind: 'listen', default: '127.0.0.1:8080', help: 'where to accept WebSockets (0.0.0.0:PORT for remote clients)' },
+  adminListen: { flag: 'admin-listen', env: 'EDGEPG_ADMIN_LISTEN', arg: '[host:]port', kind: 'listen', help: 'serve /metrics and /healthz here only, not on --listen (keep it off the internet)' },
   allow: { flag: 'allow', env: 'EDGEPG_ALLOW', arg: 'host:port', kind: 'addresses', help: 'another upstream clients may pick with /v1?address= (repeatable; env: comma-separated)' },
   cert: { flag: 'cert', env: 'EDGEPG_CERT', arg: 'file', kind: 'file', help: 'TLS certificate chain (PEM): serve wss:// and https://; reloaded on SIGHUP' },
   key: { flag: 'key', env: 'EDGEPG_KEY', arg: 'file', kind: 'file', help: 'TLS private key (PEM), with --cert' },
@@ -29,7 +30,11 @@ export const SETTINGS = {
   maxSessionsPerIp: { flag: 'max-sessions-per-ip', env: 'EDGEPG_MAX_SESSIONS_PER_IP', arg: 'n', kind: 'count', default: '100', help: 'concurrent sessions from one client address; more get HTTP 429' },
   handshakeTimeout: { flag: 'handshake-timeout', env: 'EDGEPG_HANDSHAKE_TIMEOUT', arg: 'ms', kind: 'ms', default: '10000', help: 'time a client has from connecting to finishing its Postgres startup' },
   idleTimeout: { flag: 'idle-timeout', env: 'EDGEPG_IDLE_TIMEOUT', arg: 'ms', kind: 'ms', default: '900000', help: 'close a session with no traffic either way for this long (0: never)' },
-  maxMessageBytes: { flag: 'max-message-bytes', env: 'EDGEPG_MAX_MESSAGE_BYTES', arg: 'n', kind: 'bytes', default: '67108864', help: 'largest WebSocket message accepted from a client' },
+  maxMessageBytes: { flag: 'max-message-bytes', env: 'EDGEPG_MAX_MESSAGE_BYTES', arg: 'n', kind: 'bytes', default: '67108864', help: 'largest WebSocket message accepted from a logged-in client (before login: 64 KiB)' },
+  maxClientBuffer: { flag: 'max-client-buffer', env: 'EDGEPG_MAX_CLIENT_BUFFER', arg: 'n', kind: 'bytes', default: '268435456', help: "bytes all clients' unfinished messages and /sql bodies may hold; a message that does not fit is refused (1009)" },
+  maxLogins: { flag: 'max-logins', env: 'EDGEPG_MAX_LOGINS', arg: 'n', kind: 'count', default: '64', help: 'logins waiting on Postgres at once (connected, not yet accepted); more wait their turn' },
+  maxLoginsPerIp: { flag: 'max-logins-per-ip', env: 'EDGEPG_MAX_LOGINS_PER_IP', arg: 'n', kind: 'count', default: '8', help: 'logins waiting on Postgres at once from one client address; more wait their turn' },
+  maxCancelsPerIp: { flag: 'max-cancels-per-ip', env: 'EDGEPG_MAX_CANCELS_PER_IP', arg: 'n', kind: 'count', default: '20', help: 'CancelRequests a second from one client address; more are dropped' },
   shutdownGrace: { flag: 'shutdown-grace', env: 'EDGEPG_SHUTDOWN_GRACE', arg: 'ms', kind: 'ms', default: '10000', help: 'on SIGTERM, time running sessions get to finish before close code 1001' },
   sqlMaxBody: { flag: 'sql-max-body', env: 'EDGEPG_SQL_MAX_BODY', arg: 'n', kind: 'bytes', default: '10485760', help: 'POST /sql: largest request body (HTTP 413)' },
   sqlMaxResponse: { flag: 'sql-max-response', env: 'EDGEPG_SQL_MAX_RESPONSE', arg: 'n', kind: 'bytes', default: '10485760', help: 'POST /sql: largest response (HTTP 507)' },
@@ -76,6 +81,8 @@ export class ConfigError extends Error {}
 export interface CliConfig {
   options: ProxyOptions
   listen: HostPort
+  /** Where /metrics and /healthz are served instead of `listen`, if apart. */
+  adminListen?: HostPort
   shutdownGraceMs: number
   /** Rereads the certificate files (for SIGHUP); undefined without --cert. */
   readTls?: () => { cert: Buffer; key: Buffer }
@@ -136,7 +143,9 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
   value('upstream', (t, s) => address(t, s))
   const allow = list('allow')
   for (const a of allow) address(a, raw('allow').source)
-  const listen = value('listen', (t, s) => (/^\d+$/.test(t) ? address(`127.0.0.1:${t}`, s) : address(t, s, 8080)))!
+  const listenAt = (t: string, s: string) => (/^\d+$/.test(t) ? address(`127.0.0.1:${t}`, s) : address(t, s, 8080))
+  const listen = value('listen', listenAt)!
+  const adminListen = value('adminListen', listenAt)
 
   const certPath = raw('cert').text
   const keyPath = raw('key').text
@@ -161,12 +170,14 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
   }
   return {
     listen,
+    adminListen,
     shutdownGraceMs: value('shutdownGrace', number(0))!,
     readTls,
     warnings,
     options: {
       upstream: upstreamText,
       allow,
+      adminApart: adminListen !== undefined,
       tls: readTls?.(),
       upstreamTls: sslmode === 'disable' && !ca ? undefined : { mode: sslmode, ca },
       allowedOrigins: list('allowOrigin'),
@@ -175,6 +186,10 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
       handshakeTimeoutMs: value('handshakeTimeout', number(1)),
       idleTimeoutMs: value('idleTimeout', number(0)),
       maxMessageBytes: value('maxMessageBytes', number(1)),
+      maxClientBufferBytes: value('maxClientBuffer', number(1)),
+      maxLogins: value('maxLogins', number(1)),
+      maxLoginsPerIp: value('maxLoginsPerIp', number(1)),
+      maxCancelsPerIp: value('maxCancelsPerIp', number(1)),
       authOffload: !on('noAuthOffload'),
       pool: {
         enabled: !on('noPool'),

@@ -10,14 +10,28 @@ import { healthHandler } from './health'
 import { sqlHandler, type SqlOptions, type SqlPoolOptions, type SqlLog } from './sql'
 import { Upstreams } from './upstreams'
 import { WebSocketRoutes } from './upgrade'
+import { BufferBudget } from './budget'
+import { LoginGate } from './logins'
+import { Cancels } from './cancels'
 
 export interface ProxyOptions {
   /** The Postgres this proxy relays to: `host:port`. */
   upstream: string
   /** Further `host:port` upstreams a client may pick with `?address=`; matched exactly. */
   allow?: string[]
-  /** Largest WebSocket message accepted from a client, in bytes. Default 64 MiB. */
+  /** Largest WebSocket message accepted from a client once logged in, in bytes. Default 64 MiB. */
   maxMessageBytes?: number
+  /**
+   * Bytes all clients' unfinished WebSocket messages and /sql bodies may hold at once (default
+   * 256 MiB): a message that does not fit is refused as its header comes (1009), a body with 503.
+   */
+  maxClientBufferBytes?: number
+  /** Logins waiting on Postgres at once, in all (default 64); more wait their turn. */
+  maxLogins?: number
+  /** Logins waiting on Postgres at once from one client address (default 8); more wait their turn. */
+  maxLoginsPerIp?: number
+  /** CancelRequests a second from one client address (default 20); more are dropped. */
+  maxCancelsPerIp?: number
   /**
    * Authenticate upstream on the client's behalf (default true): clients send a cleartext
    * password, pipelined, and the proxy does md5/SCRAM next to the database. When false the proxy
@@ -49,6 +63,12 @@ export interface ProxyOptions {
   sql?: false | Pick<SqlOptions, 'maxBodyBytes' | 'maxResponseBytes' | 'statementTimeoutMs' | 'maxRequests' | 'maxRequestsPerIp' | 'readTimeoutMs' | 'authToken'> & { pool?: SqlPoolOptions }
   /** Called once per /sql request; never given passwords, queries or parameters. */
   sqlLog?: (entry: SqlLog) => void
+  /**
+   * Serve /metrics and /healthz on `proxy.admin` only (listen on it yourself), not on the public
+   * listener, where they would tell anyone the proxy's load and its upstream's health. Default
+   * false: both serve them.
+   */
+  adminApart?: boolean
   /** Called once per ended session; never given passwords or payloads. */
   log?: (entry: SessionLog) => void
   /** Warm backends for sessions whose login the proxy runs, and for /sql (default on; see proxy/pool.ts). */
@@ -59,6 +79,8 @@ export type { SessionLog, UpstreamTls, SqlLog }
 
 export interface Proxy {
   server: Server
+  /** Serves /metrics and /healthz (and nothing else): for a listener apart from the public one (`adminApart`). */
+  admin: Server
   listen(port?: number, host?: string): Promise<AddressInfo>
   /**
    * Stops accepting, lets sessions end by themselves for up to `graceMs`, then closes the rest with
@@ -86,7 +108,18 @@ export function createProxy(options: ProxyOptions): Proxy {
   const pool = new BackendPool(options.pool, (event) => metrics.poolEvent(event))
   const metrics = createMetrics(() => pool.size)
   const handshakeTimeoutMs = options.handshakeTimeoutMs ?? 10_000
-  const routes = new WebSocketRoutes({ ...options, upstreams, pool, metrics, offload: options.authOffload !== false, handshakeTimeoutMs })
+  const budget = new BufferBudget(options.maxClientBufferBytes ?? 256 << 20, options.maxMessageBytes ?? 64 << 20)
+  const routes = new WebSocketRoutes({
+    ...options,
+    upstreams,
+    pool,
+    metrics,
+    budget,
+    logins: new LoginGate(options.maxLogins ?? 64, options.maxLoginsPerIp ?? 8),
+    cancels: new Cancels(pool, options.maxCancelsPerIp ?? 20),
+    offload: options.authOffload !== false,
+    handshakeTimeoutMs,
+  })
   const health = healthHandler(upstream)
   const sql =
     options.sql === false
@@ -99,13 +132,23 @@ export function createProxy(options: ProxyOptions): Proxy {
           upstreamTls: options.upstreamTls,
           backends: pool,
           allowInsecurePasswords: options.allowInsecurePasswords,
+          budget,
           log: options.sqlLog,
           ...options.sql,
         })
+  const onAdmin = (req: http.IncomingMessage, res: http.ServerResponse, path = pathOf(req.url)): boolean => {
+    if (path === '/healthz') return health(req, res), true
+    if (path === '/metrics') return void metrics.handle(req, res), true
+    return false
+  }
+  const admin = http.createServer((req, res) => {
+    if (onAdmin(req, res)) return
+    res.writeHead(404, { 'content-type': 'text/plain' })
+    res.end('edgepg-proxy admin: GET /metrics or /healthz\n')
+  })
   const onRequest = (req: http.IncomingMessage, res: http.ServerResponse) => {
     const path = pathOf(req.url)
-    if (path === '/healthz') return health(req, res)
-    if (path === '/metrics') return void metrics.handle(req, res)
+    if (!options.adminApart && onAdmin(req, res, path)) return
     if (path === '/sql' && sql) return sql.handle(req, res)
     res.writeHead(426, { 'content-type': 'text/plain', upgrade: 'websocket' })
     res.end('edgepg-proxy: connect with a WebSocket to /v1 or /v2\n')
@@ -126,6 +169,7 @@ export function createProxy(options: ProxyOptions): Proxy {
 
   return {
     server,
+    admin,
     listen(port = 0, host = '127.0.0.1') {
       return new Promise((resolve, reject) => {
         server.once('error', reject)
@@ -150,6 +194,8 @@ export function createProxy(options: ProxyOptions): Proxy {
       await sqlClosed
       server.closeAllConnections()
       await stopped
+      admin.closeAllConnections()
+      if (admin.listening) await new Promise((resolve) => admin.close(resolve))
     },
   }
 }

@@ -104,6 +104,10 @@ export interface LoginIO {
   /** Authenticate upstream on the client's behalf when it sent a password. */
   offload: boolean
   secureUpstream(asked?: ClientTls): Promise<TLSSocket | undefined>
+  /** Connects to Postgres (see StartupIO.connect). */
+  connect(login: boolean): Promise<void>
+  /** See StartupIO.routeCancel. */
+  routeCancel(packet: Buffer): { packet: Buffer } | { refused: string }
 }
 
 export type LoginOutcome =
@@ -113,17 +117,24 @@ export type LoginOutcome =
   | { kind: 'relay'; answer: Buffer }
   /** Postgres refused: `answer` ends with its ErrorResponse. */
   | { kind: 'refused'; answer: Buffer; code: string; message: string }
-  /** SSLRequest (answered with `answer`) or CancelRequest: bytes are relayed as they are from now on. */
+  /** SSLRequest (answered with `answer`): bytes are relayed as they are from now on. */
   | { kind: 'passthrough'; answer: Buffer; plaintext: boolean }
+  /** A CancelRequest, sent on (`why` undefined) or not. */
+  | { kind: 'cancel'; answer: Buffer; why?: string }
 
 /** Runs the login upstream, before the upgrade is answered. */
 export async function runLogin(io: LoginIO, login: Login): Promise<LoginOutcome> {
   const { first } = login
   if (first.kind === 'cancel') {
+    const routed = io.routeCancel(first.packet)
+    if ('refused' in routed) return { kind: 'cancel', answer: Buffer.alloc(0), why: routed.refused }
+    await io.connect(false)
     if (login.tls) await io.secureUpstream(login.tls)
-    io.toUpstream(first.packet)
-    return { kind: 'passthrough', answer: Buffer.alloc(0), plaintext: false }
+    io.toUpstream(routed.packet)
+    return { kind: 'cancel', answer: Buffer.alloc(0) }
   }
+  if (first.kind === 'startup' && io.offload) checkPasswordsAllowed(io.passwordsAllowed)
+  await io.connect(true)
   if (first.kind === 'ssl') {
     io.toUpstream(first.packet)
     const answer = await io.upstream.read(1)
@@ -132,7 +143,6 @@ export async function runLogin(io: LoginIO, login: Login): Promise<LoginOutcome>
     return { kind: 'passthrough', answer, plaintext: !tls }
   }
   if (first.kind !== 'startup') throw new ProtocolError('unsupported startup packet')
-  if (io.offload) checkPasswordsAllowed(io.passwordsAllowed)
   const upstreamTls = await io.secureUpstream(login.tls)
   io.toUpstream(first.packet)
   const answer: Buffer[] = []

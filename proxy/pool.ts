@@ -212,13 +212,10 @@ export class BackendPool {
     })
   }
 
-  /**
-   * The CancelRequest to send for one a client sent: with the backend's real key when it names the
-   * session now holding a pooled backend; otherwise as it is (Postgres ignores a key it never gave).
-   */
-  cancelRequest(upstream: string, packet: Buffer): Buffer {
-    const backend = packet.length > 12 ? this.owned.get(`${upstream} ${packet.readInt32BE(8)}`) : undefined
-    return backend?.lentSecret?.equals(packet.subarray(12)) ? cancelRequest(backend.key) : packet
+  /** The CancelRequest to send for one a client sent, when it names the session now holding a pooled backend. */
+  cancelRequest(upstream: string, packet: Buffer): Buffer | undefined {
+    const backend = this.owned.get(`${upstream} ${packet.readInt32BE(8)}`)
+    return backend?.lentSecret?.equals(packet.subarray(12)) ? cancelRequest(backend.key) : undefined
   }
 
   close() {

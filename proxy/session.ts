@@ -1,7 +1,8 @@
 import type { WebSocket, RawData } from 'ws'
 import { ByteQueue, messages, ProtocolError } from './bytes'
 import type { LoginOutcome } from './login'
-import { BackendKeyWatch, errorResponse, runStartup, UpstreamError, type BackendKey } from './startup'
+import { errorResponse, LoginWatch, runStartup, UpstreamError, type BackendKey, type StartupIO } from './startup'
+import { FIRST_FLIGHT_BYTES, type BufferBudget } from './budget'
 import { TlsError, type Upstream } from './upstream'
 import { IdleWatch, type Ending } from './idle-watch'
 import { SUBPROTOCOL_CANCEL } from '../src/config'
@@ -17,7 +18,8 @@ export interface SessionLog {
   outcome: string
 }
 
-export interface SessionOptions {
+export interface SessionOptions extends Pick<StartupIO, 'connect' | 'routeCancel'> {
+  /** Postgres, connected by the login in the upgrade, or (in band) by `connect` once the startup is in. */
   upstream: Upstream
   /**
    * What came of the login the upgrade carried (proxy/login.ts), or why it failed; without one the
@@ -32,8 +34,17 @@ export interface SessionOptions {
   /** Whether a cleartext password may cross the client's link. */
   passwordsAllowed: boolean
   log?: (entry: SessionLog) => void
-  /** The startup is done (or left to Postgres): the handshake timeout no longer applies. */
+  /**
+   * Postgres accepted the login (ReadyForQuery), or the proxy cannot tell (TLS inside the socket):
+   * the handshake timeout no longer applies.
+   */
   onEstablished?: () => void
+  /** What the client's unfinished messages hold, and how large one may be. */
+  budget?: BufferBudget
+  /** The session's cancel key is valid (proxy/cancels.ts) until the returned function is called. */
+  issueKey?: (key: BackendKey) => () => void
+  /** TLS inside the socket: the session's key is unknown until the returned function is called. */
+  hideKey?: () => () => void
   /** Bytes moved, either way: the idle timeout starts again. */
   onActivity?: () => void
   /**
@@ -41,16 +52,12 @@ export interface SessionOptions {
    * how the session left it (undefined: busy).
    */
   giveBack?: (ending: Ending | undefined) => void
-  /** A CancelRequest sent in band, as it is to go to Postgres (see BackendPool.cancelRequest). */
-  mapCancel?: (packet: Buffer) => Buffer
   /** Cancels what the backend runs, for a cancel on the session's own WebSocket (SUBPROTOCOL_CANCEL). */
   cancel?: () => void
 }
 
 /** Bytes queued on a client's WebSocket past which we stop reading from Postgres. */
 const HIGH_WATER = 1 << 20
-/** Bytes a client may pipeline behind its password before we stop reading until auth is done. */
-const MAX_HELD_BYTES = 1 << 20
 /** How long a client has to answer our close frame before its connection is cut (ws would wait 30 s). */
 const CLOSE_ANSWER_MS = 1000
 
@@ -94,9 +101,16 @@ class Session {
   private relaying = false
   private refused = false
   private readonly fromClient = new ByteQueue()
-  /** Watches Postgres's first messages, while they are relayed, for the backend's cancel key (the pool knows a pooled one's). */
-  private keyWatch?: BackendKeyWatch
+  /**
+   * Watches Postgres's first messages, while they are relayed, for the backend's cancel key (the
+   * pool knows a pooled one's) and the end of the login.
+   */
+  private keyWatch?: LoginWatch
   private backendKey?: BackendKey
+  private established = false
+  private readonly memory?: { loggedIn(): void }
+  /** Undoes issueKey / hideKey. */
+  private readonly forget: (() => void)[] = []
   /** The client's last message was Terminate: the backend is exiting by itself. */
   private clientTerminated = false
   /** For a pooled backend: whether the session leaves it idle (and the Terminate that must not reach it). */
@@ -109,7 +123,8 @@ class Session {
     this.upstream = o.upstream
     this.bytesIn = o.loginBytes ?? 0
     if (o.giveBack) this.watch = new IdleWatch()
-    else this.keyWatch = new BackendKeyWatch()
+    else this.keyWatch = new LoginWatch()
+    this.memory = o.budget?.watch(ws, () => (this.outcome = 'closed: over the memory budget (--max-client-buffer)'))
     ws.on('message', this.onClientMessage)
     this.upstream.onDrain = () => ws.resume()
     this.start()
@@ -134,15 +149,15 @@ class Session {
   private start() {
     const { opened } = this.o
     if (opened instanceof Error) return this.startupFailed(opened)
+    if (opened?.kind === 'cancel') return this.passCancel(opened.why)
     if (opened) {
       // Postgres's answer to the login the upgrade carried: the session's first frame. (A pooled
       // backend's carries the session's own cancel key, and is no answer for the idle watch.)
       if (opened.answer.length) (this.watch ? this.toClient : this.fromUpstream)(opened.answer)
-      if (opened.kind !== 'refused') return this.relay(opened.kind !== 'passthrough' || opened.plaintext)
+      if (opened.kind !== 'refused') return this.relay(opened.kind !== 'passthrough' || opened.plaintext, opened.kind === 'ready')
       this.refuse(`refused by Postgres: ${opened.code} ${opened.message}`)
       return this.closeClient(1000)
     }
-    if (!this.o.offload) return this.relay()
     runStartup({
       client: this.fromClient,
       upstream: this.upstream.queue,
@@ -150,11 +165,29 @@ class Session {
       toUpstream: this.toUpstream,
       passwordsAllowed: this.o.passwordsAllowed,
       secureUpstream: () => this.upstream.secure(),
-      mapCancel: this.o.mapCancel,
+      offload: this.o.offload,
+      connect: this.o.connect,
+      routeCancel: this.o.routeCancel,
     }).then((result) => {
       if (result.kind === 'refused') return this.refuse(`refused by Postgres: ${result.code} ${result.message}`)
-      this.relay(result.kind === 'authenticated' || result.plaintext)
+      if (result.kind === 'cancel') return this.passCancel(result.why)
+      this.relay(result.kind !== 'passthrough' || result.plaintext)
     }, this.startupFailed)
+  }
+
+  /** A CancelRequest: sent on (Postgres hangs up once it has it), or not (`why`), as Postgres would, without a word. */
+  private passCancel(why?: string) {
+    if (!why) return this.relay(false, true)
+    this.refuse(`cancel not forwarded: ${why}`)
+    this.closeClient(1000)
+  }
+
+  /** The login is over (ReadyForQuery), or out of sight: messages may be large now, and the handshake timeout is off. */
+  private loggedIn() {
+    if (this.established) return
+    this.established = true
+    this.memory?.loggedIn()
+    this.o.onEstablished?.()
   }
 
   private refuse(why: string) {
@@ -182,12 +215,20 @@ class Session {
 
   // ── relaying ────────────────────────────────────────────────────────────────────────────────
 
-  /** From here on, both ways, bytes as they come. */
-  private relay(plaintext = true) {
+  /**
+   * From here on, both ways, bytes as they come; `loggedIn` if Postgres's ReadyForQuery is already
+   * through, else the login watch sees it go by.
+   */
+  private relay(plaintext: boolean, loggedIn = false) {
     this.relaying = true
-    this.o.onEstablished?.()
-    // Over TLS inside the socket Postgres's bytes are not protocol messages: no key to find.
-    if (!plaintext) this.keyWatch = undefined
+    if (!plaintext) {
+      // Over TLS inside the socket Postgres's bytes are not protocol messages: no key to find, and
+      // no end of the login to see.
+      if (!loggedIn) this.forget.push(this.o.hideKey?.() ?? (() => {}))
+      this.keyWatch = undefined
+      loggedIn = true
+    }
+    if (loggedIn) this.loggedIn()
     const held = this.fromClient.rest()
     if (held.length) this.toUpstream(held)
     const early = this.upstream.relay(this.fromUpstream)
@@ -220,7 +261,7 @@ class Session {
     if (this.relaying) return this.toUpstream(chunk)
     if (this.refused) return // Postgres said no; it is closing, and gets nothing more
     this.fromClient.push(chunk)
-    if (this.fromClient.length > MAX_HELD_BYTES) ws.pause() // pipelined queries wait for upstream auth
+    if (this.fromClient.length > FIRST_FLIGHT_BYTES) ws.pause() // pipelined queries wait for upstream auth
   }
 
   /**
@@ -248,8 +289,10 @@ class Session {
   /** Postgres → client, watched on the way (for the cancel key, or whether the session leaves its backend idle). */
   private readonly fromUpstream = (chunk: Buffer) => {
     if (this.keyWatch?.feed(chunk)) {
-      this.backendKey = this.keyWatch.key
+      const { key, ready } = this.keyWatch
       this.keyWatch = undefined
+      if (key) this.forget.push(this.o.issueKey?.((this.backendKey = key)) ?? (() => {}))
+      if (ready) this.loggedIn()
     }
     this.watch?.fromBackend(chunk)
     this.toClient(chunk)
@@ -300,6 +343,7 @@ class Session {
   private abandon() {
     if (this.abandoned) return
     this.abandoned = true
+    for (const undo of this.forget) undo()
     const { upstream, o } = this
     if (!o.giveBack) return upstream.close(this.clientTerminated ? undefined : this.backendKey)
     upstream.off('error', this.onUpstreamError)

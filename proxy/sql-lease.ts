@@ -9,7 +9,7 @@ import { formatHostPort, type HostPort } from './address'
 import type { Backend, BackendPool } from './pool'
 import { Upstream, type UpstreamTls } from './upstream'
 import { runLogin, type LoginOutcome } from './login'
-import { BackendKeyWatch, parseStartupPacket, UpstreamError, type BackendKey } from './startup'
+import { LoginWatch, parseStartupPacket, UpstreamError, type BackendKey } from './startup'
 import { Statements } from './statements'
 import { HttpError, parseConnectionString, type ConnInfo } from './sql-request'
 
@@ -181,7 +181,16 @@ export class Leases {
     const timer = setTimeout(() => ((late = true), fresh?.close()), connectTimeoutMs)
     const login = async () => {
       const upstream = (fresh = new Upstream(target, this.o.upstreamTls))
-      const io = { upstream: upstream.queue, toUpstream: (b: Buffer) => void upstream.write(b), passwordsAllowed: true, offload: true, secureUpstream: () => upstream.secure() }
+      upstream.connect()
+      const io = {
+        upstream: upstream.queue,
+        toUpstream: (b: Buffer) => void upstream.write(b),
+        passwordsAllowed: true,
+        offload: true,
+        secureUpstream: () => upstream.secure(),
+        connect: async () => {}, // (the proxy runs this login itself: Postgres never waits on a client)
+        routeCancel: () => ({ refused: 'not a cancel' }),
+      }
       return { upstream, outcome: await runLogin(io, { bytes: startup.length, first: parseStartupPacket(startup), password: conn.password, rest: Buffer.alloc(0) }) }
     }
     try {
@@ -241,7 +250,7 @@ function loginRefusal(outcome: LoginOutcome, user: string): Error {
 
 /** The cancel key in a login's answer. */
 function keyIn(answer: Buffer): BackendKey | undefined {
-  const watch = new BackendKeyWatch()
+  const watch = new LoginWatch()
   watch.feed(answer)
   return watch.key
 }

@@ -101,20 +101,30 @@ export function parseFlags(req: IncomingMessage): Flags {
 }
 
 /** The body, whole, within `max` bytes and `ms` milliseconds. */
-export function readBody(req: IncomingMessage, max: number, ms: number): Promise<Buffer> {
+/** Where a body's bytes are counted while it is read (proxy/budget.ts): take() false means no room. */
+export interface BodyBudget {
+  take(n: number): boolean
+  give(n: number): void
+}
+
+export function readBody(req: IncomingMessage, max: number, ms: number, budget?: BodyBudget): Promise<Buffer> {
   const tooLarge = () => new HttpError(413, `request body is too large (max is ${max} bytes)`)
   if (Number(req.headers['content-length']) > max) return Promise.reject(tooLarge())
-  return new Promise<Buffer>((resolve, reject) => {
+  let size = 0
+  const read = new Promise<Buffer>((resolve, reject) => {
     const timer = setTimeout(() => reject(new HttpError(408, `request body not received within ${Math.round(ms)} ms`)), Math.max(0, ms))
     req.once('close', () => clearTimeout(timer))
     req.once('end', () => clearTimeout(timer))
     const chunks: Buffer[] = []
-    let size = 0
-    const onData = (chunk: Buffer) => {
-      size += chunk.length
-      if (size <= max) return void chunks.push(chunk)
+    const stop = (err: HttpError) => {
       req.off('data', onData)
-      reject(tooLarge())
+      reject(err)
+    }
+    const onData = (chunk: Buffer) => {
+      if (size + chunk.length > max) return stop(tooLarge())
+      if (budget && !budget.take(chunk.length)) return stop(new HttpError(503, 'edgepg-proxy is over its memory budget for request bodies (--max-client-buffer); try again later'))
+      size += chunk.length
+      chunks.push(chunk)
     }
     req.on('data', onData)
     let ended = false
@@ -122,6 +132,7 @@ export function readBody(req: IncomingMessage, max: number, ms: number): Promise
     req.once('error', reject)
     req.once('close', () => ended || reject(new HttpError(499, 'client went away')))
   })
+  return budget ? read.finally(() => budget.give(size)) : read
 }
 
 /** JSON nested beyond what the stack takes (parsing it, or turning a parameter into text). */

@@ -58,7 +58,7 @@ import { BackendPool, type PoolOptions } from './pool'
 import type { UpstreamTls } from './upstream'
 import { Control, Leases } from './sql-lease'
 import { runRequest, TooLarge, type Response } from './sql-run'
-import { header, HttpError, parseFlags, parsePayload, readBody, singleHeader } from './sql-request'
+import { header, HttpError, parseFlags, parsePayload, readBody, singleHeader, type BodyBudget } from './sql-request'
 import { databaseErrorJson, errorJson, type ArrayType } from './sql-json'
 
 export { ERROR_FIELDS } from './sql-json'
@@ -90,6 +90,8 @@ export interface SqlOptions {
   maxRequestsPerIp?: number
   /** Time a client has to send its whole body, from the request's start (HTTP 408, and the connection closed). Default 10 s. */
   readTimeoutMs?: number
+  /** Counts bodies while they are read, with the WebSockets' unfinished messages (HTTP 503 past it). Default: none. */
+  budget?: BodyBudget
   /** Postgres statement_timeout for every statement, in ms (0: none). Default 60 s. */
   statementTimeoutMs?: number
   pool?: SqlPoolOptions
@@ -224,7 +226,7 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
     const target = verdict === true ? conn.named : verdict
     log.upstream = formatHostPort(target)
 
-    const body = await readBody(req, maxBody, readBy - performance.now())
+    const body = await readBody(req, maxBody, readBy - performance.now(), options.budget)
     log.bytesIn = body.length
     const payload = parsePayload(body)
     log.statements = payload.single ? 1 : payload.batch!.length

@@ -65,14 +65,24 @@ export interface StartupIO {
   passwordsAllowed: boolean
   /** TLS to Postgres, where the operator configured it: negotiated before the startup is forwarded. */
   secureUpstream(): Promise<TLSSocket | undefined>
-  /** The CancelRequest to forward for the one the client sent. */
-  mapCancel?: (packet: Buffer) => Buffer
+  /** Authenticate upstream on the client's behalf; else the startup goes on untouched. */
+  offload: boolean
+  /**
+   * Connects to Postgres, which nothing does before the client's first packet (and, with auth
+   * offload, its password) is in: for a `login`, once the login gate admits it (proxy/logins.ts).
+   */
+  connect(login: boolean): Promise<void>
+  /** The CancelRequest to forward for the one the client sent, or why none goes. */
+  routeCancel(packet: Buffer): { packet: Buffer } | { refused: string }
 }
 
 export type StartupOutcome =
-  | { kind: 'authenticated' }
+  /** Postgres said AuthenticationOk (offload); or the startup went on untouched (`relayed`), for Postgres to answer. */
+  | { kind: 'authenticated' | 'relayed' }
+  /** A CancelRequest, sent on (`why` undefined) or not. */
+  | { kind: 'cancel'; why?: string }
   /**
-   * SSLRequest or CancelRequest: relay bytes as they are from now on. `plaintext`: Postgres's
+   * SSLRequest: relay bytes as they are from now on. `plaintext`: Postgres's
    * replies stay readable protocol messages (an SSLRequest it refused; the client goes on in clear).
    */
   | { kind: 'passthrough'; plaintext: boolean }
@@ -95,18 +105,25 @@ export async function runStartup(io: StartupIO): Promise<StartupOutcome> {
   }
   if (startup.kind === 'gssenc') throw new ProtocolError('unsupported frontend protocol 1234.5680')
   if (startup.kind === 'cancel') {
-    io.toUpstream(io.mapCancel ? io.mapCancel(startup.packet) : startup.packet)
-    return { kind: 'passthrough', plaintext: false }
+    const routed = io.routeCancel(startup.packet)
+    if ('refused' in routed) return { kind: 'cancel', why: routed.refused }
+    await io.connect(false)
+    io.toUpstream(routed.packet)
+    return { kind: 'cancel' }
   }
   if (startup.kind === 'ssl') {
+    await io.connect(true)
     io.toUpstream(startup.packet)
     const answer = await io.upstream.read(1)
     io.toClient(answer)
     return { kind: 'passthrough', plaintext: answer[0] !== 0x53 } // 'N': the client goes on in clear
   }
+  if (!io.offload) {
+    await io.connect(true)
+    io.toUpstream(startup.packet)
+    return { kind: 'relayed' }
+  }
   checkPasswordsAllowed(io.passwordsAllowed)
-  const upstreamTls = await io.secureUpstream()
-  io.toUpstream(startup.packet)
   io.toClient(AUTH_CLEARTEXT)
   const reply = await io.client.message(MAX_AUTH_MESSAGE)
   if (reply.type !== 'p') {
@@ -114,6 +131,9 @@ export async function runStartup(io: StartupIO): Promise<StartupOutcome> {
     const shown = /^[\x21-\x7e]$/.test(reply.type) ? `'${reply.type}'` : `0x${reply.type.charCodeAt(0).toString(16).padStart(2, '0')}`
     throw new ProtocolError(`expected a password message, got message type ${shown}`, '28000')
   }
+  await io.connect(true)
+  const upstreamTls = await io.secureUpstream()
+  io.toUpstream(startup.packet)
   const refusal = await authenticate(io, startup.user, cString(reply.body), upstreamTls)
   return refusal ? { kind: 'refused', ...refusal } : { kind: 'authenticated' }
 }
@@ -188,12 +208,13 @@ const MAX_CANCEL_KEY = 256
 
 /**
  * Watches the messages Postgres sends at the start of a session, as they are relayed (it is shown
- * each chunk and holds nothing back), for BackendKeyData ('K', which comes before the first
- * ReadyForQuery). It stops at 'K', ReadyForQuery, an ErrorResponse, or at anything that does not
- * frame as protocol messages (TLS records, a lone SSLRequest answer): then `key` is what it found.
+ * each chunk and holds nothing back), for BackendKeyData ('K') and the ReadyForQuery that ends the
+ * login. It stops at ReadyForQuery (`ready`), an ErrorResponse, or at anything that does not frame
+ * as protocol messages (TLS records, a lone SSLRequest answer): `key` is then what it found.
  */
-export class BackendKeyWatch {
+export class LoginWatch {
   key?: BackendKey
+  ready = false
   /** A message not yet complete: at most one, kept as a copy (chunks go on to the client). */
   private partial?: Buffer
 
@@ -211,9 +232,9 @@ export class BackendKeyWatch {
         // BackendKeyData: process ID, then the secret key, which is the rest of the message.
         const secret = buf.subarray(at + 9, at + 1 + length)
         if (secret.length >= 4 && secret.length <= MAX_CANCEL_KEY) this.key = { pid: buf.readInt32BE(at + 5), secret: Buffer.from(secret) }
-        return true
       }
-      if (type === 0x5a || type === 0x45) return true // ReadyForQuery or ErrorResponse: no key coming
+      if (type === 0x5a) return (this.ready = true)
+      if (type === 0x45) return true // refused: Postgres hangs up
       at += 1 + length
     }
     if (at < buf.length) this.partial = Buffer.from(buf.subarray(at))

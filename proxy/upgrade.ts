@@ -11,6 +11,9 @@ import { Upstream, type ClientTls, type UpstreamTls } from './upstream'
 import { redactLogin, runLogin, takeLogin, type LoginOutcome } from './login'
 import { UNUSED, type Backend, type BackendPool } from './pool'
 import { UpstreamError } from './startup'
+import { FIRST_FLIGHT_BYTES, type BufferBudget } from './budget'
+import type { LoginGate, LoginTicket } from './logins'
+import type { Cancels } from './cancels'
 import type { Metrics, RefusalReason } from './metrics'
 import type { Upstreams } from './upstreams'
 import { SUBPROTOCOL, SUBPROTOCOL_CANCEL } from '../src/config'
@@ -24,7 +27,9 @@ export interface RouteOptions {
   offload: boolean
   allowInsecurePasswords?: boolean
   allowedOrigins?: string[]
-  maxMessageBytes?: number
+  budget: BufferBudget
+  logins: LoginGate
+  cancels: Cancels
   maxSessions?: number
   maxSessionsPerIp?: number
   handshakeTimeoutMs: number
@@ -55,7 +60,7 @@ export class WebSocketRoutes {
     // Any other offered subprotocol is declined (ws would otherwise select the first one offered).
     this.wss = new WebSocketServer({
       noServer: true,
-      maxPayload: o.maxMessageBytes ?? 64 << 20,
+      maxPayload: FIRST_FLIGHT_BYTES, // until the login is in (proxy/budget.ts)
       perMessageDeflate: false,
       handleProtocols: (offered, req) =>
         offered.has(SUBPROTOCOL_CANCEL) && this.cancelsInBand.has(req) ? SUBPROTOCOL_CANCEL : offered.has(SUBPROTOCOL) ? SUBPROTOCOL : false,
@@ -130,24 +135,45 @@ export class WebSocketRoutes {
     else req.headers['sec-websocket-protocol'] = protocols
     req.rawHeaders = redactLogin(req.rawHeaders)
 
+    const name = formatHostPort(target)
     let up: Upstream | undefined
     /** The pool's backend this session runs on, if any. */
     let backend: Backend | undefined
     let ws: WebSocket | undefined
-    const connect = () => {
+    /** Its place among the logins waiting on Postgres (proxy/logins.ts). */
+    let ticket: LoginTicket | undefined
+    // Nothing connects to Postgres before the login is in, and admitted.
+    const newUpstream = () => (up = new Upstream(target, this.o.upstreamTls))
+    const connect = async (login: boolean) => {
+      if (login) await (ticket = this.o.logins.admit(peer)).admitted
       const started = performance.now()
-      return (up = new Upstream(target, this.o.upstreamTls, () => metrics.upstreamConnected((performance.now() - started) / 1000)))
+      up!.connect(() => metrics.upstreamConnected((performance.now() - started) / 1000))
     }
-    // Until the Postgres startup is done: a stalled login is answered with an error, a stalled session closed.
-    const handshake = timer(this.o.handshakeTimeoutMs, () =>
-      ws ? closeWebSocket(ws, 1008, 'edgepg-proxy: startup not finished in time') : upgrade(new UpstreamError(`login timed out: Postgres at ${formatHostPort(target)} did not answer within ${this.o.handshakeTimeoutMs} ms`))
-    )
+    const routeCancel = (packet: Buffer) => this.o.cancels.route(name, packet, peer)
+    // Until Postgres has accepted the login: a stalled login is answered with an error, a stalled session closed.
+    const handshake = timer(this.o.handshakeTimeoutMs, () => {
+      const why = ticket?.waiting
+        ? `login timed out waiting for a place among the logins under way (--max-logins ${this.o.logins.max}, --max-logins-per-ip ${this.o.logins.maxPerPeer})`
+        : `login timed out: Postgres at ${name} did not answer within ${this.o.handshakeTimeoutMs} ms`
+      ws ? closeWebSocket(ws, 1008, 'edgepg-proxy: startup not finished in time') : upgrade(new UpstreamError(why))
+    })
+    /** Postgres accepted the login. */
+    const loginAccepted = () => {
+      handshake.stop()
+      ticket?.release()
+    }
+    /** The client is gone: its place is free once its connection to Postgres is (a pool's backend has logged in). */
+    const loginGone = () => {
+      handshake.stop()
+      const held = ticket
+      if (held) backend || !up || up.closed ? held.release() : up.on('close', held.release)
+    }
     /** No session after all: the backend goes back idle (its login just finished), or the connection is closed. */
     const drop = () => (backend ? pool.giveBack(backend, UNUSED) : up?.close())
     socket.once('close', () => {
       if (this.upgrading.delete(socket)) release()
-      handshake.stop()
       if (!ws) drop()
+      loginGone()
     })
     const upgrade = (opened?: LoginOutcome | Error) => {
       if (ws) return
@@ -164,42 +190,40 @@ export class WebSocketRoutes {
         session.once('close', () => {
           this.sessions.delete(session)
           release()
-          handshake.stop()
+          loginGone()
           idle.stop()
         })
         runSession(session, {
-          upstream: up!, opened, loginBytes: login?.bytes, peer, offload, passwordsAllowed,
+          upstream: up ?? newUpstream(), opened, loginBytes: login?.bytes, peer, offload, passwordsAllowed, connect, routeCancel,
+          budget: this.o.budget,
+          issueKey: (key) => this.o.cancels.issue(name, key),
+          hideKey: () => this.o.cancels.hide(name),
           giveBack: backend && ((ending) => pool.giveBack(backend!, ending)),
           cancel: backend && (() => backend!.upstream.cancel(backend!.key)),
-          mapCancel: (packet) => pool.cancelRequest(formatHostPort(target), packet),
           log: (entry) => {
             metrics.sessionClosed(entry)
             this.o.log?.(entry)
           },
-          onEstablished: () => handshake.stop(),
+          onEstablished: loginAccepted,
           onActivity: idle.touch,
         })
       })
       socket.uncork()
     }
 
-    if (login?.first.kind === 'cancel') login.first.packet = pool.cancelRequest(formatHostPort(target), login.first.packet)
     // A login the proxy runs in full, with a password it can compare, may get a warm backend.
-    const poolKey = login && offload && pool.enabled && login.first.kind === 'startup' ? pool.key(formatHostPort(target), login.tls, login.first.packet, login.password) : undefined
-    if (problem) connect(), upgrade(problem)
-    else if (!login) connect(), upgrade()
-    else {
-      const fresh = () => {
-        const upstream = connect()
-        const io = { upstream: upstream.queue, toUpstream: (b: Buffer) => void upstream.write(b), passwordsAllowed, offload, secureUpstream: (asked?: ClientTls) => upstream.secure(asked) }
-        return runLogin(io, login).then((outcome) => ({ upstream, outcome }))
-      }
-      pool.open(poolKey, fresh).then((opened) => {
-        up = opened.upstream
-        backend = opened.backend
-        ws ? drop() : upgrade(opened.outcome) // (a session already open was refused: the login timed out)
-      }, upgrade)
+    const poolKey = login && offload && pool.enabled && login.first.kind === 'startup' ? pool.key(name, login.tls, login.first.packet, login.password) : undefined
+    if (problem || !login) return upgrade(problem)
+    const fresh = () => {
+      const upstream = newUpstream()
+      const io = { upstream: upstream.queue, toUpstream: (b: Buffer) => void upstream.write(b), passwordsAllowed, offload, connect, routeCancel, secureUpstream: (asked?: ClientTls) => upstream.secure(asked) }
+      return runLogin(io, login).then((outcome) => ({ upstream, outcome }))
     }
+    pool.open(poolKey, fresh).then((opened) => {
+      up = opened.upstream
+      backend = opened.backend
+      ws ? drop() : upgrade(opened.outcome) // (a session already open was refused: the login timed out)
+    }, upgrade)
   }
 }
 

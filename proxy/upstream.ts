@@ -59,12 +59,10 @@ export class Upstream {
   private readonly fromTcp = (chunk: Buffer) => this.onData(chunk)
   private readonly tcp: Socket
 
-  constructor(readonly target: HostPort, private tlsOptions?: UpstreamTls, onConnect?: () => void) {
+  /** Connects when connect() is called: no Postgres connection before it is needed. */
+  constructor(readonly target: HostPort, private tlsOptions?: UpstreamTls) {
     this.name = formatHostPort(target)
-    this.tcp = this.socket = net.connect({ host: target.address ?? target.host, port: target.port, noDelay: true }, () => {
-      this.connected = true
-      onConnect?.()
-    })
+    this.tcp = this.socket = new net.Socket().setNoDelay(true)
     this.tcp.on('data', this.fromTcp)
     this.tcp.on('drain', () => this.socket === this.tcp && this.onDrain?.())
     this.tcp.on('end', () => (this.gone = true))
@@ -72,6 +70,14 @@ export class Upstream {
     this.tcp.on('close', () => {
       this.gone = this.closed = true
       this.queue.fail(new Error('upstream closed'))
+    })
+  }
+
+  connect(onConnect?: () => void) {
+    if (this.tcp.connecting || this.connected || this.tcp.destroyed) return
+    this.tcp.connect({ host: this.target.address ?? this.target.host, port: this.target.port }, () => {
+      this.connected = true
+      onConnect?.()
     })
   }
 

@@ -1,16 +1,25 @@
 /**
  * edgepg-proxy faces the internet: what a client without credentials can make it hold is bounded,
  * and freed within a known time, while a legitimate client is served. Against the real proxy and
- * Postgres; an attacker connects from 127.0.0.2, the legitimate client from 127.0.0.1.
+ * Postgres; attackers connect from 127.0.0.2 and up, the legitimate client from 127.0.0.1.
+ * - Memory: WebSocket frames that declare 60 MiB and stop a byte short. Before login a message may
+ *   be 64 KiB; after it, what all unfinished messages hold stays within --max-client-buffer (a
+ *   proxy in a child process, its RSS read from /proc).
  * - POST /sql: bodies that never finish hold a slot only until the read timeout, and at most
  *   `maxRequestsPerIp` at once from one address; odd requests (a doubled connection string, too
  *   many params, JSON nested past the stack) get a 400 that says what is wrong and echoes no secret.
  * - A WebSocket that never answers the proxy's close frame is cut a second later.
  */
-import { test, before, after } from 'node:test'
+import { test, describe, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import net from 'node:net'
-import { startProxy, pgConfig, within, eventually } from './helpers'
+import { WebSocket } from 'ws'
+import { startProxy, pgConfig, within, eventually, edgeClient } from './helpers'
+import { startGcProxy, type GcProxy } from './child-proxy'
+import { passwordMessage, startupMessage } from './protocol'
+import { LOGIN_PREFIX, SUBPROTOCOL } from '../src/config'
+import { Cancels } from '../proxy/cancels'
+import { BackendPool } from '../proxy/pool'
 
 const READ_TIMEOUT_MS = 1000
 const PER_IP = 20
@@ -91,4 +100,363 @@ test("a WebSocket that never answers the proxy's close frame holds its slot a se
   const held = performance.now() - start
   assert.ok(held < HANDSHAKE_MS + 2500, `the slot was held ${Math.round(held)} ms (handshake timeout ${HANDSHAKE_MS} ms, then a second to answer the close)`)
   socket.destroy()
+})
+
+// ── memory ──────────────────────────────────────────────────────────────────────────────────
+
+const MiB = 1 << 20
+const FRAME_BYTES = 60 * MiB
+const BUDGET = 128 * MiB
+
+/** The login in the upgrade (proxy/login.ts): a session that is logged in once it opens. */
+const loginProtocols = () => [SUBPROTOCOL, LOGIN_PREFIX + Buffer.concat([startupMessage({ user, database }), passwordMessage(password)]).toString('base64url')]
+
+/** A WebSocket to `port` from `localAddress`, open (a login in the upgrade has been answered by then). */
+function attacker(port: number, protocols?: string[], localAddress = '127.0.0.2'): Promise<WebSocket> {
+  const ws = new WebSocket(`ws://127.0.0.1:${port}/v2`, protocols, { localAddress })
+  ws.on('error', () => {})
+  return new Promise((resolve, reject) => {
+    ws.once('open', () => resolve(ws))
+    ws.once('unexpected-response', (_, res) => reject(new Error(`upgrade refused: ${res.statusCode}`)))
+  })
+}
+
+/**
+ * Sends one masked binary frame that declares FRAME_BYTES, all but its last byte, minding
+ * backpressure; resolves with the close code, once the proxy closes it or `stop` is called.
+ */
+function unfinishedFrame(ws: WebSocket, stop: Promise<void>): Promise<number> {
+  const socket = (ws as any)._socket as net.Socket
+  const closed = new Promise<number>((resolve) => ws.once('close', (code) => resolve(code)))
+  const header = Buffer.alloc(14)
+  header[0] = 0x82 // FIN, binary
+  header[1] = 0x80 | 127 // masked, 64-bit length
+  header.writeBigUInt64BE(BigInt(FRAME_BYTES), 2)
+  const chunk = Buffer.alloc(MiB, 0x61)
+  void (async () => {
+    socket.write(header)
+    let ended = false
+    void closed.then(() => (ended = true))
+    void stop.then(() => (ended = true))
+    for (let left = FRAME_BYTES - 1; left > 0 && !ended; left -= chunk.length) {
+      if (!socket.write(left < chunk.length ? chunk.subarray(0, left) : chunk)) await new Promise((r) => socket.once('drain', r).once('close', r))
+    }
+  })()
+  return Promise.race([closed, stop.then(() => (ws.terminate(), closed))])
+}
+
+describe('memory', { concurrency: false }, () => {
+  let child: GcProxy
+  // glibc keeps freed 64 KiB socket buffers in its heap; with this (README, "Facing the internet") it hands them back.
+  before(async () => (child = await startGcProxy(`${host}:${port}`, ['--max-client-buffer', String(BUDGET)], { MALLOC_MMAP_THRESHOLD_: '65536' })))
+  after(() => child?.stop())
+
+  /** A legitimate session on 127.0.0.1, kept querying while `during` runs: every query answered. */
+  async function servedThroughout<T>(during: () => Promise<T>): Promise<T> {
+    const client = edgeClient(child.port)
+    await client.connect()
+    let stop = false
+    let answered = 0
+    const querying = (async () => {
+      for (; !stop; await new Promise((r) => setTimeout(r, 20))) {
+        assert.deepEqual((await within(2000, 'a legitimate query under attack', client.query('SELECT 1 AS one'))).rows, [{ one: 1 }])
+        answered++
+      }
+    })()
+    try {
+      return await during()
+    } finally {
+      stop = true
+      await querying
+      await client.end()
+      assert.ok(answered > 0, 'the legitimate session was served throughout')
+    }
+  }
+
+  /**
+   * Runs `attack`, sampling the proxy's RSS: its growth at the peak, and once the attack's sessions
+   * are gone and a GC has run (RSS, and what Buffers still hold), in MiB.
+   */
+  async function rssGrowth(attack: () => Promise<void>) {
+    const before = await child.memoryAfterGc()
+    const ended = child.logs.length
+    let peak = child.rss()
+    const sampler = setInterval(() => (peak = Math.max(peak, child.rss())), 50)
+    try {
+      await attack()
+    } finally {
+      clearInterval(sampler)
+    }
+    peak = Math.max(peak, child.rss())
+    await eventually(() => child.logs.length >= ended + 21, "every session to end: the attack's 20 and the legitimate one")
+    // V8 frees what Buffers held as it sweeps, after the GC: asked again until it has.
+    let after = await child.memoryAfterGc()
+    await eventually(async () => (after = await child.memoryAfterGc()).arrayBuffers - before.arrayBuffers < 8 * MiB, 'the Buffers to be freed', 5000, 250).catch(() => {})
+    return { peak: (peak - before.rss) / MiB, after: (after.rss - before.rss) / MiB, buffers: (after.arrayBuffers - before.arrayBuffers) / MiB }
+  }
+
+  test('20 frames of 60 MiB before login: each refused at its header (1009); the proxy grows by at most 64 MB; a legitimate session works throughout', async () => {
+    let codes: number[] = []
+    const growth = await rssGrowth(() =>
+      servedThroughout(async () => {
+        const sockets = await Promise.all(Array.from({ length: 20 }, () => attacker(child.port)))
+        codes = await within(10_000, 'every unfinished frame refused', Promise.all(sockets.map((ws) => unfinishedFrame(ws, new Promise(() => {})))))
+      })
+    )
+    assert.deepEqual(new Set(codes), new Set([1009]), `close codes ${codes}`)
+    assert.ok(growth.peak <= 64, `the proxy grew by ${growth.peak.toFixed(1)} MiB`)
+  })
+
+  test(`the same from 20 logged-in sessions: what they hold stays within --max-client-buffer (${BUDGET / MiB} MiB), the largest past it closed with 1009; memory given back`, async () => {
+    let codes: number[] = []
+    const growth = await rssGrowth(() =>
+      servedThroughout(async () => {
+        const sockets = await Promise.all(Array.from({ length: 20 }, () => attacker(child.port, loginProtocols())))
+        let stop!: () => void
+        const stopped = new Promise<void>((r) => (stop = r))
+        let closed = 0
+        const frames = sockets.map((ws) => unfinishedFrame(ws, stopped).finally(() => closed++))
+        // All but those the budget has room for (two frames of 60 MiB) are closed; those are held until the attack stops.
+        await eventually(() => closed >= 20 - Math.floor(BUDGET / FRAME_BYTES), 'the sessions past the budget to be closed', 30_000)
+        await new Promise((r) => setTimeout(r, 500))
+        stop()
+        codes = await Promise.all(frames)
+      })
+    )
+    const shedCodes = codes.filter((c) => c === 1009).length
+    assert.ok(shedCodes >= 20 - Math.floor(BUDGET / FRAME_BYTES), `closed with 1009: ${shedCodes} of 20 (codes ${codes})`)
+    assert.ok(growth.peak <= BUDGET / MiB + 64, `the proxy grew by ${growth.peak.toFixed(1)} MiB (budget ${BUDGET / MiB} MiB)`)
+    assert.ok(growth.buffers < 8, `nothing held once the sessions ended: Buffers ${growth.buffers.toFixed(1)} MiB above where they were`)
+    assert.ok(growth.after < 32, `given back once the sessions ended: RSS ${growth.after.toFixed(1)} MiB above where it was`)
+  })
+})
+
+// ── logins waiting on Postgres ──────────────────────────────────────────────────────────────
+
+const ATTACKERS = ['127.0.0.2', '127.0.0.3', '127.0.0.4', '127.0.0.5', '127.0.0.6']
+const LOGINS = 30
+const LOGINS_PER_IP = 4
+
+/**
+ * The proxy's (in this process) connections to Postgres: how many it made, and how many are open
+ * with no ReadyForQuery from Postgres yet (logins under way). The proxy connects with an options
+ * object; the test's own pg clients pass (port, host), and are not counted.
+ */
+const atPostgres = { connects: 0, logins: 0 }
+{
+  const original = net.Socket.prototype.connect
+  net.Socket.prototype.connect = function (this: net.Socket, ...args: any[]) {
+    const options = Array.isArray(args[0]) ? args[0][0] : args[0]
+    if (typeof options === 'object' && options !== null && String(options.port) === String(port)) {
+      atPostgres.connects++
+      atPostgres.logins++
+      let pending = Buffer.alloc(0)
+      let counted = true
+      const done = () => {
+        if (counted) atPostgres.logins--
+        counted = false
+        this.off('data', watch)
+      }
+      // Postgres's messages, framed, until ReadyForQuery.
+      const watch = (chunk: Buffer) => {
+        pending = Buffer.concat([pending, chunk])
+        while (pending.length >= 5 && pending.length >= 1 + pending.readInt32BE(1)) {
+          if (pending[0] === 0x5a) return done()
+          pending = pending.subarray(1 + pending.readInt32BE(1))
+        }
+      }
+      this.on('data', watch)
+      this.once('close', done)
+    }
+    return original.apply(this, args as any)
+  } as typeof original
+  after(() => void (net.Socket.prototype.connect = original))
+}
+
+/** A StartupMessage for a real role, and never the password (nor anything else) Postgres asks for. */
+const noPassword = () => startupMessage({ user, database, application_name: 'edgepg-attack' })
+
+describe('logins waiting on Postgres', { concurrency: false }, () => {
+  /**
+   * `perAddress` logins from each attacking address, sent `how`, held open; meanwhile five fresh
+   * logins from 127.0.0.1 (a new application_name each: no warm backend serves them). Returns the
+   * most logins the proxy had at Postgres at once during the attack.
+   */
+  async function underAttack(proxyPort: number, perAddress: number, how: 'upgrade' | 'in band') {
+    let peak = 0
+    const sampler = setInterval(() => (peak = Math.max(peak, atPostgres.logins)), 10)
+    const sockets: WebSocket[] = []
+    try {
+      await Promise.all(
+        ATTACKERS.flatMap((address) =>
+          Array.from({ length: perAddress }, async () => {
+            const ws = await attacker(proxyPort, how === 'upgrade' ? [SUBPROTOCOL, LOGIN_PREFIX + noPassword().toString('base64url')] : undefined, address).catch(() => undefined)
+            if (!ws) return
+            sockets.push(ws)
+            if (how === 'in band') ws.send(noPassword())
+          })
+        )
+      )
+      await new Promise((r) => setTimeout(r, 300)) // the logins are at Postgres, or waiting their turn
+      for (let i = 0; i < 5; i++) {
+        const client = edgeClient(proxyPort, 'scram_user', { application_name: `edgepg-legit-${i}` })
+        const started = performance.now()
+        await within(2000, `legitimate login ${i + 1} under attack`, client.connect())
+        assert.deepEqual((await client.query('SELECT 1 AS one')).rows, [{ one: 1 }])
+        const took = performance.now() - started
+        await client.end()
+        assert.ok(took < 2000, `legitimate login ${i + 1} took ${Math.round(took)} ms`)
+      }
+      return peak
+    } finally {
+      clearInterval(sampler)
+      for (const ws of sockets) ws.terminate()
+    }
+  }
+
+  const limits = { maxLogins: LOGINS, maxLoginsPerIp: LOGINS_PER_IP, maxSessionsPerIp: 200, handshakeTimeoutMs: 2000 }
+
+  test(`450 password-less logins in the upgrade from five addresses: Postgres holds at most ${ATTACKERS.length} × ${LOGINS_PER_IP} for them, and a legitimate login connects at once`, async () => {
+    const p = await startProxy(limits)
+    try {
+      const peak = await underAttack(p.port, 90, 'upgrade')
+      // The attack's, plus the one legitimate login at a time.
+      assert.ok(peak <= ATTACKERS.length * LOGINS_PER_IP + 1, `the proxy had ${peak} logins at Postgres at once`)
+      assert.ok(peak >= ATTACKERS.length * LOGINS_PER_IP, `the attack did reach Postgres, as far as the limits let it (${peak})`)
+      await eventually(() => p.sessionCount === 0, 'every attacking session to end', 5000)
+    } finally {
+      await p.close()
+    }
+  })
+
+  test('SCRAM end to end (no auth offload), in band: the same bound', async () => {
+    const p = await startProxy({ ...limits, authOffload: false })
+    try {
+      const peak = await underAttack(p.port, 30, 'in band')
+      assert.ok(peak <= ATTACKERS.length * LOGINS_PER_IP + 1, `the proxy had ${peak} logins at Postgres at once`)
+      assert.ok(peak >= ATTACKERS.length * LOGINS_PER_IP, `the attack did reach Postgres, as far as the limits let it (${peak})`)
+    } finally {
+      await p.close()
+    }
+  })
+
+  test("the in-band startup Neon's driver sends, with auth offload: no Postgres connection before the password", async () => {
+    const p = await startProxy(limits)
+    try {
+      const peak = await underAttack(p.port, 30, 'in band')
+      assert.ok(peak <= 1, `the proxy had ${peak} logins at Postgres (only the legitimate one's)`)
+    } finally {
+      await p.close()
+    }
+  })
+})
+
+// ── cancel requests ─────────────────────────────────────────────────────────────────────────
+
+const cancelRequest = (pid: number, secret: number) => {
+  const packet = Buffer.alloc(16)
+  packet.writeInt32BE(16, 0)
+  packet.writeInt32BE(80877102, 4)
+  packet.writeInt32BE(pid, 8)
+  packet.writeInt32BE(secret, 12)
+  return packet
+}
+
+/** A CancelRequest from `address`, in the upgrade or in band; resolves once the proxy has closed the session. */
+async function sendCancel(proxyPort: number, packet: Buffer, address: string, inUpgrade: boolean) {
+  const ws = await attacker(proxyPort, inUpgrade ? [SUBPROTOCOL, LOGIN_PREFIX + packet.toString('base64url')] : undefined, address)
+  const closed = new Promise((r) => ws.once('close', r))
+  if (!inUpgrade) ws.send(packet)
+  await within(5000, 'the proxy to close a cancel session', closed)
+}
+
+describe('cancel requests', { concurrency: false }, () => {
+  test('1,000 CancelRequests with keys the proxy never issued reach nothing; one naming a running session stops it', async () => {
+    const p = await startProxy({ maxCancelsPerIp: 1e6, pool: { enabled: false } })
+    const client = edgeClient(p.port, 'scram_user', { application_name: 'edgepg-cancel-target' })
+    await client.connect()
+    try {
+      const { processID, secretKey } = client as unknown as { processID: number; secretKey: number }
+      const before = atPostgres.connects
+      for (let batch = 0; batch < 10; batch++) {
+        await Promise.all(
+          Array.from({ length: 100 }, (_, i) => {
+            const pid = (Math.random() * 2 ** 31) | 0
+            return sendCancel(p.port, cancelRequest(pid === processID ? pid + 1 : pid, (Math.random() * 2 ** 31) | 0), ATTACKERS[i % 5], i % 2 === 0)
+          })
+        )
+      }
+      // The right process with a wrong secret is no key either.
+      await sendCancel(p.port, cancelRequest(processID, secretKey ^ 1), '127.0.0.2', true)
+      assert.equal(atPostgres.connects - before, 0, 'no CancelRequest with a made-up key made the proxy connect to Postgres')
+
+      const running = client.query('SELECT pg_sleep(30)').then(
+        () => assert.fail('pg_sleep(30) cannot finish here'),
+        (err: Error & { code?: string }) => err
+      )
+      await new Promise((r) => setTimeout(r, 200))
+      await sendCancel(p.port, cancelRequest(processID, secretKey), '127.0.0.2', true)
+      assert.equal((await within(5000, 'the cancel to stop the statement', running)).code, '57014')
+      assert.equal(atPostgres.connects - before, 1, 'the one real cancel reached Postgres')
+    } finally {
+      await client.end()
+      await p.close()
+    }
+  })
+
+  test('cancels are limited per address, known key or not: at most --max-cancels-per-ip a second reach Postgres', async () => {
+    const LIMIT = 5
+    const p = await startProxy({ maxCancelsPerIp: LIMIT, pool: { enabled: false } })
+    const client = edgeClient(p.port, 'scram_user', { application_name: 'edgepg-cancel-idle' })
+    await client.connect()
+    try {
+      const { processID, secretKey } = client as unknown as { processID: number; secretKey: number }
+      const packet = cancelRequest(processID, secretKey) // for an idle session: Postgres does nothing
+      const before = atPostgres.connects
+      const started = Date.now()
+      await Promise.all(Array.from({ length: 40 }, (_, i) => sendCancel(p.port, packet, '127.0.0.2', i % 2 === 0)))
+      const seconds = Math.floor(Date.now() / 1000) - Math.floor(started / 1000) + 1
+      const forwarded = atPostgres.connects - before
+      assert.ok(forwarded >= LIMIT && forwarded <= LIMIT * seconds, `${forwarded} of 40 reached Postgres over ${seconds} clock second(s)`)
+      // Another address has its own allowance.
+      await sendCancel(p.port, packet, '127.0.0.3', true)
+      assert.equal(atPostgres.connects - before, forwarded + 1, 'a cancel from another address still reaches Postgres')
+      assert.deepEqual((await client.query('SELECT 1 AS one')).rows, [{ one: 1 }])
+    } finally {
+      await client.end()
+      await p.close()
+    }
+  })
+})
+
+test('with TLS inside the socket the proxy cannot see keys: while such a session is open to an upstream, a cancel it cannot place goes on', () => {
+  const cancels = new Cancels(new BackendPool(), 1e6)
+  const packet = cancelRequest(1234, 5678)
+  const route = (upstream: string) => Object.keys(cancels.route(upstream, packet, '127.0.0.2'))[0]
+  assert.equal(route('db:5432'), 'refused')
+  const forget = cancels.issue('db:5432', { pid: 1234, secret: packet.subarray(12) })
+  assert.equal(route('db:5432'), 'packet', 'a key the proxy saw go by')
+  forget()
+  assert.equal(route('db:5432'), 'refused', 'not once its session has ended')
+  const unhide = cancels.hide('db:5432')
+  assert.equal(route('db:5432'), 'packet', 'perhaps the TLS session\'s')
+  assert.equal(route('other:5432'), 'refused', 'only for the upstream that session is on')
+  unhide()
+  assert.equal(route('db:5432'), 'refused')
+})
+
+test('/sql bodies count against --max-client-buffer: one that does not fit gets 503, the next small one is served', async () => {
+  const p = await startProxy({ maxClientBufferBytes: 1 << 20 })
+  try {
+    const send = (body: string) =>
+      fetch(`http://127.0.0.1:${p.port}/sql`, { method: 'POST', headers: { 'Neon-Connection-String': connectionString }, body }).then(async (r) => ({ status: r.status, body: await r.json() }))
+    const large = await send(JSON.stringify({ query: 'SELECT length($1) AS n', params: ['x'.repeat(2 << 20)] }))
+    assert.equal(large.status, 503)
+    assert.match(large.body.message, /over its memory budget for request bodies \(--max-client-buffer\)/)
+    const small = await send(JSON.stringify({ query: 'SELECT length($1) AS n', params: ['x'.repeat(1000)] }))
+    assert.equal(small.status, 200, JSON.stringify(small.body))
+    assert.deepEqual(small.body.rows, [{ n: 1000 }])
+  } finally {
+    await p.close()
+  }
 })

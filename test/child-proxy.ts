@@ -17,6 +17,8 @@ export const LIFTED_LIMITS = ['--max-sessions', '5000', '--max-sessions-per-ip',
 export interface ChildProxyOptions {
   /** Node flags, before `--import tsx` (e.g. --expose-gc and a preload). */
   nodeArgs?: string[]
+  /** Environment variables, beside this process's. */
+  env?: Record<string, string>
   /** edgepg-proxy flags, after --upstream and --listen. */
   flags?: string[]
   /** Sees each line the child writes to stderr first; returning true keeps it out of the error text. */
@@ -47,6 +49,7 @@ export async function startChildProxy(upstream: string, options: ChildProxyOptio
   const listen = `127.0.0.1:${await freePort()}`
   const child = spawn(process.execPath, [...(options.nodeArgs ?? []), '--import', 'tsx', 'proxy/cli.ts', '--upstream', upstream, '--listen', listen, ...(options.flags ?? [])], {
     cwd: ROOT,
+    env: { ...process.env, ...options.env },
     stdio: ['ignore', 'pipe', 'pipe'],
   })
   children.add(child)
@@ -111,4 +114,46 @@ export function cpuSecondsOf(pid: number): number {
   const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
   return (Number(fields[11]) + Number(fields[12])) / 100
+}
+
+/** Preload for the child: on SIGUSR2, a full GC, then one JSON line of process.memoryUsage(). */
+const GC_PRELOAD =
+  'data:text/javascript,' +
+  encodeURIComponent(`process.on('SIGUSR2', () => { globalThis.gc(); process.stderr.write(JSON.stringify({ memoryAfterGc: process.memoryUsage() }) + '\\n') })`)
+
+export type MemoryUsage = ReturnType<typeof process.memoryUsage>
+
+export interface GcProxy extends ChildProxy {
+  /** Runs a full GC in the child and returns its process.memoryUsage() right after. */
+  memoryAfterGc(): Promise<MemoryUsage>
+}
+
+/**
+ * A proxy child whose memory can be measured after a full GC, without changing the proxy: it runs
+ * with --expose-gc and a preload (a data: URL) that answers SIGUSR2.
+ */
+export async function startGcProxy(upstream: string, flags: string[], env?: Record<string, string>): Promise<GcProxy> {
+  const gcWaiters: Array<(m: MemoryUsage) => void> = []
+  const proxy = await startChildProxy(upstream, {
+    nodeArgs: ['--expose-gc', '--import', GC_PRELOAD],
+    flags,
+    env,
+    onStderrLine(line) {
+      if (!line.startsWith('{"memoryAfterGc"')) return false
+      gcWaiters.shift()?.(JSON.parse(line).memoryAfterGc)
+      return true
+    },
+  })
+  return Object.assign(proxy, {
+    memoryAfterGc() {
+      return new Promise<MemoryUsage>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error('the proxy child did not answer a GC request within 10 s')), 10_000)
+        gcWaiters.push((m) => {
+          clearTimeout(timer)
+          resolve(m)
+        })
+        proxy.child.kill('SIGUSR2')
+      })
+    },
+  })
 }

@@ -10,7 +10,7 @@ import net from 'node:net'
 import pg from 'pg'
 import { WebSocket } from 'ws'
 import { createProxy, type ProxyOptions, type SessionLog } from '../proxy/index'
-import { BackendKeyWatch, cancelRequest } from '../proxy/startup'
+import { LoginWatch, cancelRequest } from '../proxy/startup'
 import { Client, Pool, type ClientConfig } from '../src/index'
 import { generateCerts, type TestCerts } from './certs'
 import { backends, edgeConfig, eventually, pgConfig, testPostgres } from './helpers'
@@ -63,14 +63,15 @@ async function activity(app: string, db: { host: string; port: number; database:
   }
 }
 
-/** Calls to net.connect aimed at `port`: the proxy's upstream connections, cancel requests included. */
+/** Sockets connected to `port`: the proxy's upstream connections, cancel requests included. */
 const upstreamConnects = new Map<number, number>()
-const netConnect = net.connect
-;(net as any).connect = function (this: unknown, ...args: any[]) {
-  const port = Number(args[0]?.port)
+const socketConnect = net.Socket.prototype.connect
+net.Socket.prototype.connect = function (this: net.Socket, ...args: any[]) {
+  // net.connect() hands its arguments on already normalized: [options, callback].
+  const port = Number((Array.isArray(args[0]) ? args[0][0] : args[0])?.port)
   if (port) upstreamConnects.set(port, (upstreamConnects.get(port) ?? 0) + 1)
-  return (netConnect as any).apply(this, args)
-}
+  return socketConnect.apply(this, args as any)
+} as typeof socketConnect
 const connectsTo = (port: number) => upstreamConnects.get(port) ?? 0
 
 /** Drops the client's TCP connection to the proxy without a word: no Terminate, no close frame. */
@@ -103,7 +104,7 @@ async function vanishMidQuery(client: Client, app: string, db?: { host: string; 
   await client.end().catch(() => {})
 }
 
-test('BackendKeyWatch finds a cancel key of any length, across chunk boundaries, and gives up on non-messages', () => {
+test('LoginWatch finds a cancel key of any length and the ReadyForQuery after it, across chunk boundaries, and gives up on non-messages', () => {
   const param = message('S', Buffer.from('server_version\u000018.0\u0000'))
   const ready = message('Z', Buffer.from('I'))
   for (const keyLength of [4, 32, 256]) {
@@ -111,11 +112,12 @@ test('BackendKeyWatch finds a cancel key of any length, across chunk boundaries,
     const pidAndKey = Buffer.concat([Buffer.from([0, 0, 0x30, 0x39]), secret])
     const stream = Buffer.concat([message('R', Buffer.alloc(4)), param, param, message('K', pidAndKey), ready])
     for (const step of [1, 3, 7, stream.length]) {
-      const watch = new BackendKeyWatch()
+      const watch = new LoginWatch()
       let done = false
       for (let i = 0; i < stream.length && !done; i += step) done = watch.feed(stream.subarray(i, i + step))
       assert.ok(done, `done by the end (key ${keyLength} bytes, chunks of ${step})`)
       assert.deepEqual(watch.key, { pid: 12345, secret }, `key found (key ${keyLength} bytes, chunks of ${step})`)
+      assert.equal(watch.ready, true, `ReadyForQuery seen (chunks of ${step})`)
     }
     // The CancelRequest carries the whole key.
     const cancel = cancelRequest({ pid: 12345, secret })
@@ -124,13 +126,17 @@ test('BackendKeyWatch finds a cancel key of any length, across chunk boundaries,
     assert.equal(cancel.readInt32BE(8), 12345, 'CancelRequest pid')
     assert.ok(cancel.subarray(12).equals(secret), 'CancelRequest secret')
   }
-  const noKey = new BackendKeyWatch()
+  const noKey = new LoginWatch()
   assert.equal(noKey.feed(Buffer.concat([param, ready])), true, 'ReadyForQuery without a key ends the watch')
   assert.equal(noKey.key, undefined, 'no key')
   // TLS passthrough: Postgres's 'S', then TLS records, which do not frame as messages.
-  const tlsWatch = new BackendKeyWatch()
+  const tlsWatch = new LoginWatch()
   assert.equal(tlsWatch.feed(Buffer.from([0x53, 0x16, 0x03, 0x03, 0x00, 0x7a, 0x02])), true, 'TLS records end the watch')
   assert.equal(tlsWatch.key, undefined, 'no key from TLS')
+  assert.equal(tlsWatch.ready, false, 'no login seen through TLS')
+  const refused = new LoginWatch()
+  assert.equal(refused.feed(message('E', Buffer.from('SFATAL\u0000\u0000'))), true, 'an ErrorResponse ends the watch')
+  assert.equal(refused.ready, false, 'a refused login is not ready')
 })
 
 test('client vanishes mid-query: the proxy cancels the query and the backend exits at once', async () => {

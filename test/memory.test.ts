@@ -11,9 +11,7 @@
  * The test Postgres from test/run.ts allows 300 connections, so this file starts its own
  * (test/stack.ts) with max_connections=1100.
  *
- * To measure memory after a full GC without changing the proxy, the child is started with
- * --expose-gc and a preload (a data: URL) that runs gc() on SIGUSR2 and prints
- * process.memoryUsage() to stderr. The proxy's own code is untouched.
+ * Memory is measured after a full GC in the child (startGcProxy, test/child-proxy.ts).
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
@@ -22,59 +20,12 @@ import pg from 'pg'
 import { WebSocket } from 'ws'
 import { Client } from '../src/index'
 import { PASSWORD, startPostgres, type Postgres } from './stack'
-import { LIFTED_LIMITS, startChildProxy, type ChildProxy } from './child-proxy'
+import { LIFTED_LIMITS, startGcProxy, type GcProxy } from './child-proxy'
 import { backends, eventually, within } from './helpers'
 import { backendReader, bigResultQuery, bigResultRowError, passwordMessage, queryMessage, startupMessage } from './protocol'
 
 const MB = 1 << 20
 const mb = (bytes: number) => `${(bytes / MB).toFixed(1)} MB`
-
-// ---------------------------------------------------------------------------------------------
-// The proxy in a child process, its memory observable from here.
-
-/** Preload for the child: on SIGUSR2, a full GC, then one JSON line of process.memoryUsage(). */
-const GC_PRELOAD =
-  'data:text/javascript,' +
-  encodeURIComponent(`process.on('SIGUSR2', () => { globalThis.gc(); process.stderr.write(JSON.stringify({ memoryAfterGc: process.memoryUsage() }) + '\\n') })`)
-
-interface MemoryUsage {
-  rss: number
-  heapTotal: number
-  heapUsed: number
-  external: number
-  arrayBuffers: number
-}
-
-interface GcProxy extends ChildProxy {
-  /** Runs a full GC in the child and returns its process.memoryUsage() right after. */
-  memoryAfterGc(): Promise<MemoryUsage>
-}
-
-async function startGcProxy(upstream: string): Promise<GcProxy> {
-  const gcWaiters: Array<(m: MemoryUsage) => void> = []
-  const proxy = await startChildProxy(upstream, {
-    nodeArgs: ['--expose-gc', '--import', GC_PRELOAD],
-    // No warm backends: the baselines wait for the warm-up sessions' backends to exit.
-    flags: [...LIFTED_LIMITS, '--no-pool'],
-    onStderrLine(line) {
-      if (!line.startsWith('{"memoryAfterGc"')) return false
-      gcWaiters.shift()?.(JSON.parse(line).memoryAfterGc)
-      return true
-    },
-  })
-  return Object.assign(proxy, {
-    memoryAfterGc() {
-      return new Promise<MemoryUsage>((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error('the proxy child did not answer a GC request within 10 s')), 10_000)
-        gcWaiters.push((m) => {
-          clearTimeout(timer)
-          resolve(m)
-        })
-        proxy.child.kill('SIGUSR2')
-      })
-    },
-  })
-}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -87,7 +38,8 @@ before(async () => {
   PG = await startPostgres({ name: 'pg-mem', settings: { max_connections: '1100', shared_buffers: '32MB' } })
   admin = new pg.Client({ host: PG.host, port: PG.port, database: PG.database, user: 'trust_user' })
   await admin.connect()
-  proxy = await startGcProxy(`${PG.host}:${PG.port}`)
+  // No warm backends: the baselines wait for the warm-up sessions' backends to exit.
+  proxy = await startGcProxy(`${PG.host}:${PG.port}`, [...LIFTED_LIMITS, '--no-pool'])
 })
 
 after(async () => {

@@ -20,6 +20,7 @@ import { register as globalRegistry } from 'prom-client'
 import { createProxy, type ProxyOptions, type SessionLog } from '../proxy/index'
 import { createMetrics, outcomeKind, isAuthFailure, REFUSAL_REASONS, OUTCOME_KINDS, type Metrics, type RefusalReason } from '../proxy/metrics'
 import { healthHandler } from '../proxy/health'
+import { parseConfig } from '../proxy/config'
 import { Client } from '../src/index'
 import { PASSWORD, freePort, type Role } from './stack'
 import { edgeConfig, testPostgres, eventually, within } from './helpers'
@@ -385,6 +386,24 @@ describe('proxy: /healthz and /metrics (need the wiring in proxy/index.ts)', () 
       assert.ok(sample(r.body, 'process_resident_memory_bytes') !== undefined, 'default process metrics are served')
       assert.ok(p.metrics && typeof p.metrics.handle === 'function' && typeof p.metrics.sessionClosed === 'function', 'createProxy(...).metrics is the proxy\'s Metrics object')
       assert.ok(p.metrics.registry.getSingleMetric(`${P}sessions_total`), 'proxy.metrics.registry holds the proxy\'s metrics')
+    })
+  })
+
+  test('adminApart: /metrics and /healthz only on the admin listener (--admin-listen), not on the public one', async () => {
+    const config = parseConfig(['--upstream', UPSTREAM, '--admin-listen', '9464'], {})
+    assert.ok(config !== 'help')
+    assert.deepEqual([config.adminListen, config.options.adminApart], [{ host: '127.0.0.1', port: 9464 }, true])
+    await withProxy({ adminApart: true }, async (p) => {
+      for (const path of ['/metrics', '/healthz']) assert.notEqual((await request(`${p.http}${path}`)).status, 200, `${path} is not served on the public listener`)
+      const admin = await new Promise<number>((resolve) => p.admin.listen(0, '127.0.0.1', () => resolve((p.admin.address() as net.AddressInfo).port)))
+      const metrics = await request(`http://127.0.0.1:${admin}/metrics`)
+      assert.equal(metrics.status, 200)
+      assert.equal(value(metrics.body, `${P}sessions_active`), 0)
+      const health = await request(`http://127.0.0.1:${admin}/healthz`)
+      assert.equal(health.status, 200, health.body)
+      assert.equal(JSON.parse(health.body).status, 'ok')
+      assert.equal((await request(`http://127.0.0.1:${admin}/sql`, 'POST')).status, 404, 'nothing else on the admin listener')
+      assert.equal(await upgradeStatus(p.ws('/v2')), 101, 'WebSockets still served on the public one')
     })
   })
 

@@ -13,7 +13,6 @@ import net from 'node:net'
 import { spawn, type ChildProcess } from 'node:child_process'
 import { createHash } from 'node:crypto'
 import { chmod, mkdir, mkdtemp, readFile, rm } from 'node:fs/promises'
-import { syncBuiltinESMExports } from 'node:module'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { setTimeout as sleep } from 'node:timers/promises'
@@ -25,7 +24,7 @@ import { createProxy, type ProxyOptions, type SessionLog } from '../proxy/index'
 import { Client } from '../src/index'
 import { PASSWORD, freePort } from './stack'
 import { pgConfig, testPostgres, eventually, tryUpgrade, within } from './helpers'
-import { TERMINATE, backendReader, bigResultQuery, bigResultRowError, queryMessage, startupMessage } from './protocol'
+import { TERMINATE, backendReader, bigResultQuery, bigResultRowError, passwordMessage, queryMessage, startupMessage } from './protocol'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const PG = testPostgres()
@@ -85,18 +84,36 @@ async function closeWs(ws: WebSocket) {
   await done.catch(() => ws.terminate())
 }
 
-/** A TCP server on loopback standing in for "something else listening". */
-async function throwaway(onConnection?: (s: net.Socket) => void) {
+/** AuthenticationOk, ReadyForQuery: a login accepted. */
+const LOGGED_IN = Buffer.from([0x52, 0, 0, 0, 8, 0, 0, 0, 0, 0x5a, 0, 0, 0, 5, 0x49])
+
+/**
+ * A TCP server on loopback standing in for "something else listening". With `login`, it plays
+ * Postgres for the startup (reads the StartupMessage, says AuthenticationOk and ReadyForQuery), so
+ * the proxy counts the session as logged in; what comes after is the test's.
+ */
+async function throwaway(onConnection?: (s: net.Socket) => void, { login = false } = {}) {
   const sockets = new Set<net.Socket>()
   const received: Buffer[] = []
   let connections = 0
+  const then = (s: net.Socket) => (onConnection ? onConnection(s) : s.on('data', (d) => received.push(d)))
   const server = net.createServer((s) => {
     connections++
     sockets.add(s)
     s.on('close', () => sockets.delete(s))
     s.on('error', () => {})
-    if (onConnection) onConnection(s)
-    else s.on('data', (d) => received.push(d))
+    if (!login) return then(s)
+    let head = Buffer.alloc(0)
+    const readStartup = (d: Buffer) => {
+      head = Buffer.concat([head, d])
+      if (head.length < 4 || head.length < head.readInt32BE(0)) return
+      s.off('data', readStartup)
+      s.write(LOGGED_IN)
+      const rest = head.subarray(head.readInt32BE(0))
+      then(s)
+      if (rest.length) s.unshift(rest)
+    }
+    s.on('data', readStartup)
   })
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
   const { port } = server.address() as net.AddressInfo
@@ -116,32 +133,28 @@ async function throwaway(onConnection?: (s: net.Socket) => void) {
 }
 
 /**
- * Records every socket opened with `net.connect`/`net.createConnection` to `port` (the proxy's
- * upstream; the test's own clients dial the proxy's port, so they are not recorded) and the
- * arguments given, until `restore()`. Test-only; the proxy is unchanged.
+ * Records every socket that connects to `port` (the proxy's upstream; the test's own clients dial
+ * the proxy's port, so they are not recorded) and the arguments given, until `restore()`.
+ * Test-only; the proxy is unchanged.
  */
 function captureUpstreams(port: number) {
   const calls: Array<{ args: unknown[]; socket: net.Socket }> = []
-  const mod = net as any
-  const original = { connect: mod.connect, createConnection: mod.createConnection }
-  for (const name of ['connect', 'createConnection'] as const) {
-    mod[name] = function (this: unknown, ...args: unknown[]) {
-      const socket = original[name].apply(this, args)
-      const target = typeof args[0] === 'object' && args[0] !== null ? (args[0] as { port?: unknown }).port : args[0]
-      if (Number(target) === port) calls.push({ args, socket })
-      return socket
-    }
-  }
-  syncBuiltinESMExports()
+  const original = net.Socket.prototype.connect
+  net.Socket.prototype.connect = function (this: net.Socket, ...args: any[]) {
+    // net.connect() hands its arguments on already normalized: [options, callback].
+    const first = Array.isArray(args[0]) ? args[0][0] : args[0]
+    const target = typeof first === 'object' && first !== null ? first.port : first
+    if (Number(target) === port) calls.push({ args: Array.isArray(args[0]) ? args[0] : args, socket: this })
+    return original.apply(this, args as any)
+  } as typeof original
   return {
     calls,
     async socket(i = 0): Promise<net.Socket> {
-      await eventually(() => calls.length > i, `the proxy to open upstream connection #${i + 1} to port ${port} (is it still using net.connect?)`)
+      await eventually(() => calls.length > i, `the proxy to open upstream connection #${i + 1} to port ${port}`)
       return calls[i].socket
     },
     restore() {
-      Object.assign(mod, original)
-      syncBuiltinESMExports()
+      net.Socket.prototype.connect = original
     },
   }
 }
@@ -284,8 +297,9 @@ describe('routes and the allow-list', () => {
     await withProxy({ allow: [other.address], authOffload: false }, async (allowed) => {
       const ws = await openWs(allowed.url(`/v1?address=${other.address}`))
       const reply = new Promise<Buffer>((resolve) => ws.once('message', (d: Buffer) => resolve(d)))
-      ws.send(Buffer.from('ping'))
-      await eventually(() => Buffer.concat(other.received).toString() === 'ping', 'the bytes to reach the allowed server')
+      const hello = startup('trust_user', 'edgepg-allowed')
+      ws.send(hello)
+      await eventually(() => Buffer.concat(other.received).equals(hello), 'the startup to reach the allowed server')
       assert.equal(other.connections, 1)
       for (const s of other.sockets) s.write('pong')
       assert.equal((await within(5000, 'reply', reply)).toString(), 'pong')
@@ -358,14 +372,21 @@ describe('frames', () => {
   })
 
   test('a message over maxMessageBytes closes with 1009; one at the limit is relayed', async () => {
-    const sink = await throwaway()
+    const sink = await throwaway(undefined, { login: true })
     try {
       await withProxy({ upstream: sink.address, maxMessageBytes: 4096, authOffload: false }, async (p) => {
-        const ok = await openWs(p.url('/v2'))
+        const loggedIn = async () => {
+          const ws = await openWs(p.url('/v2'))
+          const answer = new Promise((resolve) => ws.once('message', resolve))
+          ws.send(startup('trust_user', 'edgepg-max-message'))
+          await answer
+          return ws
+        }
+        const ok = await loggedIn()
         ok.send(Buffer.alloc(4096, 1))
         await eventually(() => Buffer.concat(sink.received).length === 4096, 'a 4096-byte message to be relayed')
         await closeWs(ok)
-        const ws = await openWs(p.url('/v2'))
+        const ws = await loggedIn()
         const done = closed(ws)
         ws.send(Buffer.alloc(4097, 2))
         assert.equal((await done).code, 1009)
@@ -476,16 +497,22 @@ describe('backpressure', () => {
     const SIZE = 512 << 10
     const COUNT = 64 // 32 MiB: more than the loopback buffers on the way hold
     let upstreamSide: net.Socket | undefined
-    const slow = await throwaway((s) => {
-      s.pause() // accepts, never reads (until told to)
-      upstreamSide = s
-    })
+    const slow = await throwaway(
+      (s) => {
+        s.pause() // logs in, then never reads (until told to)
+        upstreamSide = s
+      },
+      { login: true }
+    )
     const capture = captureUpstreams(slow.port)
     const p = await startLocalProxy({ upstream: slow.address, authOffload: false })
     let ws: WebSocket | undefined
     let sampler: NodeJS.Timeout | undefined
     try {
       ws = await openWs(p.url('/v2'))
+      const answer = new Promise((resolve) => ws!.once('message', resolve))
+      ws.send(startup('trust_user', 'edgepg-slow'))
+      await answer
       const messages = Array.from({ length: COUNT }, (_, i) => {
         const b = Buffer.alloc(SIZE, i % 251)
         b.writeUInt32BE(i, 0)
@@ -535,14 +562,20 @@ describe('backpressure', () => {
 
   test('the upstream going away while the client is held back still closes the WebSocket at once', async () => {
     let upstreamSide: net.Socket | undefined
-    const slow = await throwaway((s) => {
-      s.pause()
-      upstreamSide = s
-    })
+    const slow = await throwaway(
+      (s) => {
+        s.pause()
+        upstreamSide = s
+      },
+      { login: true }
+    )
     const p = await startLocalProxy({ upstream: slow.address, authOffload: false })
     let ws: WebSocket | undefined
     try {
       ws = await openWs(p.url('/v2'))
+      const answer = new Promise((resolve) => ws!.once('message', resolve))
+      ws.send(startup('trust_user', 'edgepg-slow'))
+      await answer
       const chunk = Buffer.alloc(512 << 10, 7)
       for (let i = 0; i < 32; i++) ws.send(chunk) // 16 MiB
       await eventually(() => (p.upgrades[0].socket as net.Socket).isPaused(), 'the proxy to stop reading from the client')
@@ -648,8 +681,11 @@ describe('session log', () => {
 
 test('upstream unreachable: the WebSocket closes with 1011 and a reason naming the upstream', async () => {
   const port = await freePort() // nothing listens here
+  // The proxy connects once the login is in: a startup and its password, as Neon's driver sends them.
+  const login = Buffer.concat([startup('scram_user', 'edgepg-unreachable'), passwordMessage(PASSWORD)])
   await withProxy({ upstream: `127.0.0.1:${port}` }, async (p) => {
     const ws = await openWs(p.url('/v2'))
+    ws.send(login)
     const { code, reason } = await closed(ws)
     assert.equal(code, 1011)
     assert.match(reason, new RegExp(`127\\.0\\.0\\.1:${port}`))
@@ -659,7 +695,8 @@ test('upstream unreachable: the WebSocket closes with 1011 and a reason naming t
     // Also when the client already sent more than the socket buffers before the connect failed.
     const eager = new WebSocket(p.url('/v2'))
     eager.once('open', () => {
-      for (let i = 0; i < 8; i++) eager.send(Buffer.alloc(256 << 10))
+      eager.send(login)
+      for (let i = 0; i < 64; i++) eager.send(Buffer.alloc(32 << 10))
     })
     const second = await within(3000, 'the close after an eager client', new Promise<{ code: number; reason: string }>((resolve, reject) => {
       eager.once('close', (code, reason) => resolve({ code, reason: reason.toString() }))
@@ -773,8 +810,10 @@ describe('CLI', () => {
     try {
       assert.equal(await run.listening(), port)
       assert.equal((await queryVia(`ws://127.0.0.1:${port}/v2`)).port, PG.port)
-      assert.equal(await statusOf(`ws://127.0.0.1:${port}/v1?address=${other.address}`), 101)
+      const ws = await openWs(`ws://127.0.0.1:${port}/v1?address=${other.address}`)
+      ws.send(Buffer.concat([startup('trust_user', 'edgepg-env'), passwordMessage('')]))
       await eventually(() => other.connections === 1, 'the allowed address to be dialled')
+      ws.terminate()
       assert.equal(await statusOf(`ws://127.0.0.1:${port}/v1?address=127.0.0.1:${other.port === 65535 ? 65534 : other.port + 1}`), 403)
       run.child.kill('SIGTERM')
       assert.equal((await run.exit()).code, 0)
