@@ -106,16 +106,17 @@ export function createProxy(options: ProxyOptions): Proxy {
   const upstreams = new Upstreams(options.upstream, options.allow, options.lookup)
   const { upstream } = upstreams
   const pool = new BackendPool(options.pool, (event) => metrics.poolEvent(event))
-  const metrics = createMetrics(() => pool.size)
-  const handshakeTimeoutMs = options.handshakeTimeoutMs ?? 10_000
   const budget = new BufferBudget(options.maxClientBufferBytes ?? 256 << 20, options.maxMessageBytes ?? 64 << 20)
+  const logins = new LoginGate(options.maxLogins ?? 64, options.maxLoginsPerIp ?? 8)
+  const metrics = createMetrics(() => ({ pool: pool.size, logins: logins.counts, buffered: budget.total }))
+  const handshakeTimeoutMs = options.handshakeTimeoutMs ?? 10_000
   const routes = new WebSocketRoutes({
     ...options,
     upstreams,
     pool,
     metrics,
     budget,
-    logins: new LoginGate(options.maxLogins ?? 64, options.maxLoginsPerIp ?? 8),
+    logins,
     cancels: new Cancels(pool, options.maxCancelsPerIp ?? 20),
     offload: options.authOffload !== false,
     handshakeTimeoutMs,

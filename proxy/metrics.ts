@@ -47,6 +47,8 @@ export type RefusalReason = (typeof REFUSAL_REASONS)[number]
  * - `refused_by_postgres`: Postgres refused the startup (wrong password, no such database, …)
  * - `startup_refused`: the proxy refused the startup (malformed, insecure password, TLS failure, …)
  * - `timeout`: a time limit ended the session
+ * - `over_budget`: closed with 1009, a message not fitting in `--max-client-buffer`
+ * - `cancel_dropped`: a CancelRequest not sent on (a key the proxy never issued, or over `--max-cancels-per-ip`)
  * - `shutdown`: the proxy closed the session while shutting down
  * - `other`: an outcome not recognised above
  */
@@ -58,6 +60,8 @@ export const OUTCOME_KINDS = [
   'refused_by_postgres',
   'startup_refused',
   'timeout',
+  'over_budget',
+  'cancel_dropped',
   'shutdown',
   'other',
 ] as const
@@ -72,6 +76,8 @@ export function outcomeKind(outcome: string): OutcomeKind {
   if (outcome.startsWith('upstream')) return 'upstream_error'
   if (outcome.startsWith('client error') || outcome === 'refused a text frame') return 'client_error'
   if (/time(d out|out)/i.test(outcome)) return 'timeout'
+  if (outcome.startsWith('closed: over the memory budget')) return 'over_budget'
+  if (outcome.startsWith('cancel not forwarded')) return 'cancel_dropped'
   if (/shut(ting)? ?down/i.test(outcome)) return 'shutdown'
   return 'other'
 }
@@ -107,7 +113,17 @@ const PREFIX = 'edgepg_proxy_'
 /** 0.5 ms (same host) to 5 s (a connect timeout in the making). */
 export const CONNECT_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5]
 
-export function createMetrics(poolSize: () => { pooled: number; idle: number } = () => ({ pooled: 0, idle: 0 })): Metrics {
+/** What the proxy holds right now, read when metrics are served. */
+export interface Load {
+  pool: { pooled: number; idle: number }
+  logins: { running: number; waiting: number }
+  /** Bytes held (or declared) by clients' unfinished messages and /sql bodies. */
+  buffered: number
+}
+
+const NO_LOAD: Load = { pool: { pooled: 0, idle: 0 }, logins: { running: 0, waiting: 0 }, buffered: 0 }
+
+export function createMetrics(load: () => Load = () => NO_LOAD): Metrics {
   const registry = new Registry()
   collectDefaultMetrics({ register: registry })
   const registers = [registry]
@@ -138,8 +154,11 @@ export function createMetrics(poolSize: () => { pooled: number; idle: number } =
     labelNames: ['reason'] as const,
     registers,
   })
-  new Gauge({ name: `${PREFIX}pool_backends`, help: 'Backends the pool owns (idle or lent to a session)', registers, collect() { this.set(poolSize().pooled) } })
-  new Gauge({ name: `${PREFIX}pool_idle_backends`, help: 'Pooled backends waiting for a session', registers, collect() { this.set(poolSize().idle) } })
+  new Gauge({ name: `${PREFIX}pool_backends`, help: 'Backends the pool owns (idle or lent to a session)', registers, collect() { this.set(load().pool.pooled) } })
+  new Gauge({ name: `${PREFIX}pool_idle_backends`, help: 'Pooled backends waiting for a session', registers, collect() { this.set(load().pool.idle) } })
+  new Gauge({ name: `${PREFIX}logins_at_postgres`, help: 'Logins connected to Postgres and not yet accepted (bounded by --max-logins)', registers, collect() { this.set(load().logins.running) } })
+  new Gauge({ name: `${PREFIX}logins_waiting`, help: 'Logins waiting for a place under --max-logins or --max-logins-per-ip', registers, collect() { this.set(load().logins.waiting) } })
+  new Gauge({ name: `${PREFIX}client_buffer_bytes`, help: "Bytes clients' unfinished messages and /sql bodies hold or have declared (bounded by --max-client-buffer)", registers, collect() { this.set(load().buffered) } })
   const poolEvents = {
     hit: new Counter({ name: `${PREFIX}pool_hits_total`, help: 'Sessions served by a warm backend (no fork, no authentication at Postgres)', registers }),
     miss: new Counter({ name: `${PREFIX}pool_misses_total`, help: 'Poolable logins that found no warm backend and went to Postgres', registers }),

@@ -9,6 +9,11 @@
  *   `maxRequestsPerIp` at once from one address; odd requests (a doubled connection string, too
  *   many params, JSON nested past the stack) get a 400 that says what is wrong and echoes no secret.
  * - A WebSocket that never answers the proxy's close frame is cut a second later.
+ * - Logins that never answer Postgres's authentication request: at most --max-logins-per-ip per
+ *   address at Postgres at once (counted on the proxy's sockets until ReadyForQuery), in every
+ *   login mode; a legitimate login connects at once; the handshake timeout cuts each.
+ * - CancelRequests: one naming a key the proxy never issued opens no connection to Postgres; all
+ *   are limited per address.
  */
 import { test, describe, before, after } from 'node:test'
 import assert from 'node:assert/strict'
@@ -225,6 +230,9 @@ describe('memory', { concurrency: false }, () => {
     )
     const shedCodes = codes.filter((c) => c === 1009).length
     assert.ok(shedCodes >= 20 - Math.floor(BUDGET / FRAME_BYTES), `closed with 1009: ${shedCodes} of 20 (codes ${codes})`)
+    const metrics = await (await fetch(`http://127.0.0.1:${child.port}/metrics`)).text()
+    assert.match(metrics, new RegExp(`^edgepg_proxy_sessions_total\\{outcome_kind="over_budget"\\} ${shedCodes}$`, 'm'), 'counted in the metrics')
+    assert.match(metrics, /^edgepg_proxy_client_buffer_bytes 0$/m, 'nothing held once the sessions are gone')
     assert.ok(growth.peak <= BUDGET / MiB + 64, `the proxy grew by ${growth.peak.toFixed(1)} MiB (budget ${BUDGET / MiB} MiB)`)
     assert.ok(growth.buffers < 8, `nothing held once the sessions ended: Buffers ${growth.buffers.toFixed(1)} MiB above where they were`)
     assert.ok(growth.after < 32, `given back once the sessions ended: RSS ${growth.after.toFixed(1)} MiB above where it was`)
@@ -313,6 +321,26 @@ describe('logins waiting on Postgres', { concurrency: false }, () => {
       for (const ws of sockets) ws.terminate()
     }
   }
+
+  test('--handshake-timeout runs until Postgres has accepted the login, not until the startup was forwarded', async () => {
+    for (const [how, authOffload] of [['upgrade', true], ['in band', false]] as const) {
+      const p = await startProxy({ handshakeTimeoutMs: 500, authOffload })
+      try {
+        const started = performance.now()
+        const ws = new WebSocket(p.url, how === 'upgrade' ? [SUBPROTOCOL, LOGIN_PREFIX + noPassword().toString('base64url')] : undefined, { localAddress: '127.0.0.2' })
+        const asked = new Promise<Buffer>((r) => ws.once('message', r))
+        const closed = new Promise<number>((r) => ws.once('close', r))
+        if (how === 'in band') ws.once('open', () => ws.send(noPassword()))
+        assert.equal((await within(2000, 'Postgres to ask for SCRAM', asked))[0], 0x52, `${how}: Postgres asks the client to authenticate`)
+        assert.equal(await within(3000, 'the proxy to close the stalled login', closed), 1008, how)
+        const took = performance.now() - started
+        assert.ok(took >= 450 && took < 2000, `${how}: closed ${Math.round(took)} ms after it began (handshake timeout 500 ms)`)
+        await eventually(() => atPostgres.logins === 0, 'its connection to Postgres to be closed')
+      } finally {
+        await p.close()
+      }
+    }
+  })
 
   const limits = { maxLogins: LOGINS, maxLoginsPerIp: LOGINS_PER_IP, maxSessionsPerIp: 200, handshakeTimeoutMs: 2000 }
 
