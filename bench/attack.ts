@@ -1,7 +1,7 @@
 /**
  * Section "attack": what a client with no credentials can make edgepg-proxy hold, and what a
  * legitimate client on 127.0.0.1 sees meanwhile. Each attack runs against a fresh proxy child
- * (test/child-proxy.ts: `tsx proxy/cli.ts`, its RSS read from /proc) from 127.0.0.2–.6 (all of
+ * (test/support/child-proxy.ts: `tsx proxy/cli.ts`, its RSS read from /proc) from 127.0.0.2–.6 (all of
  * 127/8 is loopback on Linux), holds until the legitimate tries under it are done, then its
  * sockets are destroyed:
  * - memory: upgrades each sending one WebSocket frame that stops a byte short of complete, before
@@ -18,10 +18,10 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import pg from 'pg'
 import { WebSocket } from 'ws'
 import { Client } from '../src/index'
-import { startGcProxy, type GcProxy } from '../test/child-proxy'
-import { passwordMessage, startupMessage } from '../test/protocol'
+import { startGcProxy, type GcProxy } from '../test/support/child-proxy'
+import { passwordMessage, startupMessage } from '../test/support/protocol'
 import { LOGIN_PREFIX, SUBPROTOCOL } from '../src/config'
-import { PASSWORD } from '../test/stack'
+import { PASSWORD } from '../test/support/stack'
 import { percentile, printGrid, type BenchContext, type Section } from './lib'
 
 /**
@@ -294,7 +294,7 @@ function rawUpgrade(port: number, localAddress: string, protocols?: string[]): P
   })
 }
 
-/** The login in the upgrade (proxy/login.ts): a startup, and its password unless `password` is undefined. */
+/** The login in the upgrade (proxy/login/in-upgrade.ts): a startup, and its password unless `password` is undefined. */
 function loginProtocols(ctx: BenchContext, password: string | undefined): string[] {
   const login = [startupMessage({ user: 'scram_user', database: ctx.pg.database }), ...(password === undefined ? [] : [passwordMessage(password)])]
   return [SUBPROTOCOL, LOGIN_PREFIX + Buffer.concat(login).toString('base64url')]

@@ -1,7 +1,7 @@
 /**
  * Section "bundle" (`npx tsx bench/run.ts bundle`): what users download and what importing costs.
  *  - Sizes, minified and gzipped (level 9), each bundled by esbuild for the browser as an app's
- *    bundler would (test/sizes.ts): everything each driver exports, loaded up front (a splitting
+ *    bundler would (test/support/sizes.ts): everything each driver exports, loaded up front (a splitting
  *    bundler leaves lazy imports out: edgepg's TLS handshake with subtls and its md5; Neon asks the
  *    app for subtls instead) and in one file (no splitting); an app that imports only the HTTP
  *    function; and the files as shipped.
@@ -12,7 +12,7 @@ import { execFileSync } from 'node:child_process'
 import { readFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { fileURLToPath } from 'node:url'
-import { appBundle, driverSizes, gzip } from '../test/sizes'
+import { appBundle, driverSizes, gzip } from '../test/support/sizes'
 import { interleave, median, ms, printGrid, type Row, type Section } from './lib'
 
 const COLD_STARTS = 15
@@ -67,7 +67,7 @@ export const bundle: Section = {
     cells.push([`cold start: import in a fresh Node process (median of ${COLD_STARTS})`, ms(cold.edgepg), ms(cold.neon), (cold.edgepg / cold.neon).toFixed(2) + 'x', ''])
 
     printGrid('Bundle size (minified, gzip -9) and cold start: edgepg vs @neondatabase/serverless', ['what', 'edgepg', 'neon', 'ratio', 'note'], cells, [
-      'Sizes bundled by esbuild for the browser from the built packages (test/sizes.ts); 1 KB = 1000 bytes.',
+      'Sizes bundled by esbuild for the browser from the built packages (test/support/sizes.ts); 1 KB = 1000 bytes.',
       `Up front: what a browser or a splitting bundler loads before the first query; lazy chunks load on first use.`,
     ])
     const row = (metric: string, a: number, b: number, target?: number): Row => ({ metric, edgepg: kb(a), baseline: kb(b), ratio: a / b, target })

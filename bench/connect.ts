@@ -2,7 +2,7 @@
  * Section "connect": what a new connection costs, and whether concurrent queries share round
  * trips, for edgepg vs @neondatabase/serverless vs pg over TCP, on the same stack in the same run.
  *
- * Latency runs behind a delay relay (test/delay-relay.ts, 25 ms each way = 50 ms RTT): in front of
+ * Latency runs behind a delay relay (test/support/delay-relay.ts, 25 ms each way = 50 ms RTT): in front of
  * edgepg-proxy for edgepg and Neon, in front of Postgres itself for pg over TCP, so all pay the
  * same RTT; round trips = elapsed / RTT, and a turn counter in front of each delay relay also
  * counts them exactly (bench/turn-counter.ts). Neon is measured four ways (NEON_LEGEND): through
@@ -17,8 +17,8 @@ import { Client as NeonClient } from '@neondatabase/serverless'
 import pg from 'pg'
 import { WebSocket } from 'ws'
 import { Client } from '../src/index'
-import { startDelayRelay } from '../test/delay-relay'
-import { PASSWORD, type Role } from '../test/stack'
+import { startDelayRelay } from '../test/support/delay-relay'
+import { PASSWORD, type Role } from '../test/support/stack'
 import { gc, interleave, median, printGrid, type BenchContext, type Row, type Section } from './lib'
 import { startProxy, type RunningProxy } from './proxy'
 import { startTurnCounter, type TurnCounter } from './turn-counter'
@@ -291,7 +291,7 @@ export const connect: Section = {
         ])
       printGrid(`connect: new connection + first query at ${RTT_MS} ms RTT (median of ${COLD_RUNS}; elapsed / RTT, and ms)`, coldHeader, coldTable((c) => fmtRt(coldMs(c))), [
         ...NEON_LEGEND,
-        `Method: a delay relay (test/delay-relay.ts, in this process) holding every chunk ${ONE_WAY_MS} ms each way sits in front of ` +
+        `Method: a delay relay (test/support/delay-relay.ts, in this process) holding every chunk ${ONE_WAY_MS} ms each way sits in front of ` +
           `edgepg-proxy (${ctx.proxy.mode === 'child' ? 'child process' : 'in this process'}) for edgepg and Neon A/B, in front of the ` +
           `plain proxy (child process) for Neon C/D, and in front of Postgres itself for pg over TCP. Each run: new Client, ` +
           `connect(), query('SELECT 1'), timed; end() untimed. ${COLD_RUNS} runs per driver and auth method, drivers in alternating ` +

@@ -9,7 +9,7 @@ import http from 'node:http'
 import pg from 'pg'
 import { neon, neonConfig } from '@neondatabase/serverless'
 import { httpSql } from '../src/index'
-import { sqlHandler } from '../proxy/sql'
+import { sqlHandler } from '../proxy/sql/handler'
 import { gc, interleave, median, ms, percentile, printGrid, type BenchContext, type Row, type Section } from './lib'
 import { startHttpFloor, startHttpPg } from './proxy'
 
@@ -157,7 +157,7 @@ async function sqlEndpoint(ctx: BenchContext, connectionString: string): Promise
   const { port } = server.address() as { port: number }
   return {
     url: `http://127.0.0.1:${port}/sql`,
-    where: "proxy/sql.ts's handler on a server in this process (the bench proxy does not serve /sql yet)",
+    where: "proxy/sql/handler.ts's handler on a server in this process (the bench proxy does not serve /sql yet)",
     async stop() {
       server.closeAllConnections()
       await new Promise((r) => server.close(r))

@@ -6,7 +6,7 @@ import v8 from 'node:v8'
 import vm from 'node:vm'
 import type pg from 'pg'
 import type { ClientConfig } from '../src/index'
-import type { PgInfo } from '../test/stack'
+import type { PgInfo } from '../test/support/stack'
 
 export interface BenchContext {
   /** The embedded Postgres every section measures against. */

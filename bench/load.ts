@@ -8,7 +8,7 @@
 import pg from 'pg'
 import { WebSocket } from 'ws'
 import { Client } from '../src/index'
-import { startPostgres, pgConfig } from '../test/stack'
+import { startPostgres, pgConfig } from '../test/support/stack'
 import { interleave, printGrid, type Row, type Section } from './lib'
 import { startProxy, startTcpRelay, type RunningRelay } from './proxy'
 

@@ -8,8 +8,8 @@ import { spawn, type ChildProcess } from 'node:child_process'
 import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
 import { createProxy } from '../proxy/index'
-import { freePort } from '../test/stack'
-import { cpuSecondsOf, stopChild } from '../test/child-proxy'
+import { freePort } from '../test/support/stack'
+import { cpuSecondsOf, stopChild } from '../test/support/child-proxy'
 import type { ProxyMode } from './lib'
 
 export interface RunningProxy {

@@ -9,8 +9,8 @@
  */
 import os from 'node:os'
 import { WebSocket } from 'ws'
-import { SetupError } from '../test/pg-server'
-import { PASSWORD, startPostgres } from '../test/stack'
+import { SetupError } from '../test/support/pg-server'
+import { PASSWORD, startPostgres } from '../test/support/stack'
 import { connect } from './connect'
 import { sessions } from './sessions'
 import { core } from './core'

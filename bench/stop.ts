@@ -8,7 +8,7 @@
 import pg from 'pg'
 import { Client } from '../src/index'
 import { createProxy } from '../proxy/index'
-import { startDelayRelay } from '../test/delay-relay'
+import { startDelayRelay } from '../test/support/delay-relay'
 import { median, printGrid, type Section } from './lib'
 
 const ONE_WAY_MS = 50

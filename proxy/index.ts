@@ -2,17 +2,17 @@ import http, { type Server } from 'node:http'
 import https from 'node:https'
 import type { AddressInfo } from 'node:net'
 import type { Duplex } from 'node:stream'
-import type { SessionLog } from './session'
-import type { UpstreamTls } from './upstream'
-import { BackendPool, type PoolOptions } from './pool'
-import { createMetrics, type Metrics } from './metrics'
-import { healthHandler } from './health'
-import { sqlHandler, type SqlOptions, type SqlPoolOptions, type SqlLog } from './sql'
-import { Upstreams } from './upstreams'
-import { WebSocketRoutes } from './upgrade'
-import { BufferBudget } from './budget'
-import { LoginGate } from './logins'
-import { Cancels } from './cancels'
+import type { SessionLog } from './ws/session'
+import type { UpstreamTls } from './upstream/connection'
+import { BackendPool, type PoolOptions } from './pool/backends'
+import { createMetrics, type Metrics } from './admin/metrics'
+import { healthHandler } from './admin/health'
+import { sqlHandler, type SqlOptions, type SqlPoolOptions, type SqlLog } from './sql/handler'
+import { Upstreams } from './upstream/allowed'
+import { WebSocketRoutes } from './ws/routes'
+import { BufferBudget } from './ws/budget'
+import { LoginGate } from './login/gate'
+import { Cancels } from './ws/cancels'
 
 export interface ProxyOptions {
   /** The Postgres this proxy relays to: `host:port`. */
@@ -71,7 +71,7 @@ export interface ProxyOptions {
   adminApart?: boolean
   /** Called once per ended session; never given passwords or payloads. */
   log?: (entry: SessionLog) => void
-  /** Warm backends for sessions whose login the proxy runs, and for /sql (default on; see proxy/pool.ts). */
+  /** Warm backends for sessions whose login the proxy runs, and for /sql (default on; see proxy/pool/backends.ts). */
   pool?: PoolOptions
 }
 

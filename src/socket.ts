@@ -46,7 +46,7 @@ function reportedError(text: string, url: string): Error {
  * With `deferOpen`, the first flight rides in the upgrade: 'connect' is emitted at once, pg writes
  * its StartupMessage (or TlsSocket its SSLRequest and ClientHello), and the first flush opens the
  * WebSocket offering those bytes, plus `secret` (the PasswordMessage), as a subprotocol value
- * (see proxy/login.ts). edgepg-proxy runs that login before it answers, so Postgres's answer is
+ * (see proxy/login/in-upgrade.ts). edgepg-proxy runs that login before it answers, so Postgres's answer is
  * the first thing to arrive. A server that does not select edgepg's subprotocol did not take the
  * login: `fallback` then sends the bytes in band.
  */

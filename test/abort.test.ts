@@ -7,8 +7,8 @@ import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import pg from 'pg'
 import { WebSocket } from 'ws'
-import { startProxy, pgConfig, edgeConfig, eventually, within, scratchTable } from './helpers'
-import { startDelayRelay } from './delay-relay'
+import { startProxy, pgConfig, edgeConfig, eventually, within, scratchTable } from './support/helpers'
+import { startDelayRelay } from './support/delay-relay'
 
 let proxy: Awaited<ReturnType<typeof startProxy>>
 let scratch: Awaited<ReturnType<typeof scratchTable>>

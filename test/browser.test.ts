@@ -1,5 +1,5 @@
 /**
- * The built bundle in a real browser: headless Chromium (Debian's, via test/chromium.ts) opens a
+ * The built bundle in a real browser: headless Chromium (Debian's, via test/support/chromium.ts) opens a
  * page from a small static server on http://127.0.0.1:<port>, which imports dist/index.mjs (an ES
  * module with relative imports of dist/chunks/) and runs the shared checks (test/runtimes/checks.js:
  * Client, Pool, the login in the upgrade, httpSql) with the browser's own WebSocket and fetch, against the
@@ -19,10 +19,10 @@ import type { AddressInfo } from 'node:net'
 import { resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import type { Browser, Page } from 'playwright-core'
-import { launchChromium } from './chromium'
-import { startProxy, testPostgres, within } from './helpers'
-import { PASSWORD } from './stack'
-import type { SqlLog } from '../proxy/sql'
+import { launchChromium } from './support/chromium'
+import { startProxy, testPostgres, within } from './support/helpers'
+import { PASSWORD } from './support/stack'
+import type { SqlLog } from '../proxy/sql/handler'
 import { assertChecks } from './runtimes/assert-checks'
 
 const DIST = fileURLToPath(new URL('../dist/', import.meta.url)) // ends with a separator

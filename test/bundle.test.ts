@@ -6,7 +6,7 @@ import vm from 'node:vm'
 import { webcrypto } from 'node:crypto'
 import { WebSocket } from 'ws'
 import pg from 'pg'
-import { startProxy, pgConfig } from './helpers'
+import { startProxy, pgConfig } from './support/helpers'
 
 // These run the built bundle (what users get); `npm test` builds it first.
 let proxy: Awaited<ReturnType<typeof startProxy>>

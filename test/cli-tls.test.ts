@@ -6,9 +6,9 @@ import { X509Certificate } from 'node:crypto'
 import tls from 'node:tls'
 import { WebSocket } from 'ws'
 import { Client } from '../src/index'
-import { generateCerts } from './certs'
-import { freePort, PASSWORD, testPostgres } from './stack'
-import { eventually } from './helpers'
+import { generateCerts } from './support/certs'
+import { freePort, PASSWORD, testPostgres } from './support/stack'
+import { eventually } from './support/helpers'
 
 // edgepg-proxy as operators run it: the CLI, serving wss:// with --cert/--key, reloading them on
 // SIGHUP without dropping sessions; and its refusal of bad settings.

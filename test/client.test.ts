@@ -1,6 +1,6 @@
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { edgeClient, edgePool, startProxy, backends, eventually } from './helpers'
+import { edgeClient, edgePool, startProxy, backends, eventually } from './support/helpers'
 
 let proxy: Awaited<ReturnType<typeof startProxy>>
 before(async () => (proxy = await startProxy()))

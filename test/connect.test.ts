@@ -12,8 +12,8 @@ import net from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
 import pg from 'pg'
 import { Client, Pool, type ClientConfig } from '../src/index'
-import { edgeConfig, pgConfig, startProxy, testPostgres, within, eventually } from './helpers'
-import { freePort, hbaLines, PASSWORD, ROLES, startPostgres, type Postgres, type Role } from './stack'
+import { edgeConfig, pgConfig, startProxy, testPostgres, within, eventually } from './support/helpers'
+import { freePort, hbaLines, PASSWORD, ROLES, startPostgres, type Postgres, type Role } from './support/stack'
 
 // Nothing may escape: an 'error' event nobody listens to is an uncaught exception.
 const escaped: string[] = []

@@ -15,9 +15,9 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import pg from 'pg'
 import type { Browser, Page } from 'playwright-core'
-import { launchChromium } from './chromium'
-import { same, within } from './helpers'
-import { freePort } from './stack'
+import { launchChromium } from './support/chromium'
+import { same, within } from './support/helpers'
+import { freePort } from './support/stack'
 
 const SEEDED_CUSTOMERS = 12
 

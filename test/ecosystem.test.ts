@@ -5,7 +5,7 @@ import { drizzle } from 'drizzle-orm/node-postgres'
 import { pgTable, serial, text, integer } from 'drizzle-orm/pg-core'
 import { and, eq, asc, sql } from 'drizzle-orm'
 import { Kysely, PostgresDialect, type Generated } from 'kysely'
-import { startProxy, edgePool, edgeConfig, pgConfig, same } from './helpers'
+import { startProxy, edgePool, edgeConfig, pgConfig, same } from './support/helpers'
 
 // The ORMs/query builders people put on top of pg, running over edgepg's Pool (through the proxy).
 // A unique table per run; rolled-back rows are checked over plain TCP, outside edgepg.

@@ -2,9 +2,9 @@ import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import net from 'node:net'
 import pg from 'pg'
-import { edgeClient, edgeConfig, edgePool, startProxy, pgConfig, testPostgres, backends, eventually } from './helpers'
+import { edgeClient, edgeConfig, edgePool, startProxy, pgConfig, testPostgres, backends, eventually } from './support/helpers'
 import { Client, Pool } from '../src/index'
-import { freePort } from './stack'
+import { freePort } from './support/stack'
 
 const unhandled: unknown[] = []
 const onUnhandled = (reason: unknown) => unhandled.push(reason)

@@ -10,12 +10,12 @@ import net from 'node:net'
 import pg from 'pg'
 import { WebSocket } from 'ws'
 import { createProxy, type ProxyOptions, type SessionLog } from '../proxy/index'
-import { LoginWatch, cancelRequest } from '../proxy/startup'
+import { LoginWatch, cancelRequest } from '../proxy/wire/startup'
 import { Client, Pool, type ClientConfig } from '../src/index'
-import { generateCerts, type TestCerts } from './certs'
-import { backends, edgeConfig, eventually, pgConfig, testPostgres } from './helpers'
-import { freePort, startPostgres, type Postgres } from './stack'
-import { message } from './protocol'
+import { generateCerts, type TestCerts } from './support/certs'
+import { backends, edgeConfig, eventually, pgConfig, testPostgres } from './support/helpers'
+import { freePort, startPostgres, type Postgres } from './support/stack'
+import { message } from './support/protocol'
 
 const unhandled: unknown[] = []
 const onUnhandled = (reason: unknown) => unhandled.push(reason)

@@ -25,12 +25,12 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { WebSocket } from 'ws'
 import pg from 'pg'
 import { createProxy, type ProxyOptions, type SessionLog } from '../proxy/index'
-import { ByteQueue } from '../proxy/bytes'
+import { ByteQueue } from '../proxy/wire/bytes'
 import { Client } from '../src/index'
 import { SUBPROTOCOL } from '../src/config'
-import { PASSWORD } from './stack'
-import { pgConfig, testPostgres, backends, eventually, within } from './helpers'
-import { CANCEL_CODE, PROTOCOL_3, TERMINATE, cstrings, gssencRequest, int32, message, packet, passwordMessage, sslRequest, startupMessage } from './protocol'
+import { PASSWORD } from './support/stack'
+import { pgConfig, testPostgres, backends, eventually, within } from './support/helpers'
+import { CANCEL_CODE, PROTOCOL_3, TERMINATE, cstrings, gssencRequest, int32, message, packet, passwordMessage, sslRequest, startupMessage } from './support/protocol'
 
 const PG = testPostgres()
 const UPSTREAM = `${PG.host}:${PG.port}`
@@ -54,7 +54,7 @@ process.on('unhandledRejection', (reason) => escaped.push(`unhandledRejection: $
 const nothingEscaped = (what: string) => assert.deepEqual(escaped, [], `nothing escaped the proxy (${what})`)
 
 // ---------------------------------------------------------------------------------------------
-// Heap, with a real GC (test/run.ts starts node without --expose-gc).
+// Heap, with a real GC (test/support/run.ts starts node without --expose-gc).
 
 v8.setFlagsFromString('--expose-gc')
 const gc = vm.runInNewContext('gc') as () => void
@@ -149,7 +149,7 @@ async function normalQuery(port: number): Promise<number> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Seeded PRNG (mulberry32) and inputs built from it (the wire format itself: test/protocol.ts).
+// Seeded PRNG (mulberry32) and inputs built from it (the wire format itself: test/support/protocol.ts).
 
 function prng(seed: number) {
   let a = seed >>> 0

@@ -18,10 +18,10 @@ import pg from 'pg'
 import pgUtils from 'pg/lib/utils.js'
 import { httpSql, HttpQuery, HttpSqlError, DatabaseError, Pool, types, defaults, type HttpSqlOptions } from '../src/index'
 import { prepareValue, poolQueryViaHttp } from '../src/http'
-import { startProxy, pgConfig, testPostgres, edgeConfig, same } from './helpers'
-import { PASSWORD, freePort } from './stack'
-import { buildCorpus, setupSql, teardownSql, uniqueSchema, type CorpusEntry } from './corpus'
-import { startDelayRelay } from './delay-relay'
+import { startProxy, pgConfig, testPostgres, edgeConfig, same } from './support/helpers'
+import { PASSWORD, freePort } from './support/stack'
+import { buildCorpus, setupSql, teardownSql, uniqueSchema, type CorpusEntry } from './support/corpus'
+import { startDelayRelay } from './support/delay-relay'
 
 const PgResult = (pg as any).Result
 const schema = uniqueSchema('edgepg_http')

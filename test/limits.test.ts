@@ -1,7 +1,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import net from 'node:net'
-import { closeOf, edgeClient, startProxy, tryUpgrade, backends, eventually } from './helpers'
+import { closeOf, edgeClient, startProxy, tryUpgrade, backends, eventually } from './support/helpers'
 import { SUBPROTOCOL } from '../src/config'
 
 // Limits on what the proxy accepts, and how it ends sessions: all with clear HTTP statuses or
@@ -129,7 +129,7 @@ test('graceful shutdown: new sessions refused, running ones may finish, the rest
 })
 
 test('an allow-listed host name is pinned to the addresses it had: re-pointed elsewhere, it is refused', async () => {
-  const { port } = (await import('./helpers')).testPostgres()
+  const { port } = (await import('./support/helpers')).testPostgres()
   let answer = ['127.0.0.1']
   const proxy = await startProxy({ allow: [`db.internal:${port}`], lookup: async () => answer })
   try {

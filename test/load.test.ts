@@ -4,19 +4,19 @@
  *
  * The proxy runs as a child process (`node --import tsx proxy/cli.ts`, as deployed), so the load
  * generator (this process) and the proxy do not share an event loop. The test Postgres from
- * test/run.ts allows 300 connections, so this file starts its own (test/stack.ts) with
+ * test/support/run.ts allows 300 connections, so this file starts its own (test/support/stack.ts) with
  * max_connections=700.
  *
- *   EDGEPG_LOAD_SECONDS=5 npx tsx test/run.ts load     # a shorter run for local iteration
+ *   EDGEPG_LOAD_SECONDS=5 npx tsx test/support/run.ts load     # a shorter run for local iteration
  *   EDGEPG_LOAD_SESSIONS=200 ...                        # fewer sessions (default 500)
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { WebSocket } from 'ws'
 import { Client } from '../src/index'
-import { PASSWORD, startPostgres, type Postgres } from './stack'
-import { LIFTED_LIMITS, startChildProxy, type ChildProxy } from './child-proxy'
-import { backends, eventually, within } from './helpers'
+import { PASSWORD, startPostgres, type Postgres } from './support/stack'
+import { LIFTED_LIMITS, startChildProxy, type ChildProxy } from './support/child-proxy'
+import { backends, eventually, within } from './support/helpers'
 
 const SECONDS = Number(process.env.EDGEPG_LOAD_SECONDS ?? 30)
 const SESSIONS = Number(process.env.EDGEPG_LOAD_SESSIONS ?? 500)

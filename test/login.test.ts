@@ -1,5 +1,5 @@
 /**
- * The login in the WebSocket upgrade (proxy/login.ts), from the wire: what the proxy does with a
+ * The login in the WebSocket upgrade (proxy/login/in-upgrade.ts), from the wire: what the proxy does with a
  * login offered as a subprotocol value, well formed or not. Malformed and oversized values get a
  * clear refusal (the upgrade completes, then a FATAL ErrorResponse, as Postgres refuses a bad
  * startup packet); the login is never echoed in the upgrade response and never reaches a log.
@@ -11,9 +11,9 @@ import net from 'node:net'
 import { WebSocket } from 'ws'
 import { LOGIN_PREFIX, MAX_LOGIN_CHARS, SUBPROTOCOL, UPSTREAM_TLS_REQUEST } from '../src/config'
 import type { SessionLog } from '../proxy/index'
-import { backendReader, CANCEL_CODE, gssencRequest, int32, packet, passwordMessage, startupMessage } from './protocol'
-import { startProxy, testPostgres, within } from './helpers'
-import { PASSWORD } from './stack'
+import { backendReader, CANCEL_CODE, gssencRequest, int32, packet, passwordMessage, startupMessage } from './support/protocol'
+import { startProxy, testPostgres, within } from './support/helpers'
+import { PASSWORD } from './support/stack'
 
 const PG = testPostgres()
 let proxy: Awaited<ReturnType<typeof startProxy>>

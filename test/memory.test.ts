@@ -8,10 +8,10 @@
  * - Idle sessions: 1,000 connected, idle edgepg clients. Reports the proxy's memory per session
  *   and checks it against a bound that a leak-sized regression would break.
  *
- * The test Postgres from test/run.ts allows 300 connections, so this file starts its own
- * (test/stack.ts) with max_connections=1100.
+ * The test Postgres from test/support/run.ts allows 300 connections, so this file starts its own
+ * (test/support/stack.ts) with max_connections=1100.
  *
- * Memory is measured after a full GC in the child (startGcProxy, test/child-proxy.ts).
+ * Memory is measured after a full GC in the child (startGcProxy, test/support/child-proxy.ts).
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
@@ -19,10 +19,10 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import pg from 'pg'
 import { WebSocket } from 'ws'
 import { Client } from '../src/index'
-import { PASSWORD, startPostgres, type Postgres } from './stack'
-import { LIFTED_LIMITS, startGcProxy, type GcProxy } from './child-proxy'
-import { backends, eventually, within } from './helpers'
-import { backendReader, bigResultQuery, bigResultRowError, passwordMessage, queryMessage, startupMessage } from './protocol'
+import { PASSWORD, startPostgres, type Postgres } from './support/stack'
+import { LIFTED_LIMITS, startGcProxy, type GcProxy } from './support/child-proxy'
+import { backends, eventually, within } from './support/helpers'
+import { backendReader, bigResultQuery, bigResultRowError, passwordMessage, queryMessage, startupMessage } from './support/protocol'
 
 const MB = 1 << 20
 const mb = (bytes: number) => `${(bytes / MB).toFixed(1)} MB`

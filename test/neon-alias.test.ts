@@ -14,8 +14,8 @@ import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { promisify } from 'node:util'
 import pg from 'pg'
-import { startProxy, pgConfig, scratchTable } from './helpers'
-import { PASSWORD } from './stack'
+import { startProxy, pgConfig, scratchTable } from './support/helpers'
+import { PASSWORD } from './support/stack'
 
 const run = promisify(execFile)
 const root = fileURLToPath(new URL('..', import.meta.url))

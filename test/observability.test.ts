@@ -1,6 +1,6 @@
 /**
- * Observability of edgepg-proxy: Prometheus metrics (proxy/metrics.ts), GET /healthz
- * (proxy/health.ts) and the one-line-per-session log.
+ * Observability of edgepg-proxy: Prometheus metrics (proxy/admin/metrics.ts), GET /healthz
+ * (proxy/admin/health.ts) and the one-line-per-session log.
  *
  * - "metrics (unit)" and "healthHandler (unit)" drive createMetrics() / healthHandler() directly,
  *   each behind a throwaway HTTP server of this file's own.
@@ -18,12 +18,12 @@ import { randomUUID } from 'node:crypto'
 import { WebSocket } from 'ws'
 import { register as globalRegistry } from 'prom-client'
 import { createProxy, type ProxyOptions, type SessionLog } from '../proxy/index'
-import { createMetrics, outcomeKind, isAuthFailure, REFUSAL_REASONS, OUTCOME_KINDS, type Metrics, type RefusalReason } from '../proxy/metrics'
-import { healthHandler } from '../proxy/health'
+import { createMetrics, outcomeKind, isAuthFailure, REFUSAL_REASONS, OUTCOME_KINDS, type Metrics, type RefusalReason } from '../proxy/admin/metrics'
+import { healthHandler } from '../proxy/admin/health'
 import { parseConfig } from '../proxy/config'
 import { Client } from '../src/index'
-import { PASSWORD, freePort, type Role } from './stack'
-import { edgeConfig, testPostgres, eventually, within } from './helpers'
+import { PASSWORD, freePort, type Role } from './support/stack'
+import { edgeConfig, testPostgres, eventually, within } from './support/helpers'
 
 const PG = testPostgres()
 const UPSTREAM = `${PG.host}:${PG.port}`
@@ -185,7 +185,7 @@ const logOf = (outcome: string, bytesIn = 0, bytesOut = 0): SessionLog => ({ pee
 // ---------------------------------------------------------------------------------------------
 
 describe('metrics (unit)', () => {
-  test('outcome kinds and auth failures from the outcomes proxy/session.ts writes', () => {
+  test('outcome kinds and auth failures from the outcomes proxy/ws/session.ts writes', () => {
     const cases: Array<[string, string, boolean]> = [
       ['closed by client', 'ok', false],
       ['closed by upstream', 'ok', false],

@@ -27,9 +27,9 @@ import { neonConfig, Client as NeonClient } from '@neondatabase/serverless'
 import { createProxy, type ProxyOptions, type SessionLog } from '../proxy/index'
 import { Client, Pool, type ClientConfig } from '../src/index'
 import { LOGIN_PREFIX, SUBPROTOCOL, SUBPROTOCOL_CANCEL } from '../src/config'
-import { PASSWORD, type Role } from './stack'
-import { edgeConfig, pgConfig, startPlainWebSocketRelay, testPostgres, within } from './helpers'
-import { generateCerts, type TestCerts } from './certs'
+import { PASSWORD, type Role } from './support/stack'
+import { edgeConfig, pgConfig, startPlainWebSocketRelay, testPostgres, within } from './support/helpers'
+import { generateCerts, type TestCerts } from './support/certs'
 
 const PG = testPostgres()
 const run = promisify(execFile)
@@ -75,7 +75,7 @@ const derivations: string[] = []
 function wrappedDeriveKey(this: unknown, ...args: unknown[]) {
   // Synchronous up to here from sasl.continueSession, so the stack names its caller.
   const stack = new Error().stack ?? ''
-  derivations.push(/proxy[\\/]startup\.ts/.test(stack) ? 'proxy' : /pg[\\/]lib[\\/]client\.js/.test(stack) ? 'pg client' : `other: ${stack}`)
+  derivations.push(/proxy[\\/]login[\\/]in-band\.ts/.test(stack) ? 'proxy' : /pg[\\/]lib[\\/]client\.js/.test(stack) ? 'pg client' : `other: ${stack}`)
   return originalDeriveKey.apply(this, args)
 }
 
@@ -179,7 +179,7 @@ function recorder(wsOptions: ClientOptions = {}) {
   }
 }
 
-// The login the client offered in its upgrade (proxy/login.ts), parsed.
+// The login the client offered in its upgrade (proxy/login/in-upgrade.ts), parsed.
 
 /** The `edgepg.login.` value the WebSocket offered, decoded; undefined if it offered none. */
 function loginOf(log: WsLog): Buffer | undefined {
@@ -326,7 +326,7 @@ const recordedClient = (proxy: TestProxy, role: Role, rec: ReturnType<typeof rec
 
 describe('auth offload: every upstream method; the login rides in the upgrade and the client sees only AuthenticationOk', () => {
   const ROLE_METHOD: Record<Role, string> = { trust_user: 'nothing (trust)', password_user: 'a cleartext password', md5_user: 'an md5 hash', scram_user: 'SCRAM-SHA-256' }
-  /** What Postgres asks the proxy for, per role (pg_hba.conf in test/stack.ts). */
+  /** What Postgres asks the proxy for, per role (pg_hba.conf in test/support/stack.ts). */
   const upstreamAuth: Record<Role, number[]> = {
     trust_user: [0],
     password_user: [3, 0],

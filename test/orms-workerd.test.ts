@@ -14,8 +14,8 @@ import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { Miniflare } from 'miniflare'
 import pg from 'pg'
-import { startProxy, testPostgres, pgConfig, eventually, within } from './helpers'
-import { PASSWORD } from './stack'
+import { startProxy, testPostgres, pgConfig, eventually, within } from './support/helpers'
+import { PASSWORD } from './support/stack'
 import { bundleWorker } from './workers/bundle'
 
 const root = fileURLToPath(new URL('..', import.meta.url))

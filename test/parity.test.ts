@@ -1,5 +1,5 @@
 /**
- * Parity with pg over TCP: the shared corpus (test/corpus.ts) and a set of behaviours run through
+ * Parity with pg over TCP: the shared corpus (test/support/corpus.ts) and a set of behaviours run through
  * edgepg (Client and Pool, via the proxy) and through plain `pg` over TCP against the same
  * database; results must be deep-equal, errors must be the same DatabaseError field for field.
  */
@@ -8,8 +8,8 @@ import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
 import pg from 'pg'
 import { Client, Pool } from '../src/index'
-import { edgeClient, edgePool, startProxy, pgConfig, backends, eventually, within, same } from './helpers'
-import { buildCorpus, setupSql, teardownSql, uniqueSchema, type CorpusEntry } from './corpus'
+import { edgeClient, edgePool, startProxy, pgConfig, backends, eventually, within, same } from './support/helpers'
+import { buildCorpus, setupSql, teardownSql, uniqueSchema, type CorpusEntry } from './support/corpus'
 
 const schema = uniqueSchema()
 const corpus = buildCorpus(schema)

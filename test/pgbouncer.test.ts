@@ -1,9 +1,9 @@
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { Pool } from '../src/index'
-import { edgeConfig, startProxy } from './helpers'
-import { startPgBouncer, type PgBouncer } from './pgbouncer'
-import { testPostgres } from './stack'
+import { edgeConfig, startProxy } from './support/helpers'
+import { startPgBouncer, type PgBouncer } from './support/pgbouncer'
+import { testPostgres } from './support/stack'
 
 // edgepg-proxy in front of PgBouncer in transaction mode.
 let bouncer: PgBouncer

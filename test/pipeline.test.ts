@@ -2,7 +2,7 @@ import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import pg from 'pg'
 import Cursor from 'pg-cursor'
-import { edgeConfig, startProxy, pgConfig, recordingWebSocket, tags } from './helpers'
+import { edgeConfig, startProxy, pgConfig, recordingWebSocket, tags } from './support/helpers'
 import { Client } from '../src/index'
 
 /** What a query settled to, comparable across drivers. */

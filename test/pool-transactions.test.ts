@@ -7,7 +7,7 @@ import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import pg from 'pg'
 import { WebSocket } from 'ws'
-import { startProxy, edgeConfig, eventually, scratchTable } from './helpers'
+import { startProxy, edgeConfig, eventually, scratchTable } from './support/helpers'
 
 let proxy: Awaited<ReturnType<typeof startProxy>>
 let scratch: Awaited<ReturnType<typeof scratchTable>>

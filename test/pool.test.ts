@@ -10,10 +10,10 @@ import pg from 'pg'
 import { WebSocket } from 'ws'
 import { createProxy, type ProxyOptions } from '../proxy/index'
 import { Client, Pool, type ClientConfig } from '../src/index'
-import { generateCerts } from './certs'
-import { eventually, within } from './helpers'
-import { startPgBouncer } from './pgbouncer'
-import { pgConfig, startPostgres, tlsOnly, type Postgres, type Role } from './stack'
+import { generateCerts } from './support/certs'
+import { eventually, within } from './support/helpers'
+import { startPgBouncer } from './support/pgbouncer'
+import { pgConfig, startPostgres, tlsOnly, type Postgres, type Role } from './support/stack'
 
 let own: Postgres
 before(async () => {

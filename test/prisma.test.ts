@@ -20,8 +20,8 @@ import { promisify } from 'node:util'
 import { Miniflare } from 'miniflare'
 import pg from 'pg'
 import { WebSocket } from 'ws'
-import { startProxy, testPostgres, pgConfig, eventually, within } from './helpers'
-import { PASSWORD } from './stack'
+import { startProxy, testPostgres, pgConfig, eventually, within } from './support/helpers'
+import { PASSWORD } from './support/stack'
 import { bundleWorker } from './workers/bundle'
 
 const root = fileURLToPath(new URL('..', import.meta.url))

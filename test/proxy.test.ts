@@ -22,9 +22,9 @@ import pg from 'pg'
 import { Client as NeonClient, Pool as NeonPool, neonConfig } from '@neondatabase/serverless'
 import { createProxy, type ProxyOptions, type SessionLog } from '../proxy/index'
 import { Client } from '../src/index'
-import { PASSWORD, freePort } from './stack'
-import { pgConfig, testPostgres, eventually, tryUpgrade, within } from './helpers'
-import { TERMINATE, backendReader, bigResultQuery, bigResultRowError, passwordMessage, queryMessage, startupMessage } from './protocol'
+import { PASSWORD, freePort } from './support/stack'
+import { pgConfig, testPostgres, eventually, tryUpgrade, within } from './support/helpers'
+import { TERMINATE, backendReader, bigResultQuery, bigResultRowError, passwordMessage, queryMessage, startupMessage } from './support/protocol'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const PG = testPostgres()
@@ -175,7 +175,7 @@ async function queryVia(url: string | ((host: string, port: number) => string), 
   }
 }
 
-// --- The Postgres wire protocol by hand (test/protocol.ts), for clients that must control their own reading.
+// --- The Postgres wire protocol by hand (test/support/protocol.ts), for clients that must control their own reading.
 
 /** A StartupMessage for the test Postgres's database. */
 const startup = (user: string, appName: string) => startupMessage({ user, database: PG.database, application_name: appName })

@@ -1,5 +1,5 @@
 /**
- * Round trips, counted: a TCP relay (test/delay-relay.ts) holds every chunk for ONE_WAY_MS in each
+ * Round trips, counted: a TCP relay (test/support/delay-relay.ts) holds every chunk for ONE_WAY_MS in each
  * direction between the driver and edgepg-proxy, so a test's elapsed time divided by the RTT is the
  * number of network round trips it took. Time runs from just before `new Client(...)` / `new Pool(...)`
  * to the first query's result.
@@ -20,10 +20,10 @@ import assert from 'node:assert/strict'
 import { WebSocket } from 'ws'
 import { createProxy } from '../proxy/index'
 import { Client, Pool, type ClientConfig } from '../src/index'
-import { generateCerts, type TestCerts } from './certs'
-import { startDelayRelay } from './delay-relay'
-import { edgeConfig, pgConfig, startProxy } from './helpers'
-import { PASSWORD, startPostgres, tlsOnly, type Postgres, type Role } from './stack'
+import { generateCerts, type TestCerts } from './support/certs'
+import { startDelayRelay } from './support/delay-relay'
+import { edgeConfig, pgConfig, startProxy } from './support/helpers'
+import { PASSWORD, startPostgres, tlsOnly, type Postgres, type Role } from './support/stack'
 
 const ONE_WAY_MS = 100
 const RTT_MS = 2 * ONE_WAY_MS

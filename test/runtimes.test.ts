@@ -19,8 +19,8 @@ import { spawn } from 'node:child_process'
 import { existsSync, readFileSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import { EdgeRuntime } from 'edge-runtime'
-import { startProxy, testPostgres, within } from './helpers'
-import { PASSWORD } from './stack'
+import { startProxy, testPostgres, within } from './support/helpers'
+import { PASSWORD } from './support/stack'
 import { assertChecks } from './runtimes/assert-checks'
 
 const root = fileURLToPath(new URL('..', import.meta.url))

@@ -15,9 +15,9 @@ import assert from 'node:assert/strict'
 import { readFileSync } from 'node:fs'
 import vm from 'node:vm'
 import { webcrypto } from 'node:crypto'
-import { driverSizes, appBundle } from './sizes'
-import { startProxy, testPostgres } from './helpers'
-import { PASSWORD } from './stack'
+import { driverSizes, appBundle } from './support/sizes'
+import { startProxy, testPostgres } from './support/helpers'
+import { PASSWORD } from './support/stack'
 
 const KB = 1000
 

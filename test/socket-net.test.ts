@@ -10,7 +10,7 @@ import { spawn } from 'node:child_process'
 import type { AddressInfo } from 'node:net'
 import { WebSocket, WebSocketServer } from 'ws'
 import { WebSocketSocket } from '../src/socket'
-import { startProxy, edgeConfig, within } from './helpers'
+import { startProxy, edgeConfig, within } from './support/helpers'
 
 let wss: WebSocketServer
 let url: string

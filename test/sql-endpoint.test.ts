@@ -1,11 +1,11 @@
 /**
- * The proxy's POST /sql endpoint (proxy/sql.ts), which speaks Neon's SQL-over-HTTP protocol: driven
+ * The proxy's POST /sql endpoint (proxy/sql/handler.ts), which speaks Neon's SQL-over-HTTP protocol: driven
  * by the real `neon()` from @neondatabase/serverless (pointed at it with neonConfig.fetchEndpoint)
  * and by raw fetch/http requests for what neon() never sends. The handler is mounted on a plain
  * HTTP server of this file's own (one per configuration), as the lead wires it into createProxy.
  *
  * Results and errors are compared with pg over TCP against the same database; the shared corpus
- * (test/corpus.ts) runs through neon() too, with the differences that come from neon() itself (its
+ * (test/support/corpus.ts) runs through neon() too, with the differences that come from neon() itself (its
  * own type parsing, one statement per query) named and asserted.
  */
 import { test, before, after } from 'node:test'
@@ -15,14 +15,14 @@ import type { AddressInfo } from 'node:net'
 import os from 'node:os'
 import pg from 'pg'
 import { neon, neonConfig, NeonDbError, Pool as NeonPool, type HTTPTransactionOptions } from '@neondatabase/serverless'
-import { sqlHandler, ERROR_FIELDS, SQL_REQUEST_HEADERS, type SqlHandler, type SqlOptions, type SqlLog } from '../proxy/sql'
-import { formatHostPort } from '../proxy/address'
-import { BackendPool } from '../proxy/pool'
-import { PASSWORD, freePort, startPostgres, tlsOnly } from './stack'
-import { generateCerts } from './certs'
-import { pgbouncerBinary, startPgBouncer } from './pgbouncer'
-import { pgConfig, testPostgres, eventually, same, startProxy, tryUpgrade } from './helpers'
-import { buildCorpus, setupSql, teardownSql, uniqueSchema, type CorpusEntry } from './corpus'
+import { sqlHandler, ERROR_FIELDS, SQL_REQUEST_HEADERS, type SqlHandler, type SqlOptions, type SqlLog } from '../proxy/sql/handler'
+import { formatHostPort } from '../proxy/upstream/address'
+import { BackendPool } from '../proxy/pool/backends'
+import { PASSWORD, freePort, startPostgres, tlsOnly } from './support/stack'
+import { generateCerts } from './support/certs'
+import { pgbouncerBinary, startPgBouncer } from './support/pgbouncer'
+import { pgConfig, testPostgres, eventually, same, startProxy, tryUpgrade } from './support/helpers'
+import { buildCorpus, setupSql, teardownSql, uniqueSchema, type CorpusEntry } from './support/corpus'
 
 const PG = testPostgres()
 const UPSTREAM = { host: PG.host, port: PG.port }

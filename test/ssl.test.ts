@@ -11,9 +11,9 @@ import { WebSocket } from 'ws'
 import pg from 'pg'
 import { createProxy, type ProxyOptions } from '../proxy/index'
 import { Client, type ClientConfig } from '../src/index'
-import { generateCerts, type TestCerts } from './certs'
-import { backends, eventually, pgConfig, testPostgres, within } from './helpers'
-import { startPostgres, tlsOnly, type Postgres } from './stack'
+import { generateCerts, type TestCerts } from './support/certs'
+import { backends, eventually, pgConfig, testPostgres, within } from './support/helpers'
+import { startPostgres, tlsOnly, type Postgres } from './support/stack'
 
 let certs: TestCerts
 /** PostgreSQL 18 with TLS, on which scram_user may log in only over TLS (hostssl). */

@@ -1,7 +1,7 @@
 /**
  * Streams on edgepg, through edgepg-proxy with warm backends on: pg-copy-streams (100 MB COPY FROM
  * STDIN and back out, byte for byte, an error in the middle of one), pg-query-stream and pg-cursor
- * (a million rows). Each big run is a child process (test/streams-client.ts) whose peak RSS is
+ * (a million rows). Each big run is a child process (test/support/streams-client.ts) whose peak RSS is
  * its own: the socket must push back on the writer (write() false, then 'drain') and stop reading
  * while the reader is paused, or the 100 MB (or the million rows) pile up in the client.
  */
@@ -12,7 +12,7 @@ import { promisify } from 'node:util'
 import { Readable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
 import { from as copyFrom, to as copyTo } from 'pg-copy-streams'
-import { startProxy, edgeClient, within } from './helpers'
+import { startProxy, edgeClient, within } from './support/helpers'
 
 const run = promisify(execFile)
 /**
@@ -27,7 +27,7 @@ before(async () => (proxy = await startProxy()))
 after(() => proxy?.close())
 
 async function streamInChild(mode: 'copy' | 'query-stream' | 'cursor') {
-  const { stdout } = await run(process.execPath, ['--max-old-space-size=40', '--import', 'tsx', 'test/streams-client.ts', mode, String(proxy.port)], { timeout: 150_000, maxBuffer: 1 << 20 })
+  const { stdout } = await run(process.execPath, ['--max-old-space-size=40', '--import', 'tsx', 'test/support/streams-client.ts', mode, String(proxy.port)], { timeout: 150_000, maxBuffer: 1 << 20 })
   return JSON.parse(stdout.trim().split('\n').pop()!)
 }
 

@@ -1,7 +1,7 @@
 /**
  * TLS inside the WebSocket: edgepg runs subtls (TLS 1.3) over the WebSocket, so Postgres itself
  * terminates TLS and the proxy relays only ciphertext. This file starts its own TLS-enabled
- * PostgreSQL 18 and 16 with certificates generated at test time (test/certs.ts).
+ * PostgreSQL 18 and 16 with certificates generated at test time (test/support/certs.ts).
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
@@ -13,10 +13,10 @@ import { createProxy } from '../proxy/index'
 import { Client } from '../src/index'
 import { WebSocketSocket } from '../src/socket'
 import { TlsSocket } from '../src/tls'
-import { generateCerts, type TestCerts } from './certs'
-import { startDelayRelay } from './delay-relay'
-import { startPlainWebSocketRelay as startPlainRelay } from './helpers'
-import { PASSWORD, startPostgres, testPostgres, tlsOnly, type Postgres } from './stack'
+import { generateCerts, type TestCerts } from './support/certs'
+import { startDelayRelay } from './support/delay-relay'
+import { startPlainWebSocketRelay as startPlainRelay } from './support/helpers'
+import { PASSWORD, startPostgres, testPostgres, tlsOnly, type Postgres } from './support/stack'
 
 const unhandled: unknown[] = []
 process.on('unhandledRejection', (err) => unhandled.push(err))
@@ -262,7 +262,7 @@ test('a server without what subtls needs (here: TLS 1.2 at most) is a clear erro
 })
 
 test("a Postgres without TLS ('N' to the SSLRequest) is a clear error", async () => {
-  const plainPg = testPostgres() // the suite's shared Postgres, started by test/run.ts without ssl
+  const plainPg = testPostgres() // the suite's shared Postgres, started by test/support/run.ts without ssl
   const port = await startProxy(`${plainPg.host}:${plainPg.port}`)
   for (const pipelineTLS of [true, false]) {
     await expectFailure(tlsClient({ wsPort: port, pipelineTLS }), /^edgepg: Postgres at localhost:5432 \(via ws:\/\/[^)]+\) does not accept TLS/)
@@ -313,7 +313,7 @@ test('PostgreSQL 16 through a plain relay with pipelineTLS left to its default: 
   }
 })
 
-// Passes once edgepg-proxy handles SSLRequest itself (proxy/startup.ts: forward the SSLRequest,
+// Passes once edgepg-proxy handles SSLRequest itself (proxy/wire/startup.ts: forward the SSLRequest,
 // wait for 'S', then relay the ClientHello); with the proxy as a plain relay it times out.
 test('PostgreSQL 16 through edgepg-proxy with pipelineTLS', async () => {
   const client = tlsClient({ wsPort: proxy16, pipelineTLS: true, extra: { connectionTimeoutMillis: 2000 } })
@@ -368,7 +368,7 @@ async function startRecordingRelay(target: { host: string; port: number }) {
   }
 }
 
-/** A plain WebSocket relay (test/helpers.ts), closed after the file: its port. */
+/** A plain WebSocket relay (test/support/helpers.ts), closed after the file: its port. */
 async function startPlainWebSocketRelay(target: { host: string; port: number }): Promise<number> {
   const relay = await startPlainRelay(target)
   closers.push(relay)

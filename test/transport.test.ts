@@ -1,8 +1,8 @@
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { WebSocket } from 'ws'
-import { edgeConfig, startProxy, backends, eventually, recordingWebSocket, tags } from './helpers'
-import { startDelayRelay } from './delay-relay'
+import { edgeConfig, startProxy, backends, eventually, recordingWebSocket, tags } from './support/helpers'
+import { startDelayRelay } from './support/delay-relay'
 import { Client, Pool, type ClientConfig } from '../src/index'
 import { WebSocketSocket } from '../src/socket'
 

@@ -4,8 +4,8 @@ import { createRequire } from 'node:module'
 import { WebSocket } from 'ws'
 import { createProxy, type ProxyOptions } from '../proxy/index'
 import { Client } from '../src/index'
-import { generateCerts, type TestCerts } from './certs'
-import { PASSWORD, startPostgres, testPostgres, tlsOnly, type Postgres } from './stack'
+import { generateCerts, type TestCerts } from './support/certs'
+import { PASSWORD, startPostgres, testPostgres, tlsOnly, type Postgres } from './support/stack'
 
 // The proxy's own link to Postgres over TLS (sslmode require / verify-full), where SCRAM binds to
 // the channel (SCRAM-SHA-256-PLUS). The roles here may log in only over TLS (hostssl).

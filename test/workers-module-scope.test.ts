@@ -10,9 +10,9 @@ import assert from 'node:assert/strict'
 import { readdirSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import { Miniflare } from 'miniflare'
-import { startProxy, testPostgres, eventually, within } from './helpers'
-import { startDelayRelay } from './delay-relay'
-import { PASSWORD } from './stack'
+import { startProxy, testPostgres, eventually, within } from './support/helpers'
+import { startDelayRelay } from './support/delay-relay'
+import { PASSWORD } from './support/stack'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
 const APP = `edgepg-module-scope-${process.pid}`

@@ -12,8 +12,8 @@ import assert from 'node:assert/strict'
 import { readdirSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import { Miniflare } from 'miniflare'
-import { startProxy, testPostgres, backends, eventually, within, same } from './helpers'
-import { PASSWORD } from './stack'
+import { startProxy, testPostgres, backends, eventually, within, same } from './support/helpers'
+import { PASSWORD } from './support/stack'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
 const APP = `edgepg-workers-${process.pid}`

@@ -4,7 +4,7 @@
  * appended to each message, so that a failure says what the runtime reported.
  */
 import assert from 'node:assert/strict'
-import { same } from '../helpers'
+import { same } from '../support/helpers'
 
 /** `endToEnd`: the runtime could load client-side SCRAM on first use (import()). */
 export function assertChecks(out: any, runtime: string, context = '', endToEnd = true) {

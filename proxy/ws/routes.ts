@@ -5,18 +5,18 @@
 import http from 'node:http'
 import type { Duplex } from 'node:stream'
 import { WebSocketServer, type WebSocket } from 'ws'
-import { formatHostPort, parseHostPort, type HostPort } from './address'
+import { formatHostPort, parseHostPort, type HostPort } from '../upstream/address'
 import { closeWebSocket, runSession, type SessionLog } from './session'
-import { Upstream, type ClientTls, type UpstreamTls } from './upstream'
-import { redactLogin, runLogin, takeLogin, type LoginOutcome } from './login'
-import { UNUSED, type Backend, type BackendPool } from './pool'
-import { UpstreamError } from './startup'
+import { Upstream, type ClientTls, type UpstreamTls } from '../upstream/connection'
+import { redactLogin, runLogin, takeLogin, type LoginOutcome } from '../login/in-upgrade'
+import { UNUSED, type Backend, type BackendPool } from '../pool/backends'
+import { UpstreamError } from '../wire/startup'
 import { FIRST_FLIGHT_BYTES, type BufferBudget } from './budget'
-import type { LoginGate, LoginTicket } from './logins'
+import type { LoginGate, LoginTicket } from '../login/gate'
 import type { Cancels } from './cancels'
-import type { Metrics, RefusalReason } from './metrics'
-import type { Upstreams } from './upstreams'
-import { SUBPROTOCOL, SUBPROTOCOL_CANCEL } from '../src/config'
+import type { Metrics, RefusalReason } from '../admin/metrics'
+import type { Upstreams } from '../upstream/allowed'
+import { SUBPROTOCOL, SUBPROTOCOL_CANCEL } from '../../src/config'
 
 export interface RouteOptions {
   upstreams: Upstreams
@@ -55,12 +55,12 @@ export class WebSocketRoutes {
 
   constructor(private readonly o: RouteOptions) {
     this.origins = new Set(o.allowedOrigins ?? [])
-    // Selecting edgepg's subprotocol says the proxy takes a login from the upgrade (proxy/login.ts);
-    // selecting SUBPROTOCOL_CANCEL, also a cancel on the session's WebSocket (proxy/session.ts).
+    // Selecting edgepg's subprotocol says the proxy takes a login from the upgrade (proxy/login/in-upgrade.ts);
+    // selecting SUBPROTOCOL_CANCEL, also a cancel on the session's WebSocket (proxy/ws/session.ts).
     // Any other offered subprotocol is declined (ws would otherwise select the first one offered).
     this.wss = new WebSocketServer({
       noServer: true,
-      maxPayload: FIRST_FLIGHT_BYTES, // until the login is in (proxy/budget.ts)
+      maxPayload: FIRST_FLIGHT_BYTES, // until the login is in (proxy/ws/budget.ts)
       perMessageDeflate: false,
       handleProtocols: (offered, req) =>
         offered.has(SUBPROTOCOL_CANCEL) && this.cancelsInBand.has(req) ? SUBPROTOCOL_CANCEL : offered.has(SUBPROTOCOL) ? SUBPROTOCOL : false,
@@ -140,7 +140,7 @@ export class WebSocketRoutes {
     /** The pool's backend this session runs on, if any. */
     let backend: Backend | undefined
     let ws: WebSocket | undefined
-    /** Its place among the logins waiting on Postgres (proxy/logins.ts). */
+    /** Its place among the logins waiting on Postgres (proxy/login/gate.ts). */
     let ticket: LoginTicket | undefined
     // Nothing connects to Postgres before the login is in, and admitted.
     const newUpstream = () => (up = new Upstream(target, this.o.upstreamTls))

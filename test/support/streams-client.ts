@@ -1,7 +1,7 @@
 /**
  * Run by streams.test.ts as a child process, so that its peak memory (VmHWM) is a client's own:
  *
- *   node --max-old-space-size=40 --import tsx test/streams-client.ts <copy|query-stream|cursor> <proxy port>
+ *   node --max-old-space-size=40 --import tsx test/support/streams-client.ts <copy|query-stream|cursor> <proxy port>
  *
  * (A small heap, so that V8 collects garbage as it goes: what stays is what is held. Buffers live
  * outside the heap: held data still shows in the RSS, whatever the heap's size.)

@@ -7,7 +7,7 @@
 import { DatabaseError, serialize } from 'pg-protocol'
 import { Parser } from 'pg-protocol/dist/parser'
 import type { BackendMessage, CommandCompleteMessage, DataRowMessage, ReadyForQueryMessage, RowDescriptionMessage } from 'pg-protocol/dist/messages'
-import type { Upstream } from './upstream'
+import type { Upstream } from '../upstream/connection'
 
 export interface Field {
   name: string

@@ -1,13 +1,15 @@
 import type { WebSocket, RawData } from 'ws'
-import { ByteQueue, messages, ProtocolError } from './bytes'
-import type { LoginOutcome } from './login'
-import { errorResponse, LoginWatch, runStartup, UpstreamError, type BackendKey, type StartupIO } from './startup'
+import { ByteQueue, messages, ProtocolError } from '../wire/bytes'
+import type { LoginOutcome } from '../login/in-upgrade'
+import { errorResponse, LoginWatch, UpstreamError, type BackendKey } from '../wire/startup'
+import { runStartup, type StartupIO } from '../login/in-band'
 import { FIRST_FLIGHT_BYTES, type BufferBudget } from './budget'
-import { TlsError, type Upstream } from './upstream'
-import { IdleWatch, type Ending } from './idle-watch'
-import { SUBPROTOCOL_CANCEL } from '../src/config'
+import { TlsError, type Upstream } from '../upstream/connection'
+import { IdleWatch, type Ending } from '../pool/idle-watch'
+import { SUBPROTOCOL_CANCEL } from '../../src/config'
+import { ServerMessage, ClientMessage } from '../wire/codes'
 
-export type { UpstreamTls } from './upstream'
+export type { UpstreamTls } from '../upstream/connection'
 
 export interface SessionLog {
   peer: string
@@ -22,7 +24,7 @@ export interface SessionOptions extends Pick<StartupIO, 'connect' | 'routeCancel
   /** Postgres, connected by the login in the upgrade, or (in band) by `connect` once the startup is in. */
   upstream: Upstream
   /**
-   * What came of the login the upgrade carried (proxy/login.ts), or why it failed; without one the
+   * What came of the login the upgrade carried (proxy/login/in-upgrade.ts), or why it failed; without one the
    * startup runs in band.
    */
   opened?: LoginOutcome | Error
@@ -41,7 +43,7 @@ export interface SessionOptions extends Pick<StartupIO, 'connect' | 'routeCancel
   onEstablished?: () => void
   /** What the client's unfinished messages hold, and how large one may be. */
   budget?: BufferBudget
-  /** The session's cancel key is valid (proxy/cancels.ts) until the returned function is called. */
+  /** The session's cancel key is valid (proxy/ws/cancels.ts) until the returned function is called. */
   issueKey?: (key: BackendKey) => () => void
   /** TLS inside the socket: the session's key is unknown until the returned function is called. */
   hideKey?: () => () => void
@@ -74,7 +76,7 @@ export function closeWebSocket(ws: WebSocket, code: number, reason?: string) {
 }
 
 /** Terminate: a client that ends its session cleanly sends it last. */
-const TERMINATE = Buffer.from([0x58, 0, 0, 0, 4])
+const TERMINATE = Buffer.from([ClientMessage.Terminate, 0, 0, 0, 4])
 
 /**
  * One client's session, once its WebSocket is open: runs the startup phase in band (auth offload)
@@ -354,4 +356,4 @@ class Session {
 }
 
 /** The first complete ErrorResponse among whole backend messages, if any. */
-const firstErrorResponse = (bytes: Buffer) => messages(bytes).find((m) => m[0] === 0x45)
+const firstErrorResponse = (bytes: Buffer) => messages(bytes).find((m) => m[0] === ServerMessage.ErrorResponse)

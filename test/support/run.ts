@@ -13,7 +13,7 @@ const files = readdirSync('test')
   .map((f) => `test/${f}`)
 
 // Before Postgres starts: a signal now goes to the tests (Postgres then stops, below), or ends
-// this process before they run (test/pg-server.ts stops Postgres on exit).
+// this process before they run (test/support/pg-server.ts stops Postgres on exit).
 let child: ReturnType<typeof spawn> | undefined
 for (const signal of ['SIGINT', 'SIGTERM'] as const) {
   process.once(signal, () => (child ? child.kill(signal) : process.exit(130)))

@@ -1,7 +1,7 @@
 /**
  * A PgBouncer (Debian's package; .ci/run installs it) in transaction mode in front of the test
  * Postgres, for the tests that put edgepg-proxy in front of it. As root it runs as the user
- * test/pg-server.ts runs Postgres as (PgBouncer will not run as root either).
+ * test/support/pg-server.ts runs Postgres as (PgBouncer will not run as root either).
  */
 import { spawn, execFileSync } from 'node:child_process'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'

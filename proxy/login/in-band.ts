@@ -1,50 +1,23 @@
-/// <reference path="../src/pg-internals.d.ts" />
+/// <reference path="../../src/pg-internals.d.ts" />
 import type { TLSSocket } from 'node:tls'
 import { serialize } from 'pg-protocol'
 import sasl from 'pg/lib/crypto/sasl.js'
 import pgCrypto from 'pg/lib/crypto/utils.js'
-import { ProtocolError, type ByteQueue } from './bytes'
+import { ProtocolError, type ByteQueue } from '../wire/bytes'
+import { cString, MAX_AUTH_MESSAGE, MAX_STARTUP_PACKET, parseErrorFields, parseStartupPacket, UnexpectedMessage, UpstreamError } from '../wire/startup'
+import { ServerMessage, SslAnswer } from '../wire/codes'
 
 /**
  * The startup phase of one session, with auth offload: the client authenticates to the proxy with
  * a cleartext password, and the proxy authenticates upstream with whatever Postgres asks for
  * (trust, password, md5, SCRAM-SHA-256, SCRAM-SHA-256-PLUS over TLS). SASL never reaches the
- * client. The password comes in the WebSocket upgrade (proxy/login.ts) or, here, in band: the
+ * client. The password comes in the WebSocket upgrade (proxy/login/in-upgrade.ts) or, here, in band: the
  * proxy asks for it with AuthenticationCleartextPassword.
  *
  * A client that starts with SSLRequest wants TLS with Postgres itself: the proxy forwards the
  * SSLRequest, waits for Postgres's answer (PostgreSQL ≤ 16 would hang on a ClientHello pipelined
  * behind it), passes the answer on, and from then on only relays.
  */
-
-const SSL_REQUEST = 80877103
-const GSSENC_REQUEST = 80877104
-const CANCEL_REQUEST = 80877102
-/** PostgreSQL's own limit for a startup packet. */
-export const MAX_STARTUP_PACKET = 10000
-/** Largest message accepted during authentication, either way. */
-export const MAX_AUTH_MESSAGE = 64 * 1024
-
-/** A client's first packet, parsed. */
-export type StartupPacket =
-  | { kind: 'startup'; packet: Buffer; user: string; database: string }
-  | { kind: 'ssl'; packet: Buffer }
-  | { kind: 'cancel'; packet: Buffer }
-  | { kind: 'gssenc'; packet: Buffer }
-
-/** Parses a whole startup-phase packet (length included); throws a ProtocolError for anything else. */
-export function parseStartupPacket(packet: Buffer): StartupPacket {
-  const length = packet.length >= 8 ? packet.readInt32BE(0) : 0
-  if (length < 8 || length > MAX_STARTUP_PACKET || length !== packet.length) throw new ProtocolError(`invalid startup packet length ${length}`)
-  const code = packet.readInt32BE(4)
-  if (code === SSL_REQUEST) return { kind: 'ssl', packet }
-  if (code === CANCEL_REQUEST) return { kind: 'cancel', packet }
-  if (code === GSSENC_REQUEST) return { kind: 'gssenc', packet }
-  if (code >> 16 !== 3) throw new ProtocolError(`unsupported frontend protocol ${code >> 16}.${code & 0xffff}`)
-  const params = parseStartupParams(packet.subarray(8))
-  if (!params.user) throw new ProtocolError('no PostgreSQL user name specified in startup packet', '28000')
-  return { kind: 'startup', packet, user: params.user, database: params.database ?? params.user }
-}
 
 /** Refused unless a cleartext password may cross the client's link. */
 export function checkPasswordsAllowed(allowed: boolean) {
@@ -69,7 +42,7 @@ export interface StartupIO {
   offload: boolean
   /**
    * Connects to Postgres, which nothing does before the client's first packet (and, with auth
-   * offload, its password) is in: for a `login`, once the login gate admits it (proxy/logins.ts).
+   * offload, its password) is in: for a `login`, once the login gate admits it (proxy/login/gate.ts).
    */
   connect(login: boolean): Promise<void>
   /** The CancelRequest to forward for the one the client sent, or why none goes. */
@@ -116,7 +89,7 @@ export async function runStartup(io: StartupIO): Promise<StartupOutcome> {
     io.toUpstream(startup.packet)
     const answer = await io.upstream.read(1)
     io.toClient(answer)
-    return { kind: 'passthrough', plaintext: answer[0] !== 0x53 } // 'N': the client goes on in clear
+    return { kind: 'passthrough', plaintext: answer[0] !== SslAnswer.Yes } // 'N': the client goes on in clear
   }
   if (!io.offload) {
     await io.connect(true)
@@ -196,104 +169,4 @@ export async function authenticate(
   }
 }
 
-/** What a CancelRequest for one backend needs: its BackendKeyData. */
-export interface BackendKey {
-  pid: number
-  /** 4 bytes with protocol 3.0; up to 256 with 3.2 (PostgreSQL 18). */
-  secret: Buffer
-}
-
-/** PostgreSQL 18's limit on a cancel key (protocol 3.2). */
-const MAX_CANCEL_KEY = 256
-
-/**
- * Watches the messages Postgres sends at the start of a session, as they are relayed (it is shown
- * each chunk and holds nothing back), for BackendKeyData ('K') and the ReadyForQuery that ends the
- * login. It stops at ReadyForQuery (`ready`), an ErrorResponse, or at anything that does not frame
- * as protocol messages (TLS records, a lone SSLRequest answer): `key` is then what it found.
- */
-export class LoginWatch {
-  key?: BackendKey
-  ready = false
-  /** A message not yet complete: at most one, kept as a copy (chunks go on to the client). */
-  private partial?: Buffer
-
-  /** Looks at the next bytes from Postgres; true once it is done looking. */
-  feed(chunk: Buffer): boolean {
-    const buf = this.partial ? Buffer.concat([this.partial, chunk]) : chunk
-    this.partial = undefined
-    let at = 0
-    while (buf.length - at >= 5) {
-      const type = buf[at]
-      const length = buf.readInt32BE(at + 1)
-      if (length < 4 || length > MAX_AUTH_MESSAGE) return true // not protocol messages after all
-      if (buf.length - at < 1 + length) break
-      if (type === 0x4b) {
-        // BackendKeyData: process ID, then the secret key, which is the rest of the message.
-        const secret = buf.subarray(at + 9, at + 1 + length)
-        if (secret.length >= 4 && secret.length <= MAX_CANCEL_KEY) this.key = { pid: buf.readInt32BE(at + 5), secret: Buffer.from(secret) }
-      }
-      if (type === 0x5a) return (this.ready = true)
-      if (type === 0x45) return true // refused: Postgres hangs up
-      at += 1 + length
-    }
-    if (at < buf.length) this.partial = Buffer.from(buf.subarray(at))
-    return false
-  }
-}
-
-/** A CancelRequest for `key`, as libpq sends it on a connection of its own. */
-export function cancelRequest(key: BackendKey): Buffer {
-  const packet = Buffer.alloc(12 + key.secret.length)
-  packet.writeInt32BE(packet.length, 0)
-  packet.writeInt32BE(CANCEL_REQUEST, 4)
-  packet.writeInt32BE(key.pid, 8)
-  key.secret.copy(packet, 12)
-  return packet
-}
-
-/** Postgres misbehaved or asked for what the proxy cannot do. */
-export class UpstreamError extends Error {}
-
-/** Postgres (or whatever answers in its place) sent what the login did not expect: `raw`. */
-export class UnexpectedMessage extends UpstreamError {
-  constructor(readonly raw: Buffer) {
-    super(`unexpected message type '${String.fromCharCode(raw[0])}' from Postgres during authentication`)
-  }
-}
-
-const AUTH_CLEARTEXT = Buffer.from([0x52, 0, 0, 0, 8, 0, 0, 0, 3])
-
-export function cString(buf: Buffer): string {
-  const end = buf.indexOf(0)
-  return buf.toString('utf8', 0, end < 0 ? buf.length : end)
-}
-
-export function parseStartupParams(buf: Buffer): Record<string, string> {
-  if (buf.length === 0 || buf[buf.length - 1] !== 0) throw new ProtocolError('startup packet parameters are not terminated')
-  const parts = buf.toString('utf8', 0, buf.length - 1).split('\0')
-  if (parts.at(-1) !== '' || parts.length % 2 !== 1) throw new ProtocolError('malformed startup packet parameters')
-  const params: Record<string, string> = {}
-  for (let i = 0; i + 1 < parts.length; i += 2) params[parts[i]] = parts[i + 1]
-  return params
-}
-
-export function parseErrorFields(body: Buffer): { code: string; message: string } {
-  const fields: Record<string, string> = {}
-  for (let i = 0; i < body.length && body[i] !== 0; ) {
-    const end = body.indexOf(0, i + 1)
-    if (end < 0) break
-    fields[String.fromCharCode(body[i])] = body.toString('utf8', i + 1, end)
-    i = end + 1
-  }
-  return { code: fields.C ?? '', message: fields.M ?? '' }
-}
-
-/** A FATAL ErrorResponse, as Postgres would send it. */
-export function errorResponse(code: string, message: string): Buffer {
-  const fields = Buffer.from(`SFATAL\0VFATAL\0C${code}\0M${message}\0\0`, 'utf8')
-  const head = Buffer.alloc(5)
-  head[0] = 0x45
-  head.writeInt32BE(fields.length + 4, 1)
-  return Buffer.concat([head, fields])
-}
+const AUTH_CLEARTEXT = Buffer.from([ServerMessage.Authentication, 0, 0, 0, 8, 0, 0, 0, 3])

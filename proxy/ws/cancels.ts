@@ -1,5 +1,5 @@
-import type { BackendPool } from './pool'
-import type { BackendKey } from './startup'
+import type { BackendPool } from '../pool/backends'
+import type { BackendKey } from '../wire/startup'
 
 /**
  * CancelRequests from clients. One goes on to Postgres only when it names a key the proxy handed

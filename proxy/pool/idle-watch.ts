@@ -1,3 +1,5 @@
+import { ServerMessage, ClientMessage, TxStatus } from '../wire/codes'
+
 /**
  * Whether a relayed session left its backend idle, for the pool: every Query, Sync and
  * FunctionCall the client sent has had its ReadyForQuery, and no extended-protocol message waits
@@ -8,14 +10,12 @@
  * leaves a placeholder that later reads as '' where a fresh backend has none (NULL), and Postgres
  * lists placeholders nowhere. A backend whose session sent such a statement is not reused.
  */
-const TYPES_AWAITING_SYNC = new Set([0x50, 0x42, 0x44, 0x45, 0x43, 0x48]) // Parse Bind Describe Execute Close Flush
-const ANSWERED = new Set([0x51, 0x53, 0x46]) // Query Sync FunctionCall
-const TERMINATE = 0x58
-const READY_FOR_QUERY = 0x5a
-/** CommandComplete, ErrorResponse, EmptyQueryResponse: a statement's last word before ReadyForQuery. */
-const STATEMENT_ENDS = new Set([0x43, 0x45, 0x49])
-const QUERY = 0x51
-const PARSE = 0x50
+const TYPES_AWAITING_SYNC = new Set<number>([ClientMessage.Parse, ClientMessage.Bind, ClientMessage.Describe, ClientMessage.Execute, ClientMessage.Close, ClientMessage.Flush])
+const ANSWERED = new Set<number>([ClientMessage.Query, ClientMessage.Sync, ClientMessage.FunctionCall])
+const { Terminate: TERMINATE, Query: QUERY, Parse: PARSE } = ClientMessage
+const READY_FOR_QUERY = ServerMessage.ReadyForQuery
+/** A statement's last word before ReadyForQuery. */
+const STATEMENT_ENDS = new Set<number>([ServerMessage.CommandComplete, ServerMessage.ErrorResponse, ServerMessage.EmptyQueryResponse])
 /**
  * set_config() of anything but a plain literal name without a dot, or SET [SESSION | LOCAL] of a
  * dotted (custom) name, anywhere in a statement's text.
@@ -131,6 +131,6 @@ export class IdleWatch {
   get ending(): Ending | undefined {
     if (this.awaitingSync || this.client.midMessage) return undefined
     if (this.unanswered > 1 || (this.unanswered === 1 && (this.backend.midMessage || !STATEMENT_ENDS.has(this.last)))) return undefined
-    return { pending: this.unanswered, status: this.status ?? 0x49, reusable: !this.split && !this.customSetting }
+    return { pending: this.unanswered, status: this.status ?? TxStatus.Idle, reusable: !this.split && !this.customSetting }
   }
 }

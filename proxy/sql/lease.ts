@@ -5,13 +5,13 @@
  */
 import { DatabaseError, serialize } from 'pg-protocol'
 import { Parser } from 'pg-protocol/dist/parser'
-import { formatHostPort, type HostPort } from './address'
-import type { Backend, BackendPool } from './pool'
-import { Upstream, type UpstreamTls } from './upstream'
-import { runLogin, type LoginOutcome } from './login'
-import { LoginWatch, parseStartupPacket, UpstreamError, type BackendKey } from './startup'
-import { Statements } from './statements'
-import { HttpError, parseConnectionString, type ConnInfo } from './sql-request'
+import { formatHostPort, type HostPort } from '../upstream/address'
+import type { Backend, BackendPool } from '../pool/backends'
+import { Upstream, type UpstreamTls } from '../upstream/connection'
+import { runLogin, type LoginOutcome } from '../login/in-upgrade'
+import { LoginWatch, parseStartupPacket, UpstreamError, type BackendKey } from '../wire/startup'
+import { Statements } from '../pool/statements'
+import { HttpError, parseConnectionString, type ConnInfo } from './request'
 
 export interface LeaseOptions {
   backends: BackendPool
@@ -22,7 +22,7 @@ export interface LeaseOptions {
   perKey: number
   /** Longest wait for a turn, and then for a login, before HTTP 503. */
   connectTimeoutMs: number
-  /** statement_timeout in ms (0: none), SET by each request when the pool is on (see proxy/sql.ts). */
+  /** statement_timeout in ms (0: none), SET by each request when the pool is on (see proxy/sql/handler.ts). */
   statementTimeoutMs: number
   applicationName?: string
 }

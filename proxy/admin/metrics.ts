@@ -12,8 +12,8 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client'
-import type { SessionLog } from './session'
-import type { PoolEvent } from './pool'
+import type { SessionLog } from '../ws/session'
+import type { PoolEvent } from '../pool/backends'
 
 /**
  * Why an HTTP upgrade (a would-be session) was refused before any WebSocket opened:
@@ -67,7 +67,7 @@ export const OUTCOME_KINDS = [
 ] as const
 export type OutcomeKind = (typeof OUTCOME_KINDS)[number]
 
-/** Maps a session's free-text outcome (see proxy/session.ts) to its `OutcomeKind`. */
+/** Maps a session's free-text outcome (see proxy/ws/session.ts) to its `OutcomeKind`. */
 export function outcomeKind(outcome: string): OutcomeKind {
   if (outcome === 'closed by client' || outcome === 'closed by upstream') return 'ok'
   if (outcome.startsWith('refused by Postgres')) return 'refused_by_postgres'

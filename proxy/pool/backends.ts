@@ -5,7 +5,7 @@
  * whose login matches exactly: same upstream, TLS, StartupMessage (user, database and every
  * parameter) and password. That session's login is answered from the backend's own state
  * (AuthenticationOk, its ParameterStatus values, its BackendKeyData, ReadyForQuery): no fork, no
- * authentication at Postgres. POST /sql draws from the same pool (proxy/sql-lease.ts): its requests
+ * authentication at Postgres. POST /sql draws from the same pool (proxy/sql/lease.ts): its requests
  * log in as a default pg Client would, so they share keys with sessions.
  *
  * Passwords are compared as HMACs under a per-process key; a login whose password differs misses
@@ -18,11 +18,12 @@
  */
 import { createHmac, randomBytes } from 'node:crypto'
 import { serialize } from 'pg-protocol'
-import { ByteQueue, messages } from './bytes'
-import { cancelRequest, type BackendKey } from './startup'
-import type { Upstream } from './upstream'
+import { ByteQueue, messages } from '../wire/bytes'
+import { cancelRequest, type BackendKey } from '../wire/startup'
+import type { Upstream } from '../upstream/connection'
 import type { Ending } from './idle-watch'
-import type { LoginOutcome } from './login'
+import type { LoginOutcome } from '../login/in-upgrade'
+import { ServerMessage, TxStatus } from '../wire/codes'
 
 export interface PoolOptions {
   /** Keep backends for later sessions (default true); false: each session forks its own. */
@@ -43,11 +44,8 @@ export type PoolEvent = 'hit' | 'miss' | 'reset' | 'discard'
 const ANSWER_TIMEOUT_MS = 5000
 const SYNC = serialize.sync()
 const EMPTY = Buffer.alloc(0)
-const Z = 0x5a
-/** ReadyForQuery's status outside a transaction. */
-const IDLE = 0x49
 /** How a backend is left whose login just finished, by a session that never started. */
-export const UNUSED: Ending = { pending: 0, status: IDLE, reusable: true }
+export const UNUSED: Ending = { pending: 0, status: TxStatus.Idle, reusable: true }
 
 const ROLLBACK = serialize.query('ROLLBACK')
 const DISCARD_ALL = serialize.query('DISCARD ALL')
@@ -68,19 +66,19 @@ export class Backend {
 
   constructor(readonly upstream: Upstream, readonly poolKey: string, answer: Buffer[]) {
     this.answer = answer.map((m) => Buffer.from(m))
-    const k = this.answer.find((m) => m[0] === 0x4b)!
+    const k = this.answer.find((m) => m[0] === ServerMessage.BackendKeyData)!
     this.key = { pid: k.readInt32BE(5), secret: k.subarray(9) }
   }
 
   /** Postgres's login answer as a session on this backend sees it: with its own cancel secret. */
   answerWith(secret: Buffer): Buffer {
-    return Buffer.concat(this.answer.map((m) => (m[0] === 0x4b ? Buffer.concat([m.subarray(0, 9), secret]) : m)))
+    return Buffer.concat(this.answer.map((m) => (m[0] === ServerMessage.BackendKeyData ? Buffer.concat([m.subarray(0, 9), secret]) : m)))
   }
 
   /** A ParameterStatus Postgres sent after the login (a reset, a configuration reload). */
   noteParameter(msg: Buffer) {
     const name = msg.subarray(5, msg.indexOf(0, 5)).toString()
-    const at = this.answer.findIndex((m) => m[0] === 0x53 && m.subarray(5, m.indexOf(0, 5)).toString() === name)
+    const at = this.answer.findIndex((m) => m[0] === ServerMessage.ParameterStatus && m.subarray(5, m.indexOf(0, 5)).toString() === name)
     if (at >= 0) this.answer[at] = Buffer.from(msg)
   }
 }
@@ -167,7 +165,7 @@ export class BackendPool {
    */
   adopt(key: string, upstream: Upstream, answer: Buffer): Backend | undefined {
     const answered = messages(answer)
-    if (!this.enabled || this.closed || this.owned.size >= this.maxBackends || !answered.some((m) => m[0] === 0x4b)) return undefined
+    if (!this.enabled || this.closed || this.owned.size >= this.maxBackends || !answered.some((m) => m[0] === ServerMessage.BackendKeyData)) return undefined
     const backend = new Backend(upstream, key, answered)
     this.owned.set(`${upstream.name} ${backend.key.pid}`, backend)
     upstream.on('close', () => {
@@ -201,7 +199,7 @@ export class BackendPool {
     this.idle.set(backend.poolKey, list)
     const done = reset
       ? reset.then((ok) => ok && (this.watchIdle(backend), true))
-      : this.exchange(backend, ending.pending === 0 && ending.status === IDLE ? [DISCARD_ALL] : [ROLLBACK, DISCARD_ALL], ending.pending)
+      : this.exchange(backend, ending.pending === 0 && ending.status === TxStatus.Idle ? [DISCARD_ALL] : [ROLLBACK, DISCARD_ALL], ending.pending)
     backend.resetting = done.then((ok) => {
       backend.resetting = undefined
       if (!ok) return this.evict(backend, true), false // (a query of the session's may still be running)
@@ -246,9 +244,9 @@ export class BackendPool {
         const msg = await queue.message(1 << 20)
         if (msg.type === 'E' && left <= sent.length) ok = false
         else if (msg.type === 'S') backend.noteParameter(msg.raw)
-        else if (msg.raw[0] === Z) {
+        else if (msg.raw[0] === ServerMessage.ReadyForQuery) {
           left--
-          if (!left && msg.body[0] !== IDLE) ok = false
+          if (!left && msg.body[0] !== TxStatus.Idle) ok = false
         }
       }
       return ok

@@ -5,11 +5,11 @@
  * reset rides behind its last.
  */
 import { DatabaseError } from 'pg-protocol'
-import { setsCustomSetting } from './idle-watch'
-import type { Field } from './statements'
-import type { Control, Lease } from './sql-lease'
-import { HttpError, ISOLATION_LEVELS, type Flags, type QueryData } from './sql-request'
-import { OID, textToJson, type ArrayType } from './sql-json'
+import { setsCustomSetting } from '../pool/idle-watch'
+import type { Field } from '../pool/statements'
+import type { Control, Lease } from './lease'
+import { HttpError, ISOLATION_LEVELS, type Flags, type QueryData } from './request'
+import { OID, textToJson, type ArrayType } from './json'
 
 export interface RunLimits {
   /** Largest response body, in bytes (TooLarge past it). */

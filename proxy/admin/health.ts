@@ -11,7 +11,7 @@
  */
 import net from 'node:net'
 import type { IncomingMessage, ServerResponse } from 'node:http'
-import { formatHostPort, type HostPort } from './address'
+import { formatHostPort, type HostPort } from '../upstream/address'
 
 export interface HealthResult {
   status: 'ok' | 'unavailable'

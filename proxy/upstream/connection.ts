@@ -1,8 +1,9 @@
 import net, { type Socket } from 'node:net'
 import tls, { type TLSSocket } from 'node:tls'
 import { formatHostPort, type HostPort } from './address'
-import { ByteQueue } from './bytes'
-import { cancelRequest, UpstreamError, type BackendKey } from './startup'
+import { ByteQueue } from '../wire/bytes'
+import { cancelRequest, UpstreamError, type BackendKey } from '../wire/startup'
+import { SslAnswer } from '../wire/codes'
 
 /**
  * TLS from the proxy to Postgres, as libpq's sslmode names it: the operator's floor (clients may
@@ -128,9 +129,9 @@ export class Upstream {
     if (!options.direct) {
       this.tcp.write(SSL_REQUEST)
       const answer = (await this.queue.read(1))[0]
-      if (answer !== 0x53) {
+      if (answer !== SslAnswer.Yes) {
         if (!asked) throw new UpstreamError(`Postgres at ${this.name} does not accept TLS (upstream sslmode=${options.mode})`)
-        throw new TlsError(answer === 0x4e ? 'The server does not support SSL connections' : 'There was an error establishing an SSL connection')
+        throw new TlsError(answer === SslAnswer.No ? 'The server does not support SSL connections' : 'There was an error establishing an SSL connection')
       }
     }
     this.tcp.off('data', this.fromTcp)
@@ -194,6 +195,6 @@ export class Upstream {
     }
     if (this.tlsOptions?.direct) return cancelOverTls()
     socket.write(SSL_REQUEST)
-    socket.once('data', (answer: Buffer) => (answer[0] === 0x53 ? cancelOverTls() : socket.destroy())) // never in clear where the session used TLS
+    socket.once('data', (answer: Buffer) => (answer[0] === SslAnswer.Yes ? cancelOverTls() : socket.destroy())) // never in clear where the session used TLS
   }
 }

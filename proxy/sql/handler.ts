@@ -33,12 +33,12 @@
  * Every query runs with the extended protocol (as Neon's does), so one statement per query: a
  * multi-statement string fails with 42601.
  *
- * Backends come from the proxy's one pool (proxy/pool.ts), shared with WebSocket sessions: a request
+ * Backends come from the proxy's one pool (proxy/pool/backends.ts), shared with WebSocket sessions: a request
  * logs in as a default pg Client would (user, database; the same StartupMessage), so a backend one
  * warmed serves the other. Postgres checks the credentials of every fresh login; a warm backend is
  * lent only to the password it was authenticated with. After the request the backend goes back idle
  * and reset (ROLLBACK if a transaction was left open, DISCARD ALL), or is closed: cancelled, broken,
- * or a custom setting made (see proxy/idle-watch.ts). At most `pool.max` requests per credentials hold
+ * or a custom setting made (see proxy/pool/idle-watch.ts). At most `pool.max` requests per credentials hold
  * a backend at once; the rest wait up to `pool.connectTimeoutMs`.
  *
  * A client that goes away mid-request gets its running statement cancelled (a CancelRequest on a
@@ -53,15 +53,15 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { DatabaseError } from 'pg-protocol'
-import { formatHostPort, type HostPort } from './address'
-import { BackendPool, type PoolOptions } from './pool'
-import type { UpstreamTls } from './upstream'
-import { Control, Leases } from './sql-lease'
-import { runRequest, TooLarge, type Response } from './sql-run'
-import { header, HttpError, parseFlags, parsePayload, readBody, singleHeader, type BodyBudget } from './sql-request'
-import { databaseErrorJson, errorJson, type ArrayType } from './sql-json'
+import { formatHostPort, type HostPort } from '../upstream/address'
+import { BackendPool, type PoolOptions } from '../pool/backends'
+import type { UpstreamTls } from '../upstream/connection'
+import { Control, Leases } from './lease'
+import { runRequest, TooLarge, type Response } from './run'
+import { header, HttpError, parseFlags, parsePayload, readBody, singleHeader, type BodyBudget } from './request'
+import { databaseErrorJson, errorJson, type ArrayType } from './json'
 
-export { ERROR_FIELDS } from './sql-json'
+export { ERROR_FIELDS } from './json'
 
 export interface SqlPoolOptions {
   /** Requests per (upstream, user, database, password) holding a backend at once; the rest wait. Default 10. */

@@ -1,0 +1,38 @@
+/**
+ * The Postgres protocol's type bytes, in one table (as pg-protocol's MessageCodes), so that the
+ * rest of the proxy names them. ClientMessage and backend messages share bytes: 'E' is Execute one way
+ * and ErrorResponse the other.
+ */
+export const ClientMessage = {
+  Bind: 0x42, // B
+  Close: 0x43, // C
+  Describe: 0x44, // D
+  Execute: 0x45, // E
+  FunctionCall: 0x46, // F
+  Flush: 0x48, // H
+  Parse: 0x50, // P
+  Query: 0x51, // Q
+  Sync: 0x53, // S
+  Terminate: 0x58, // X
+  /** PasswordMessage, and the SASL responses. */
+  Password: 0x70, // p
+} as const
+
+export const ServerMessage = {
+  CommandComplete: 0x43, // C
+  ErrorResponse: 0x45, // E
+  EmptyQueryResponse: 0x49, // I
+  BackendKeyData: 0x4b, // K
+  /** Also the answer to an SSLRequest that says no. */
+  NoticeResponse: 0x4e, // N
+  Authentication: 0x52, // R
+  /** Also the answer to an SSLRequest that says yes. */
+  ParameterStatus: 0x53, // S
+  ReadyForQuery: 0x5a, // Z
+} as const
+
+/** The answer to an SSLRequest. */
+export const SslAnswer = { Yes: 0x53, No: 0x4e } as const
+
+/** ReadyForQuery's transaction status. */
+export const TxStatus = { Idle: 0x49, InTransaction: 0x54, Failed: 0x45 } as const
