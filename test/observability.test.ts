@@ -18,7 +18,8 @@ import { randomUUID } from 'node:crypto'
 import { WebSocket } from 'ws'
 import { register as globalRegistry } from 'prom-client'
 import { createProxy, type ProxyOptions, type SessionLog } from '../proxy/index'
-import { createMetrics, outcomeKind, isAuthFailure, REFUSAL_REASONS, OUTCOME_KINDS, type Metrics, type RefusalReason } from '../proxy/admin/metrics'
+import { createMetrics, REFUSAL_REASONS, OUTCOME_KINDS, type Metrics, type RefusalReason } from '../proxy/admin/metrics'
+import type { OutcomeKind } from '../proxy/ws/session'
 import { healthHandler } from '../proxy/admin/health'
 import { parseConfig } from '../proxy/config'
 import { Client } from '../src/index'
@@ -180,45 +181,18 @@ function upgradeStatus(url: string, headers?: Record<string, string>): Promise<n
   }))
 }
 
-const logOf = (outcome: string, bytesIn = 0, bytesOut = 0): SessionLog => ({ peer: '127.0.0.1', upstream: UPSTREAM, durationMs: 1, bytesIn, bytesOut, outcome })
+const logOf = (kind: OutcomeKind, authFailed: boolean, bytesIn = 0, bytesOut = 0): SessionLog => ({ peer: '127.0.0.1', upstream: UPSTREAM, durationMs: 1, bytesIn, bytesOut, outcome: kind, kind, authFailed })
 
 // ---------------------------------------------------------------------------------------------
 
 describe('metrics (unit)', () => {
-  test('outcome kinds and auth failures from the outcomes proxy/ws/session.ts writes', () => {
-    const cases: Array<[string, string, boolean]> = [
-      ['closed by client', 'ok', false],
-      ['closed by upstream', 'ok', false],
-      ['refused a text frame', 'client_error', false],
-      ['client error: Invalid WebSocket frame: RSV1 must be clear', 'client_error', false],
-      ['upstream 127.0.0.1:1 unreachable: ECONNREFUSED', 'upstream_unreachable', false],
-      ['upstream [::1]:5432 unreachable: ETIMEDOUT', 'upstream_unreachable', false],
-      ['upstream error: ECONNRESET', 'upstream_error', false],
-      ['refused by Postgres: 28P01 password authentication failed for user "password_user"', 'refused_by_postgres', true],
-      ['refused by Postgres: 28000 role "nobody" does not exist', 'refused_by_postgres', true],
-      ['refused by Postgres: 3D000 database "nope" does not exist', 'refused_by_postgres', false],
-      ['refused by Postgres: 53300 sorry, too many clients already', 'refused_by_postgres', false],
-      ['startup refused: invalid startup packet length 3', 'startup_refused', false],
-      ['startup refused: authentication failed for user "scram_user": SASL: SCRAM-SERVER-FIRST-MESSAGE: client password must be a non-empty string', 'startup_refused', true],
-      ['startup refused: edgepg-proxy refuses passwords over unencrypted ws:// from a non-loopback client', 'startup_refused', false],
-      ['idle timeout', 'timeout', false],
-      ['proxy shutting down', 'shutdown', false],
-      ['something new', 'other', false],
-    ]
-    for (const [outcome, kind, auth] of cases) {
-      assert.equal(outcomeKind(outcome), kind, `outcome kind of "${outcome}"`)
-      assert.equal(isAuthFailure(outcome), auth, `isAuthFailure("${outcome}")`)
-      assert.ok((OUTCOME_KINDS as readonly string[]).includes(outcomeKind(outcome)), `"${outcomeKind(outcome)}" is one of OUTCOME_KINDS`)
-    }
-  })
-
   test('exposition: sessions, bytes, auth failures, connect latency, refusals, default process metrics', async () => {
     const m = createMetrics()
     m.sessionOpened()
     m.sessionOpened()
     m.sessionOpened()
-    m.sessionClosed(logOf('closed by client', 120, 3400))
-    m.sessionClosed(logOf('refused by Postgres: 28P01 password authentication failed for user "x"', 40, 90))
+    m.sessionClosed(logOf('ok', false, 120, 3400))
+    m.sessionClosed(logOf('refused_by_postgres', true, 40, 90))
     m.upstreamConnected(0.0007)
     m.upstreamConnected(0.2)
     m.refused('forbidden_address')
@@ -270,7 +244,7 @@ describe('metrics (unit)', () => {
     const a = createMetrics()
     const b = createMetrics()
     a.sessionOpened()
-    a.sessionClosed(logOf('closed by client', 10, 20))
+    a.sessionClosed(logOf('ok', false, 10, 20))
     a.refused('origin')
     const ta = await a.registry.metrics()
     const tb = await b.registry.metrics()
@@ -504,6 +478,40 @@ describe('proxy: /healthz and /metrics (need the wiring in proxy/index.ts)', () 
 })
 
 describe('session log', () => {
+  test('each way a session ends has its code: ok, refused (an auth failure), client error, handshake and idle timeouts, shutdown', async () => {
+    const p = await startLocalProxy({ handshakeTimeoutMs: 300, idleTimeoutMs: 600 })
+    try {
+      const ended = (n: number) => eventually(() => p.logs.length === n, `session ${n} to be logged`)
+      await session(p.port)
+      await ended(1)
+      await wrongPassword(p.port, 'not-the-password')
+      await ended(2)
+      const text = new WebSocket(p.ws('/v2'))
+      text.once('open', () => text.send('hello'))
+      await ended(3)
+      new WebSocket(p.ws('/v2')).on('error', () => {}) // says nothing: the handshake timeout
+      await ended(4)
+      const idle = edgeClient(p.port)
+      idle.on('error', () => {})
+      await idle.connect() // then nothing: the idle timeout
+      await ended(5)
+      const last = edgeClient(p.port)
+      last.on('error', () => {})
+      await last.connect()
+      await p.close(0)
+      await ended(6)
+      const kinds = p.logs.map((l) => [l.kind, l.authFailed])
+      assert.deepEqual(kinds, [['ok', false], ['refused_by_postgres', true], ['client_error', false], ['timeout', false], ['timeout', false], ['shutdown', false]], p.logs.map((l) => l.outcome).join(' | '))
+      assert.deepEqual(p.logs.slice(3).map((l) => l.outcome), ['startup not finished in time', 'idle timeout', 'edgepg-proxy is shutting down'])
+      const metrics = await p.metrics!.registry.metrics()
+      for (const kind of ['ok', 'refused_by_postgres', 'client_error', 'shutdown'] as const) assert.equal(value(metrics, `${P}sessions_total`, { outcome_kind: kind }), 1, kind)
+      assert.equal(value(metrics, `${P}sessions_total`, { outcome_kind: 'timeout' }), 2)
+      assert.equal(value(metrics, `${P}auth_failures_total`), 1)
+    } finally {
+      await p.close()
+    }
+  })
+
   test('one entry per session with peer, upstream, durationMs, bytesIn, bytesOut, outcome; never a password, query text or parameter', async () => {
     const marker = `obs-marker-${randomUUID()}`
     const wrong = `wrong-pw-${randomUUID()}`
@@ -516,14 +524,14 @@ describe('session log', () => {
       await eventually(() => p.logs.length === 3, 'one log entry per session')
 
       for (const entry of p.logs) {
-        assert.deepEqual(Object.keys(entry).sort(), ['bytesIn', 'bytesOut', 'durationMs', 'outcome', 'peer', 'upstream'], `fields of ${JSON.stringify(entry)}`)
+        assert.deepEqual(Object.keys(entry).sort(), ['authFailed', 'bytesIn', 'bytesOut', 'durationMs', 'kind', 'outcome', 'peer', 'upstream'], `fields of ${JSON.stringify(entry)}`)
         assert.match(entry.peer, /127\.0\.0\.1/)
         assert.equal(entry.upstream, UPSTREAM)
         assert.ok(Number.isFinite(entry.durationMs) && entry.durationMs >= 0, `durationMs ${entry.durationMs}`)
         assert.ok(entry.bytesIn > 0 && entry.bytesOut > 0, `bytes ${entry.bytesIn}/${entry.bytesOut}`)
         assert.equal(typeof entry.outcome, 'string')
       }
-      assert.deepEqual(p.logs.slice(0, 2).map((l) => outcomeKind(l.outcome)), ['ok', 'ok'], p.logs.map((l) => l.outcome).join(' | '))
+      assert.deepEqual(p.logs.map((l) => [l.kind, l.authFailed]), [['ok', false], ['ok', false], ['refused_by_postgres', true]], p.logs.map((l) => l.outcome).join(' | '))
       assert.match(p.logs[2].outcome, /^refused by Postgres: 28P01/)
 
       const text = JSON.stringify(p.logs)

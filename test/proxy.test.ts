@@ -646,7 +646,7 @@ describe('session log', () => {
 
       const [la, lb] = p.logs
       for (const entry of [la, lb]) {
-        assert.deepEqual(Object.keys(entry).sort(), ['bytesIn', 'bytesOut', 'durationMs', 'outcome', 'peer', 'upstream'])
+        assert.deepEqual(Object.keys(entry).sort(), ['authFailed', 'bytesIn', 'bytesOut', 'durationMs', 'kind', 'outcome', 'peer', 'upstream'])
         assert.match(entry.peer, /127\.0\.0\.1/)
         assert.equal(entry.upstream, UPSTREAM)
         assert.ok(Number.isFinite(entry.durationMs) && entry.durationMs >= 0, `durationMs ${entry.durationMs}`)

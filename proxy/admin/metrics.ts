@@ -12,7 +12,9 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client'
-import type { SessionLog } from '../ws/session'
+import { OUTCOME_KINDS, type SessionLog } from '../ws/session'
+
+export { OUTCOME_KINDS }
 import type { PoolEvent } from '../pool/backends'
 
 /**
@@ -37,60 +39,6 @@ export const REFUSAL_REASONS = [
   'other',
 ] as const
 export type RefusalReason = (typeof REFUSAL_REASONS)[number]
-
-/**
- * How a session ended, as a bounded label derived from `SessionLog.outcome`:
- * - `ok`: closed by the client or by Postgres in the ordinary way
- * - `client_error`: the client broke the rules (a text frame, a WebSocket error)
- * - `upstream_unreachable`: the TCP connection to Postgres could not be made
- * - `upstream_error`: the connection to Postgres failed after it was made
- * - `refused_by_postgres`: Postgres refused the startup (wrong password, no such database, …)
- * - `startup_refused`: the proxy refused the startup (malformed, insecure password, TLS failure, …)
- * - `timeout`: a time limit ended the session
- * - `over_budget`: closed with 1009, a message not fitting in `--max-client-buffer`
- * - `cancel_dropped`: a CancelRequest not sent on (a key the proxy never issued, or over `--max-cancels-per-ip`)
- * - `shutdown`: the proxy closed the session while shutting down
- * - `other`: an outcome not recognised above
- */
-export const OUTCOME_KINDS = [
-  'ok',
-  'client_error',
-  'upstream_unreachable',
-  'upstream_error',
-  'refused_by_postgres',
-  'startup_refused',
-  'timeout',
-  'over_budget',
-  'cancel_dropped',
-  'shutdown',
-  'other',
-] as const
-export type OutcomeKind = (typeof OUTCOME_KINDS)[number]
-
-/** Maps a session's free-text outcome (see proxy/ws/session.ts) to its `OutcomeKind`. */
-export function outcomeKind(outcome: string): OutcomeKind {
-  if (outcome === 'closed by client' || outcome === 'closed by upstream') return 'ok'
-  if (outcome.startsWith('refused by Postgres')) return 'refused_by_postgres'
-  if (outcome.startsWith('startup refused')) return 'startup_refused'
-  if (/^upstream \S+ unreachable/.test(outcome)) return 'upstream_unreachable'
-  if (outcome.startsWith('upstream')) return 'upstream_error'
-  if (outcome.startsWith('client error') || outcome === 'refused a text frame') return 'client_error'
-  if (/time(d out|out)/i.test(outcome)) return 'timeout'
-  if (outcome.startsWith('closed: over the memory budget')) return 'over_budget'
-  if (outcome.startsWith('cancel not forwarded')) return 'cancel_dropped'
-  if (/shut(ting)? ?down/i.test(outcome)) return 'shutdown'
-  return 'other'
-}
-
-/**
- * Whether an outcome is a failed authentication: Postgres refused with SQLSTATE class 28
- * (invalid authorization: 28P01 wrong password, 28000 no such role / pg_hba rejection), or the
- * proxy's own SCRAM exchange rejected what could not succeed. Only visible with auth offload:
- * without it the proxy relays the startup and never reads Postgres's answer.
- */
-export function isAuthFailure(outcome: string): boolean {
-  return /^refused by Postgres: 28[0-9A-Z]{3}\b/.test(outcome) || /^startup refused: authentication failed\b/.test(outcome)
-}
 
 export interface Metrics {
   /** This proxy's own registry (default process metrics included). */
@@ -174,10 +122,10 @@ export function createMetrics(load: () => Load = () => NO_LOAD): Metrics {
     sessionOpened: () => active.inc(),
     sessionClosed(log) {
       active.dec()
-      sessions.inc({ outcome_kind: outcomeKind(log.outcome) })
+      sessions.inc({ outcome_kind: log.kind })
       if (log.bytesIn > 0) received.inc(log.bytesIn)
       if (log.bytesOut > 0) sent.inc(log.bytesOut)
-      if (isAuthFailure(log.outcome)) authFailures.inc()
+      if (log.authFailed) authFailures.inc()
     },
     upstreamConnected(seconds) {
       if (Number.isFinite(seconds) && seconds >= 0) connect.observe(seconds)

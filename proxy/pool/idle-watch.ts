@@ -129,7 +129,7 @@ export class IdleWatch {
    * seen (I, T or E), and whether a reset can clean up after it.
    */
   get ending(): Ending | undefined {
-    if (this.awaitingSync || this.client.midMessage) return undefined
+    if (this.awaitingSync || this.client.midMessage || this.statusNext) return undefined
     if (this.unanswered > 1 || (this.unanswered === 1 && (this.backend.midMessage || !STATEMENT_ENDS.has(this.last)))) return undefined
     return { pending: this.unanswered, status: this.status ?? TxStatus.Idle, reusable: !this.split && !this.customSetting }
   }

@@ -10,7 +10,7 @@ import type { Backend, BackendPool } from '../pool/backends'
 import { Upstream, type UpstreamTls } from '../upstream/connection'
 import { runLogin, type LoginOutcome } from '../login/in-upgrade'
 import { LoginWatch, parseStartupPacket, UpstreamError, type BackendKey } from '../wire/startup'
-import { Statements } from '../pool/statements'
+import { Statements } from './statements'
 import { HttpError, parseConnectionString, type ConnInfo } from './request'
 
 export interface LeaseOptions {

@@ -6,7 +6,7 @@
  */
 import { DatabaseError } from 'pg-protocol'
 import { setsCustomSetting } from '../pool/idle-watch'
-import type { Field } from '../pool/statements'
+import type { Field } from './statements'
 import type { Control, Lease } from './lease'
 import { HttpError, ISOLATION_LEVELS, type Flags, type QueryData } from './request'
 import { OID, textToJson, type ArrayType } from './json'

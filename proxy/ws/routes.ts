@@ -6,7 +6,7 @@ import http from 'node:http'
 import type { Duplex } from 'node:stream'
 import { WebSocketServer, type WebSocket } from 'ws'
 import { formatHostPort, parseHostPort, type HostPort } from '../upstream/address'
-import { closeWebSocket, runSession, type SessionLog } from './session'
+import { runSession, type RunningSession, type SessionLog } from './session'
 import { Upstream, type ClientTls, type UpstreamTls } from '../upstream/connection'
 import { redactLogin, runLogin, takeLogin, type LoginOutcome } from '../login/in-upgrade'
 import { UNUSED, type Backend, type BackendPool } from '../pool/backends'
@@ -43,7 +43,8 @@ const SHUTDOWN_REASON = 'edgepg-proxy is shutting down'
 const isLoopback = (address: string) => /^(127\.|::1$|::ffff:127\.)/.test(address)
 
 export class WebSocketRoutes {
-  readonly sessions = new Set<WebSocket>()
+  /** Open sessions, by their WebSocket. */
+  readonly sessions = new Map<WebSocket, RunningSession>()
   /** Upgrades under way: they count against the limits too. */
   private readonly upgrading = new Set<Duplex>()
   private readonly perIp = new Map<string, number>()
@@ -114,7 +115,7 @@ export class WebSocketRoutes {
     const deadline = Date.now() + graceMs
     while (this.sessions.size && Date.now() < deadline) await new Promise((r) => setTimeout(r, Math.min(50, deadline - Date.now())))
     for (const socket of this.upgrading) socket.destroy()
-    for (const ws of this.sessions) closeWebSocket(ws, 1001, SHUTDOWN_REASON)
+    for (const session of this.sessions.values()) session.close('shutdown', 1001, SHUTDOWN_REASON)
     while (this.sessions.size) await new Promise((r) => setTimeout(r, 20))
   }
 
@@ -155,7 +156,7 @@ export class WebSocketRoutes {
       const why = ticket?.waiting
         ? `login timed out waiting for a place among the logins under way (--max-logins ${this.o.logins.max}, --max-logins-per-ip ${this.o.logins.maxPerPeer})`
         : `login timed out: Postgres at ${name} did not answer within ${this.o.handshakeTimeoutMs} ms`
-      ws ? closeWebSocket(ws, 1008, 'edgepg-proxy: startup not finished in time') : upgrade(new UpstreamError(why))
+      ws ? this.sessions.get(ws)?.close('timeout', 1008, 'edgepg-proxy: startup not finished in time') : upgrade(new UpstreamError(why))
     })
     /** Postgres accepted the login. */
     const loginAccepted = () => {
@@ -184,16 +185,15 @@ export class WebSocketRoutes {
       this.wss.handleUpgrade(req, socket, head, (session) => {
         ws = session
         this.upgrading.delete(socket)
-        this.sessions.add(session)
         metrics.sessionOpened()
-        const idle = timer(this.o.idleTimeoutMs ?? 900_000, () => closeWebSocket(session, 1001, 'edgepg-proxy: idle timeout'))
+        const idle = timer(this.o.idleTimeoutMs ?? 900_000, () => this.sessions.get(session)?.close('timeout', 1001, 'edgepg-proxy: idle timeout'))
         session.once('close', () => {
           this.sessions.delete(session)
           release()
           loginGone()
           idle.stop()
         })
-        runSession(session, {
+        const running = runSession(session, {
           upstream: up ?? newUpstream(), opened, loginBytes: login?.bytes, peer, offload, passwordsAllowed, connect, routeCancel,
           budget: this.o.budget,
           issueKey: (key) => this.o.cancels.issue(name, key),
@@ -207,6 +207,7 @@ export class WebSocketRoutes {
           onEstablished: loginAccepted,
           onActivity: idle.touch,
         })
+        this.sessions.set(session, running) // (its close event comes later, and takes it out)
       })
       socket.uncork()
     }

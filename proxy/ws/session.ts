@@ -11,13 +11,44 @@ import { ServerMessage, ClientMessage } from '../wire/codes'
 
 export type { UpstreamTls } from '../upstream/connection'
 
+/**
+ * How a session ended, as a bounded code (the metrics' label):
+ * - `ok`: closed by the client or by Postgres in the ordinary way
+ * - `client_error`: the client broke the rules (a text frame, a WebSocket error)
+ * - `upstream_unreachable`: the TCP connection to Postgres could not be made
+ * - `upstream_error`: the connection to Postgres failed after it was made
+ * - `refused_by_postgres`: Postgres refused the startup (wrong password, no such database, …)
+ * - `startup_refused`: the proxy refused the startup (malformed, insecure password, TLS failure, …)
+ * - `timeout`: a time limit ended the session (the handshake or the idle timeout)
+ * - `over_budget`: closed with 1009, a message not fitting in `--max-client-buffer`
+ * - `cancel_dropped`: a CancelRequest not sent on (a key the proxy never issued, or over `--max-cancels-per-ip`)
+ * - `shutdown`: the proxy closed the session while shutting down
+ */
+export const OUTCOME_KINDS = [
+  'ok',
+  'client_error',
+  'upstream_unreachable',
+  'upstream_error',
+  'refused_by_postgres',
+  'startup_refused',
+  'timeout',
+  'over_budget',
+  'cancel_dropped',
+  'shutdown',
+] as const
+export type OutcomeKind = (typeof OUTCOME_KINDS)[number]
+
 export interface SessionLog {
   peer: string
   upstream: string
   durationMs: number
   bytesIn: number
   bytesOut: number
+  /** How it ended, in words (never a password or a payload). */
   outcome: string
+  kind: OutcomeKind
+  /** The login failed its authentication: SQLSTATE class 28 from Postgres, or the proxy's SCRAM exchange. */
+  authFailed: boolean
 }
 
 export interface SessionOptions extends Pick<StartupIO, 'connect' | 'routeCancel'> {
@@ -89,16 +120,23 @@ const TERMINATE = Buffer.from([ClientMessage.Terminate, 0, 0, 0, 4])
  * runs TLS inside the socket with Postgres itself: such a backend runs its query to the end, unless
  * the operator sets Postgres's `client_connection_check_interval` (PostgreSQL 14+).
  */
-export function runSession(ws: WebSocket, o: SessionOptions) {
-  new Session(ws, o)
+export function runSession(ws: WebSocket, o: SessionOptions): RunningSession {
+  return new Session(ws, o)
 }
 
-class Session {
+export interface RunningSession {
+  /** The proxy ends the session (a time limit, a shutdown): closed with `code`, the client told why. */
+  close(kind: 'timeout' | 'shutdown', code: number, reason: string): void
+}
+
+class Session implements RunningSession {
   private readonly upstream: Upstream
   private readonly started = Date.now()
   private bytesIn: number
   private bytesOut = 0
   private outcome = 'closed by client'
+  private kind: OutcomeKind = 'ok'
+  private authFailed = false
   /** Startup is over (or left to Postgres): bytes flow straight through. */
   private relaying = false
   private refused = false
@@ -126,7 +164,7 @@ class Session {
     this.bytesIn = o.loginBytes ?? 0
     if (o.giveBack) this.watch = new IdleWatch()
     else this.keyWatch = new LoginWatch()
-    this.memory = o.budget?.watch(ws, () => (this.outcome = 'closed: over the memory budget (--max-client-buffer)'))
+    this.memory = o.budget?.watch(ws, () => this.ended('over_budget', 'closed: over the memory budget (--max-client-buffer)'))
     ws.on('message', this.onClientMessage)
     this.upstream.onDrain = () => ws.resume()
     this.start()
@@ -137,12 +175,23 @@ class Session {
       this.fromClient.fail(new Error('client closed'))
       this.abandon()
       const { peer, log } = this.o
-      log?.({ peer, upstream: this.upstream.name, durationMs: Date.now() - this.started, bytesIn: this.bytesIn, bytesOut: this.bytesOut, outcome: this.outcome })
+      const { outcome, kind, authFailed, bytesIn, bytesOut } = this
+      log?.({ peer, upstream: this.upstream.name, durationMs: Date.now() - this.started, bytesIn, bytesOut, outcome, kind, authFailed })
     })
     ws.on('error', (err) => {
-      this.outcome = `client error: ${err.message}`
+      this.ended('client_error', `client error: ${err.message}`)
       this.abandon()
     })
+  }
+
+  private ended(kind: OutcomeKind, outcome: string) {
+    this.kind = kind
+    this.outcome = outcome
+  }
+
+  close(kind: 'timeout' | 'shutdown', code: number, reason: string) {
+    this.ended(kind, reason.replace(/^edgepg-proxy: /, ''))
+    this.closeClient(code, reason)
   }
 
   // ── the startup ─────────────────────────────────────────────────────────────────────────────
@@ -157,7 +206,7 @@ class Session {
       // backend's carries the session's own cancel key, and is no answer for the idle watch.)
       if (opened.answer.length) (this.watch ? this.toClient : this.fromUpstream)(opened.answer)
       if (opened.kind !== 'refused') return this.relay(opened.kind !== 'passthrough' || opened.plaintext, opened.kind === 'ready')
-      this.refuse(`refused by Postgres: ${opened.code} ${opened.message}`)
+      this.refuse(opened.code, opened.message)
       return this.closeClient(1000)
     }
     runStartup({
@@ -171,7 +220,7 @@ class Session {
       connect: this.o.connect,
       routeCancel: this.o.routeCancel,
     }).then((result) => {
-      if (result.kind === 'refused') return this.refuse(`refused by Postgres: ${result.code} ${result.message}`)
+      if (result.kind === 'refused') return this.refuse(result.code, result.message)
       if (result.kind === 'cancel') return this.passCancel(result.why)
       this.relay(result.kind !== 'passthrough' || result.plaintext)
     }, this.startupFailed)
@@ -180,7 +229,8 @@ class Session {
   /** A CancelRequest: sent on (Postgres hangs up once it has it), or not (`why`), as Postgres would, without a word. */
   private passCancel(why?: string) {
     if (!why) return this.relay(false, true)
-    this.refuse(`cancel not forwarded: ${why}`)
+    this.ended('cancel_dropped', `cancel not forwarded: ${why}`)
+    this.refused = true
     this.closeClient(1000)
   }
 
@@ -192,8 +242,10 @@ class Session {
     this.o.onEstablished?.()
   }
 
-  private refuse(why: string) {
-    this.outcome = why
+  /** Postgres refused the login with `code`. */
+  private refuse(code: string, message: string) {
+    this.ended('refused_by_postgres', `refused by Postgres: ${code} ${message}`)
+    this.authFailed = code.startsWith('28')
     this.refused = true
     this.fromClient.rest() // queries held for a session that will not be: dropped
   }
@@ -205,12 +257,13 @@ class Session {
    */
   private readonly startupFailed = (err: Error) => {
     if (err instanceof TlsError) {
-      this.outcome = `TLS to Postgres failed: ${err.message}`
+      this.ended('startup_refused', `TLS to Postgres failed: ${err.message}`)
       this.ws.send(JSON.stringify({ message: err.message, code: err.code }))
       return this.closeClient(1000)
     }
     if (!(err instanceof ProtocolError || err instanceof UpstreamError)) return // the upstream (or the session) closed first
-    this.outcome = `startup refused: ${err.message}`
+    this.ended('startup_refused', `startup refused: ${err.message}`)
+    this.authFailed = err instanceof ProtocolError && err.code === '28P01' // (the proxy's own SCRAM exchange rejected it)
     this.toClient(errorResponse(err instanceof ProtocolError ? err.code : '08P01', err.message))
     this.closeClient(1000)
   }
@@ -244,7 +297,7 @@ class Session {
     if (ws.readyState !== ws.OPEN || this.upstream.destroyed) return // closing: nothing more to relay
     if (!isBinary) {
       if (this.cancelFrame(data as Buffer)) return
-      this.outcome = 'refused a text frame'
+      this.ended('client_error', 'refused a text frame')
       return this.closeClient(1003, 'edgepg-proxy: expected binary frames')
     }
     let chunk = data as Buffer
@@ -319,7 +372,8 @@ class Session {
   }
 
   private readonly onUpstreamError = (err: NodeJS.ErrnoException) => {
-    this.outcome = this.upstream.connected ? `upstream error: ${err.code ?? err.message}` : `upstream ${this.upstream.name} unreachable: ${err.code ?? err.message}`
+    const { connected, name } = this.upstream
+    this.ended(connected ? 'upstream_error' : 'upstream_unreachable', connected ? `upstream error: ${err.code ?? err.message}` : `upstream ${name} unreachable: ${err.code ?? err.message}`)
     this.closeClient(1011, `edgepg-proxy: ${this.outcome}`.slice(0, 123))
   }
 
@@ -331,12 +385,12 @@ class Session {
       const error = firstErrorResponse(this.upstream.queue.rest())
       if (error) {
         this.toClient(error)
-        this.outcome = 'refused by Postgres before the password'
+        this.ended('refused_by_postgres', 'refused by Postgres before the password')
       }
     }
     if (ws.readyState === ws.OPEN) {
       // After the client's Terminate, Postgres hanging up is the client's doing.
-      if (this.outcome === 'closed by client' && !this.clientTerminated) this.outcome = 'closed by upstream'
+      if (this.kind === 'ok' && !this.clientTerminated) this.outcome = 'closed by upstream'
       this.closeClient(1000)
     }
   }

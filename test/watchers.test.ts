@@ -1,0 +1,136 @@
+/**
+ * The code that watches relayed messages decides when a pooled backend is free and whether a reset
+ * can clean it (IdleWatch), and when a login is over and what its cancel key is (LoginWatch). Each
+ * is fed whole exchanges, cut at every byte into two chunks, and one byte at a time, as ws's
+ * receiver and pg-protocol's parser are tested: the verdict never depends on where TCP cut.
+ */
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { IdleWatch, type Ending } from '../proxy/pool/idle-watch'
+import { LoginWatch } from '../proxy/wire/startup'
+import { cstrings, int32, message, queryMessage, TERMINATE } from './support/protocol'
+
+const z = (status: string) => message('Z', Buffer.from(status))
+const none = Buffer.alloc(0)
+const parse = (sql: string) => message('P', Buffer.concat([cstrings(['', sql]), Buffer.from([0, 0])]))
+const bind = message('B', Buffer.concat([cstrings(['', '']), Buffer.from([0, 0, 0, 0, 0, 0])]))
+const describe = message('D', Buffer.from('P\0'))
+const execute = message('E', Buffer.concat([Buffer.from('\0'), int32(0)]))
+const sync = message('S', none)
+const rowDescription = message('T', Buffer.from([0, 0]))
+const complete = (tag: string) => message('C', cstrings([tag]))
+const error = message('E', Buffer.from('SERROR\0C42703\0Mno such column\0\0'))
+
+/** Every way to cut `bytes` into chunks: two at each byte, and one byte each. */
+function* cuts(bytes: Buffer): Generator<Buffer[]> {
+  for (let at = 0; at <= bytes.length; at++) yield [bytes.subarray(0, at), bytes.subarray(at)]
+  yield [...bytes].map((b) => Buffer.from([b]))
+}
+
+interface Exchange {
+  name: string
+  client: Buffer
+  backend: Buffer
+  /** How the session leaves its backend once all is through. */
+  ending: Ending
+  readies: number
+}
+
+const exchanges: Exchange[] = [
+  { name: 'a simple query', client: queryMessage('SELECT 1'), backend: Buffer.concat([rowDescription, complete('SELECT 1'), z('I')]), ending: { pending: 0, status: 0x49, reusable: true }, readies: 1 },
+  {
+    name: 'the extended protocol',
+    client: Buffer.concat([parse('SELECT $1'), bind, describe, execute, sync]),
+    backend: Buffer.concat([message('1', none), message('2', none), rowDescription, complete('SELECT 1'), z('I')]),
+    ending: { pending: 0, status: 0x49, reusable: true },
+    readies: 1,
+  },
+  { name: 'a transaction left open', client: queryMessage('BEGIN'), backend: Buffer.concat([complete('BEGIN'), z('T')]), ending: { pending: 0, status: 0x54, reusable: true }, readies: 1 },
+  { name: 'a failed statement', client: queryMessage('SELECT nope'), backend: Buffer.concat([error, z('I')]), ending: { pending: 0, status: 0x49, reusable: true }, readies: 1 },
+  {
+    name: 'two queries pipelined',
+    client: Buffer.concat([queryMessage('SELECT 1'), parse('SELECT 2'), bind, execute, sync]),
+    backend: Buffer.concat([complete('SELECT 1'), z('I'), message('1', none), message('2', none), complete('SELECT 1'), z('I')]),
+    ending: { pending: 0, status: 0x49, reusable: true },
+    readies: 2,
+  },
+  { name: 'a custom setting', client: queryMessage("SET app.user_id = '42'"), backend: Buffer.concat([complete('SET'), z('I')]), ending: { pending: 0, status: 0x49, reusable: false }, readies: 1 },
+  { name: 'set_config in a prepared statement', client: Buffer.concat([parse("SELECT set_config('app.x', $1, false)"), bind, execute, sync]), backend: Buffer.concat([message('1', none), message('2', none), complete('SELECT 1'), z('I')]), ending: { pending: 0, status: 0x49, reusable: false }, readies: 1 },
+]
+
+/**
+ * Whether a Query or Parse is cut so that its text cannot be read whole: its header ends in one
+ * chunk and its body goes on into the next. Such a statement counts as one that may set something.
+ */
+function cutsAStatement(chunks: Buffer[]): boolean {
+  const ends: number[] = [] // each chunk's end offset in the stream
+  chunks.reduce((at, c) => (ends.push(at + c.length), at + c.length), 0)
+  const stream = Buffer.concat(chunks)
+  for (let at = 0; at + 5 <= stream.length; at += 1 + stream.readInt32BE(at + 1)) {
+    if (stream[at] !== 0x51 && stream[at] !== 0x50) continue
+    const headerEndsIn = ends.findIndex((e) => e > at + 4)
+    if (ends[headerEndsIn] < at + 1 + stream.readInt32BE(at + 1)) return true
+  }
+  return false
+}
+
+for (const x of exchanges) {
+  test(`IdleWatch, ${x.name}: the same verdict wherever the bytes are cut`, () => {
+    for (const clientChunks of cuts(x.client)) {
+      const passed = new IdleWatch()
+      assert.ok(Buffer.concat(clientChunks.map((c) => passed.fromClient(c))).equals(x.client), 'every client byte is passed on')
+      assert.equal(passed.ending, undefined, 'busy until Postgres has answered')
+      for (const backendChunks of cuts(x.backend)) {
+        const watch = new IdleWatch()
+        for (const c of clientChunks) watch.fromClient(c)
+        const where = `client cut ${clientChunks.map((c) => c.length)}, backend cut ${backendChunks.map((c) => c.length)}`
+        for (const c of backendChunks) {
+          watch.fromBackend(c)
+          // Never idle in a status other than the one Postgres is saying.
+          if (watch.ending?.pending === 0 && c !== backendChunks.at(-1)) assert.equal(watch.ending.status, x.ending.status, `early verdict (${where})`)
+        }
+        assert.deepEqual(watch.ending, { ...x.ending, reusable: x.ending.reusable && !cutsAStatement(clientChunks) }, where)
+        assert.equal(watch.readies, x.readies)
+      }
+    }
+  })
+}
+
+test('IdleWatch: a Terminate is taken out wherever it is cut; one cut in two leaves the backend not reusable', () => {
+  const client = Buffer.concat([queryMessage('SELECT 1'), TERMINATE])
+  const terminateAt = client.length - TERMINATE.length
+  for (const chunks of cuts(client)) {
+    const watch = new IdleWatch()
+    const passed = Buffer.concat(chunks.map((c) => watch.fromClient(c)))
+    // Its first bytes go on when they come before its type can be known: then the backend is not reused.
+    const cutInside = chunks.length > 2 || (chunks[0].length > terminateAt && chunks[0].length < client.length)
+    assert.equal(watch.terminated, true)
+    assert.ok(passed.equals(client.subarray(0, passed.length)) && passed.length >= terminateAt, 'the query is passed on, the Terminate held back')
+    watch.fromBackend(Buffer.concat([complete('SELECT 1'), z('I')]))
+    assert.equal(watch.ending?.reusable, !cutInside && !cutsAStatement(chunks), `cut ${chunks.map((c) => c.length)}`)
+  }
+})
+
+test('LoginWatch: the cancel key and the ReadyForQuery that ends the login, wherever the bytes are cut', () => {
+  const secret = Buffer.alloc(32, 0xab)
+  const key = message('K', Buffer.concat([int32(12345), secret]))
+  const param = message('S', cstrings(['server_version', '18.0']))
+  const login = Buffer.concat([message('R', int32(0)), param, param, key, z('I')])
+  for (const chunks of cuts(login)) {
+    const watch = new LoginWatch()
+    let done = false
+    for (const c of chunks.filter((c) => c.length)) {
+      assert.equal(done, false, 'done only at the ReadyForQuery, its last byte')
+      done = watch.feed(c)
+    }
+    assert.equal(done, true, `done (cut ${chunks.map((c) => c.length)})`)
+    assert.deepEqual(watch.key, { pid: 12345, secret })
+    assert.equal(watch.ready, true)
+  }
+  for (const chunks of cuts(Buffer.concat([message('R', int32(10)), error]))) {
+    const watch = new LoginWatch()
+    const done = chunks.map((c) => watch.feed(c)).some(Boolean)
+    assert.equal(done, true, 'an ErrorResponse ends it')
+    assert.equal(watch.ready, false, 'a refused login is not ready')
+  }
+})
