@@ -1,6 +1,7 @@
 /**
  * The code that watches relayed messages decides when a pooled backend is free and whether a reset
- * can clean it (IdleWatch), and when a login is over and what its cancel key is (LoginWatch). Each
+ * can clean it (IdleWatch), when a login is over and what its cancel key is (LoginWatch), and what a
+ * backend must be told for a session's statements to follow it (StatementRelay). Each
  * is fed whole exchanges, cut at every byte into two chunks, and one byte at a time, as ws's
  * receiver and pg-protocol's parser are tested: the verdict never depends on where TCP cut.
  */
@@ -8,6 +9,7 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { IdleWatch, type Ending } from '../proxy/pool/idle-watch'
 import { LoginWatch } from '../proxy/wire/startup'
+import { BackendStatements, StatementRelay } from '../proxy/pool/prepared'
 import { cstrings, int32, message, queryMessage, TERMINATE } from './support/protocol'
 
 const z = (status: string) => message('Z', Buffer.from(status))
@@ -133,4 +135,24 @@ test('LoginWatch: the cancel key and the ReadyForQuery that ends the login, wher
     assert.equal(done, true, 'an ErrorResponse ends it')
     assert.equal(watch.ready, false, 'a refused login is not ready')
   }
+})
+
+test('StatementRelay: the same bytes to Postgres and to the client wherever they are cut', () => {
+  const named = (name: string, text: string) => message('P', Buffer.concat([cstrings([name, text]), Buffer.from([0, 0])]))
+  const bindNamed = (name: string) => message('B', Buffer.concat([cstrings(['', name]), Buffer.from([0, 0, 0, 0, 0, 0])]))
+  const session = () => new Map([['s1', named('s1', 'SELECT 1')]])
+  // s1 is the session's but not this backend's: the relay prepares it first; its answer is the proxy's.
+  const client = Buffer.concat([bindNamed('s1'), execute, named('s2', 'SELECT 2'), sync])
+  const backend = Buffer.concat([message('1', none), message('2', none), complete('SELECT 1'), message('1', none), z('I')])
+  const run = (clientChunks: Buffer[], backendChunks: Buffer[]) => {
+    const sent: Buffer[] = []
+    const relay = new StatementRelay(session(), new BackendStatements(), (b) => sent.push(b))
+    for (const c of clientChunks) relay.fromClient(c)
+    return { sent: Buffer.concat(sent), seen: Buffer.concat(backendChunks.map((c) => relay.fromBackend(c))) }
+  }
+  const whole = run([client], [backend])
+  assert.ok(whole.sent.equals(Buffer.concat([named('s1', 'SELECT 1'), client])), 'the statement prepared ahead of the Bind')
+  assert.ok(whole.seen.equals(backend.subarray(5)), "the proxy's ParseComplete is not the client's")
+  for (const clientChunks of cuts(client)) assert.ok(run(clientChunks, [backend]).sent.equals(whole.sent), `client cut ${clientChunks.map((c) => c.length)}`)
+  for (const backendChunks of cuts(backend)) assert.ok(run([client], backendChunks).seen.equals(whole.seen), `backend cut ${backendChunks.map((c) => c.length)}`)
 })

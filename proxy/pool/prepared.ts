@@ -1,0 +1,223 @@
+/**
+ * Named prepared statements that follow a session from backend to backend (transaction pooling).
+ *
+ * A session's statements are the Parse messages it sent, by name. Before a message names a
+ * statement (Parse, Bind, Describe or Close of a statement), the relay makes the backend hold what
+ * the session holds under that name, and nothing where the session holds nothing, with Close and
+ * Parse messages of its own whose answers the client never sees. Postgres itself then answers as
+ * it would on one connection: 42P05 for a name parsed twice, 26000 for one never parsed, and its
+ * own error for a statement that DDL has since broken (the proxy's Parse fails, in the client's
+ * message's place). The backend keeps at most `limit` of them, the least recently used closed first.
+ */
+import { serialize } from 'pg-protocol'
+import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
+import { cString } from '../wire/startup'
+
+/** Splits a byte stream into whole protocol messages (type byte, length, body). */
+export class Framer {
+  private rest = Buffer.alloc(0)
+
+  push(chunk: Buffer): Buffer[] {
+    const buf = this.rest.length ? Buffer.concat([this.rest, chunk]) : chunk
+    const out: Buffer[] = []
+    let at = 0
+    while (buf.length - at >= 5 && buf.length - at >= 1 + buf.readInt32BE(at + 1)) {
+      const end = at + 1 + buf.readInt32BE(at + 1)
+      out.push(buf.subarray(at, end))
+      at = end
+    }
+    this.rest = at < buf.length ? Buffer.from(buf.subarray(at)) : Buffer.alloc(0)
+    return out
+  }
+}
+
+/** A session's named statements: name → its Parse message. */
+export type SessionStatements = Map<string, Buffer>
+
+/** What one backend holds, least recently used first. */
+export class BackendStatements {
+  readonly held = new Map<string, Buffer>()
+  /** The statement behind each open portal: closing it would close the portal. */
+  readonly portals = new Map<string, string>()
+  constructor(readonly limit = 100) {}
+
+  use(name: string, parse: Buffer) {
+    this.held.delete(name)
+    this.held.set(name, parse)
+  }
+
+  /** Whether closing `name` would close a portal (save the unnamed one, if `replacing` it). */
+  inUse(name: string, replacing: boolean): boolean {
+    for (const [portal, statement] of this.portals) if (statement === name && !(replacing && portal === '')) return true
+    return false
+  }
+}
+
+/** An answer the relay waits for: ParseComplete, CloseComplete, or a ReadyForQuery (`sync`). */
+interface Awaited {
+  kind: 'parse' | 'close' | 'sync'
+  /** Sent by the proxy: its answer is not the client's. */
+  own?: boolean
+  /** Sent by the proxy ahead of a simple Query, in a Sync group of its own: an error is not the client's either. */
+  ahead?: boolean
+  /** Postgres answered it. */
+  done?: () => void
+  /** An error earlier in its Sync group made Postgres skip it. */
+  skipped?: () => void
+  /** For a simple Query: the statements its DEALLOCATEs name, in order. */
+  deallocates?: string[]
+}
+
+const SYNC = serialize.sync()
+const STATEMENT = 0x53 // 'S': Describe and Close of a statement, not a portal
+const PARSE_COMPLETE = 0x31
+const CLOSE_COMPLETE = 0x33
+const DEALLOCATE = /\bdeallocate\s+(?:prepare\s+)?(?!all\b)("(?:[^"]|"")+"|[a-z_][\w$]*)/gi
+const EXECUTE = /\bexecute\s+("(?:[^"]|"")+"|[a-z_][\w$]*)/gi
+
+/** A simple Query that may drop statements: what follows it waits until it has run. */
+const DROPS_STATEMENTS = /\b(deallocate|discard)\b/i
+
+export class StatementRelay {
+  private readonly client = new Framer()
+  private readonly server = new Framer()
+  private readonly awaited: Awaited[] = []
+  /** Client messages held behind a Query that may drop statements, until its ReadyForQuery. */
+  private held?: Buffer[]
+
+  constructor(private readonly session: SessionStatements, private readonly backend: BackendStatements, private readonly toBackend: (bytes: Buffer) => void) {}
+
+  /** Client → backend: whole messages, with the proxy's own before those that name a statement. */
+  fromClient(chunk: Buffer) {
+    this.send(this.client.push(chunk))
+  }
+
+  /** Backend → client: Postgres's answers, but those to the proxy's own messages. */
+  fromBackend(chunk: Buffer): Buffer {
+    const out: Buffer[] = []
+    for (const msg of this.server.push(chunk)) {
+      const type = msg[0]
+      if (type === PARSE_COMPLETE || type === CLOSE_COMPLETE) {
+        const answered = this.awaited.shift()
+        answered?.done?.()
+        if (answered?.own) continue
+      } else if (type === ServerMessage.ErrorResponse) {
+        // The message it answers failed, and Postgres skips the rest of its Sync group.
+        const ahead = this.awaited[0]?.ahead
+        while (this.awaited.length && this.awaited[0].kind !== 'sync') this.awaited.shift()!.skipped?.()
+        if (ahead) continue // (the Query behind says what is wrong, in its own words)
+      } else if (type === ServerMessage.ReadyForQuery) {
+        const answered = this.awaited.shift()
+        if (answered?.own) continue
+        if (msg[5] === TxStatus.Idle) this.backend.portals.clear()
+        if (answered?.deallocates && this.held) {
+          const held = this.held
+          this.held = undefined
+          this.send(held)
+        }
+      } else if (type === ServerMessage.CommandComplete) this.undo(cString(msg.subarray(5)))
+      out.push(msg)
+    }
+    return out.length === 1 ? out[0] : Buffer.concat(out)
+  }
+
+  private send(msgs: Buffer[]) {
+    if (this.held) return void this.held.push(...msgs)
+    const out: Buffer[] = []
+    const { session, backend } = this
+    for (const [i, msg] of msgs.entries()) {
+      const type = msg[0]
+      if (type === ClientMessage.Parse) {
+        const name = cString(msg.subarray(5))
+        // (an unnamed statement lasts until the next Parse: nothing to keep)
+        if (name) this.reconcile(name, out, false)
+        if (name && !session.has(name)) {
+          // Held from now on, for the messages behind it; unless Postgres refuses it.
+          this.makeRoom(out, false)
+          session.set(name, msg)
+          backend.use(name, msg)
+          this.awaited.push({ kind: 'parse', skipped: () => (session.delete(name), backend.held.delete(name)) })
+        } else this.awaited.push({ kind: 'parse' })
+      } else if (type === ClientMessage.Bind) {
+        const portalEnd = msg.indexOf(0, 5)
+        const portal = msg.toString('utf8', 5, portalEnd)
+        const name = cString(msg.subarray(portalEnd + 1))
+        if (name) this.reconcile(name, out, portal === '')
+        backend.portals.set(portal, name)
+      } else if (type === ClientMessage.Describe || type === ClientMessage.Close) {
+        const name = msg[5] === STATEMENT ? cString(msg.subarray(6)) : ''
+        if (name) this.reconcile(name, out, false)
+        if (type === ClientMessage.Close) {
+          if (msg[5] !== STATEMENT) backend.portals.delete(cString(msg.subarray(6)))
+          this.awaited.push({ kind: 'close', done: name ? () => (session.delete(name), backend.held.delete(name)) : undefined })
+        }
+      } else if (type === ClientMessage.Sync) this.awaited.push({ kind: 'sync' })
+      else if (type === ClientMessage.Query) {
+        const text = cString(msg.subarray(5))
+        // SQL's EXECUTE and DEALLOCATE name the protocol's statements too.
+        const named = (re: RegExp) => [...text.matchAll(re)].map((m) => (m[1][0] === '"' ? m[1].slice(1, -1).replace(/""/g, '"') : m[1].toLowerCase()))
+        const deallocates = named(DEALLOCATE)
+        const before = this.awaited.length
+        for (const name of [...named(EXECUTE), ...deallocates]) this.reconcile(name, out, false)
+        if (this.awaited.length > before) {
+          // A Query is not skipped after an error as extended messages are: the proxy's own get a Sync of their own.
+          for (const a of this.awaited.slice(before)) a.ahead = true
+          out.push(SYNC)
+          this.awaited.push({ kind: 'sync', own: true })
+        }
+        this.awaited.push({ kind: 'sync', deallocates })
+        if (DROPS_STATEMENTS.test(text) && i < msgs.length - 1) {
+          out.push(msg)
+          this.held = msgs.slice(i + 1)
+          break
+        }
+      }
+      out.push(msg)
+    }
+    if (out.length) this.toBackend(out.length === 1 ? out[0] : Buffer.concat(out))
+  }
+
+  /**
+   * Makes the backend hold the session's statement `name`, or none, before a message naming it
+   * (`replacing` the unnamed portal: its statement may be closed).
+   */
+  private reconcile(name: string, out: Buffer[], replacing: boolean) {
+    const { held } = this.backend
+    const wanted = this.session.get(name)
+    const holds = held.get(name)
+    if (wanted && holds?.equals(wanted)) return this.backend.use(name, wanted)
+    if (holds) this.close(name, holds, out)
+    if (!wanted) return
+    this.makeRoom(out, replacing)
+    out.push(wanted)
+    // Held from now on for the messages behind it; unless an error makes Postgres skip it.
+    this.backend.use(name, wanted)
+    this.awaited.push({ kind: 'parse', own: true, skipped: () => held.delete(name) })
+  }
+
+  /** Closes the least recently used statements (none a portal rests on) till one more fits. */
+  private makeRoom(out: Buffer[], replacing: boolean) {
+    const { held, limit } = this.backend
+    for (const [oldest, parse] of held) {
+      if (held.size < limit) break
+      if (!this.backend.inUse(oldest, replacing)) this.close(oldest, parse, out)
+    }
+  }
+
+  private close(name: string, parse: Buffer, out: Buffer[]) {
+    out.push(serialize.close({ type: 'S', name }))
+    this.backend.held.delete(name)
+    this.awaited.push({ kind: 'close', own: true, skipped: () => this.backend.held.set(name, parse) })
+  }
+
+  /** DEALLOCATE and DISCARD ALL drop statements the protocol made too. */
+  private undo(tag: string) {
+    if (tag === 'DEALLOCATE ALL' || tag === 'DISCARD ALL') {
+      this.session.clear()
+      this.backend.held.clear()
+    } else if (tag === 'DEALLOCATE') {
+      const name = this.awaited.find((a) => a.kind === 'sync')?.deallocates?.shift()
+      if (name !== undefined) this.session.delete(name), this.backend.held.delete(name)
+    }
+  }
+}
