@@ -10,6 +10,7 @@ import assert from 'node:assert/strict'
 import { IdleWatch, type Ending } from '../proxy/pool/idle-watch'
 import { LoginWatch } from '../proxy/wire/startup'
 import { BackendStatements, StatementRelay } from '../proxy/pool/prepared'
+import { Framer, FramingError } from '../proxy/wire/bytes'
 import { cstrings, int32, message, queryMessage, TERMINATE } from './support/protocol'
 
 const z = (status: string) => message('Z', Buffer.from(status))
@@ -155,4 +156,14 @@ test('StatementRelay: the same bytes to Postgres and to the client wherever they
   assert.ok(whole.seen.equals(backend.subarray(5)), "the proxy's ParseComplete is not the client's")
   for (const clientChunks of cuts(client)) assert.ok(run(clientChunks, [backend]).sent.equals(whole.sent), `client cut ${clientChunks.map((c) => c.length)}`)
   for (const backendChunks of cuts(backend)) assert.ok(run([client], backendChunks).seen.equals(whole.seen), `backend cut ${backendChunks.map((c) => c.length)}`)
+})
+
+test('Framer: whole messages wherever the bytes are cut; a length no message can have is an error, not a stall', () => {
+  const stream = Buffer.concat([queryMessage('SELECT 1'), sync, z('I')])
+  for (const chunks of cuts(stream)) {
+    const framer = new Framer()
+    assert.ok(Buffer.concat(chunks.flatMap((c) => framer.push(c))).equals(stream), `cut ${chunks.map((c) => c.length)}`)
+  }
+  assert.throws(() => new Framer().push(Buffer.from([0x51, 0xff, 0xff, 0xff, 0xfe])), FramingError)
+  assert.throws(() => new Framer().push(Buffer.from([0x51, 0, 0, 0, 3])), FramingError)
 })

@@ -10,26 +10,9 @@
  * message's place). The backend keeps at most `limit` of them, the least recently used closed first.
  */
 import { serialize } from 'pg-protocol'
-import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
+import { Framer } from '../wire/bytes'
+import { ClientMessage, DescribeTarget, ServerMessage, TxStatus } from '../wire/codes'
 import { cString } from '../wire/startup'
-
-/** Splits a byte stream into whole protocol messages (type byte, length, body). */
-export class Framer {
-  private rest = Buffer.alloc(0)
-
-  push(chunk: Buffer): Buffer[] {
-    const buf = this.rest.length ? Buffer.concat([this.rest, chunk]) : chunk
-    const out: Buffer[] = []
-    let at = 0
-    while (buf.length - at >= 5 && buf.length - at >= 1 + buf.readInt32BE(at + 1)) {
-      const end = at + 1 + buf.readInt32BE(at + 1)
-      out.push(buf.subarray(at, end))
-      at = end
-    }
-    this.rest = at < buf.length ? Buffer.from(buf.subarray(at)) : Buffer.alloc(0)
-    return out
-  }
-}
 
 /** A session's named statements: name → its Parse message. */
 export type SessionStatements = Map<string, Buffer>
@@ -69,9 +52,6 @@ interface Awaited {
 }
 
 const SYNC = serialize.sync()
-const STATEMENT = 0x53 // 'S': Describe and Close of a statement, not a portal
-const PARSE_COMPLETE = 0x31
-const CLOSE_COMPLETE = 0x33
 const DEALLOCATE = /\bdeallocate\s+(?:prepare\s+)?(?!all\b)("(?:[^"]|"")+"|[a-z_][\w$]*)/gi
 const EXECUTE = /\bexecute\s+("(?:[^"]|"")+"|[a-z_][\w$]*)/gi
 
@@ -97,7 +77,7 @@ export class StatementRelay {
     const out: Buffer[] = []
     for (const msg of this.server.push(chunk)) {
       const type = msg[0]
-      if (type === PARSE_COMPLETE || type === CLOSE_COMPLETE) {
+      if (type === ServerMessage.ParseComplete || type === ServerMessage.CloseComplete) {
         const answered = this.awaited.shift()
         answered?.done?.()
         if (answered?.own) continue
@@ -145,10 +125,10 @@ export class StatementRelay {
         if (name) this.reconcile(name, out, portal === '')
         backend.portals.set(portal, name)
       } else if (type === ClientMessage.Describe || type === ClientMessage.Close) {
-        const name = msg[5] === STATEMENT ? cString(msg.subarray(6)) : ''
+        const name = msg[5] === DescribeTarget.Statement ? cString(msg.subarray(6)) : ''
         if (name) this.reconcile(name, out, false)
         if (type === ClientMessage.Close) {
-          if (msg[5] !== STATEMENT) backend.portals.delete(cString(msg.subarray(6)))
+          if (msg[5] !== DescribeTarget.Statement) backend.portals.delete(cString(msg.subarray(6)))
           this.awaited.push({ kind: 'close', done: name ? () => (session.delete(name), backend.held.delete(name)) : undefined })
         }
       } else if (type === ClientMessage.Sync) this.awaited.push({ kind: 'sync' })

@@ -91,3 +91,18 @@ export function messages(bytes: Buffer): Buffer[] {
 
 /** Bytes that do not frame as protocol messages (left unread in the queue). */
 export class FramingError extends ProtocolError {}
+
+/** Splits a byte stream into whole protocol messages, keeping a partial one for the next chunk. */
+export class Framer {
+  private rest = Buffer.alloc(0)
+
+  /** The whole messages so far; throws a FramingError on a length no message can have. */
+  push(chunk: Buffer): Buffer[] {
+    const buf = this.rest.length ? Buffer.concat([this.rest, chunk]) : chunk
+    const out = messages(buf)
+    const used = out.reduce((n, m) => n + m.length, 0)
+    if (buf.length - used >= 5 && buf.readInt32BE(used + 1) < 4) throw new FramingError(`invalid message length ${buf.readInt32BE(used + 1)}`)
+    this.rest = used < buf.length ? Buffer.from(buf.subarray(used)) : Buffer.alloc(0)
+    return out
+  }
+}

@@ -19,6 +19,8 @@ export const ClientMessage = {
 } as const
 
 export const ServerMessage = {
+  ParseComplete: 0x31, // 1
+  CloseComplete: 0x33, // 3
   CommandComplete: 0x43, // C
   ErrorResponse: 0x45, // E
   EmptyQueryResponse: 0x49, // I
@@ -30,6 +32,9 @@ export const ServerMessage = {
   ParameterStatus: 0x53, // S
   ReadyForQuery: 0x5a, // Z
 } as const
+
+/** What a Describe or Close names. */
+export const DescribeTarget = { Statement: 0x53, Portal: 0x50 } as const
 
 /** The answer to an SSLRequest. */
 export const SslAnswer = { Yes: 0x53, No: 0x4e } as const
