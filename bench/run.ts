@@ -21,11 +21,12 @@ import { bundle } from './bundle'
 import { stop } from './stop'
 import { workerd } from './workerd'
 import { attack } from './attack'
+import { pool } from './pool'
 import { passes, type BenchContext, type ProxyMode, type Row, type Section } from './lib'
 import { startProxy, type RunningProxy } from './proxy'
 
 const SECTIONS: Section[] = [core, connect, sessions, proxycost, loadBench]
-SECTIONS.push(httpBench, bundle, stop, workerd, attack)
+SECTIONS.push(httpBench, bundle, stop, workerd, attack, pool)
 
 const args = process.argv.slice(2)
 const proxyArg = args.find((a) => a.startsWith('--proxy='))?.slice('--proxy='.length) ?? 'child'

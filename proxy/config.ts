@@ -11,7 +11,7 @@ interface Setting {
   flag: string
   env: string
   arg?: string
-  kind: 'address' | 'listen' | 'addresses' | 'list' | 'count' | 'ms' | 'bytes' | 'file' | 'sslmode' | 'switch'
+  kind: 'address' | 'listen' | 'addresses' | 'list' | 'count' | 'ms' | 'bytes' | 'file' | 'sslmode' | 'choice' | 'switch'
   default?: string
   help: string
 }
@@ -46,6 +46,10 @@ export const SETTINGS = {
   noPool: { flag: 'no-pool', env: 'EDGEPG_NO_POOL', kind: 'switch', help: 'no warm backends: every session and /sql request logs in on a connection of its own' },
   poolMaxIdlePerKey: { flag: 'pool-max-idle-per-key', env: 'EDGEPG_POOL_MAX_IDLE_PER_KEY', arg: 'n', kind: 'count', default: '10', help: 'idle backends kept per upstream, startup parameters and password' },
   poolMaxBackends: { flag: 'pool-max-backends', env: 'EDGEPG_POOL_MAX_BACKENDS', arg: 'n', kind: 'count', default: '100', help: 'backends the pool owns in all (idle or lent); sessions beyond get their own' },
+  poolMode: { flag: 'pool-mode', env: 'EDGEPG_POOL_MODE', arg: 'mode', kind: 'choice', default: 'session', help: 'session: a session holds its backend to its end; transaction: only while it runs something' },
+  poolSize: { flag: 'pool-size', env: 'EDGEPG_POOL_SIZE', arg: 'n', kind: 'count', default: '20', help: 'transaction mode: backends per user, database and password, idle or lent' },
+  poolTimeout: { flag: 'pool-timeout', env: 'EDGEPG_POOL_TIMEOUT', arg: 'ms', kind: 'ms', default: '5000', help: 'transaction mode: longest wait for a backend, then SQLSTATE 53300' },
+  poolStatements: { flag: 'pool-statements', env: 'EDGEPG_POOL_STATEMENTS', arg: 'n', kind: 'count', default: '100', help: "transaction mode: named statements each backend keeps for its sessions" },
   poolIdleTimeout: { flag: 'pool-idle-timeout', env: 'EDGEPG_POOL_IDLE_TIMEOUT', arg: 'ms', kind: 'ms', default: '60000', help: 'close a pooled backend idle this long' },
   poolMaxLifetime: { flag: 'pool-max-lifetime', env: 'EDGEPG_POOL_MAX_LIFETIME', arg: 'ms', kind: 'ms', default: '1800000', help: 'close a pooled backend this old (a changed password stops being honoured within it)' },
   noSql: { flag: 'no-sql', env: 'EDGEPG_NO_SQL', kind: 'switch', help: 'turn off POST /sql' },
@@ -197,6 +201,13 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
         maxBackends: value('poolMaxBackends', number(0)),
         idleTimeoutMs: value('poolIdleTimeout', number(1)),
         maxLifetimeMs: value('poolMaxLifetime', number(1)),
+        mode: value('poolMode', (t, s) => {
+          if (t !== 'session' && t !== 'transaction') throw new ConfigError(`${s} must be session or transaction, not "${t}"`)
+          return t
+        }),
+        size: value('poolSize', number(1)),
+        timeoutMs: value('poolTimeout', number(1)),
+        statements: value('poolStatements', number(1)),
       },
       sql: on('noSql')
         ? false

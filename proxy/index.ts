@@ -105,10 +105,12 @@ function pathOf(url = '/'): string {
 export function createProxy(options: ProxyOptions): Proxy {
   const upstreams = new Upstreams(options.upstream, options.allow, options.lookup)
   const { upstream } = upstreams
-  const pool = new BackendPool(options.pool, (event) => metrics.poolEvent(event))
+  // In transaction mode a key's backends are all idle at times: the pool keeps as many.
+  const poolOptions = options.pool?.mode === 'transaction' ? { ...options.pool, maxIdlePerKey: Math.max(options.pool.maxIdlePerKey ?? 10, options.pool.size ?? 20) } : options.pool
+  const pool = new BackendPool(poolOptions, (event) => metrics.poolEvent(event))
   const budget = new BufferBudget(options.maxClientBufferBytes ?? 256 << 20, options.maxMessageBytes ?? 64 << 20)
   const logins = new LoginGate(options.maxLogins ?? 64, options.maxLoginsPerIp ?? 8)
-  const metrics = createMetrics(() => ({ pool: pool.size, logins: logins.counts, buffered: budget.total }))
+  const metrics = createMetrics(() => ({ pool: pool.size, logins: logins.counts, buffered: budget.total, lent: routes.lent }))
   const handshakeTimeoutMs = options.handshakeTimeoutMs ?? 10_000
   const routes = new WebSocketRoutes({
     ...options,
@@ -118,6 +120,10 @@ export function createProxy(options: ProxyOptions): Proxy {
     budget,
     logins,
     cancels: new Cancels(pool, options.maxCancelsPerIp ?? 20),
+    lending:
+      options.pool?.mode === 'transaction' && options.pool.enabled !== false
+        ? { size: options.pool.size ?? 20, timeoutMs: options.pool.timeoutMs ?? 5000, statements: options.pool.statements ?? 100, lifetimeMs: options.pool.maxLifetimeMs ?? 30 * 60_000 }
+        : undefined,
     offload: options.authOffload !== false,
     handshakeTimeoutMs,
   })

@@ -450,13 +450,19 @@ test('through PgBouncer (session mode) and over upstream TLS, warm backends work
 test('the pool’s flags and environment variables reach the proxy’s options; bad values are refused', async () => {
   const { parseConfig } = await import('../proxy/config')
   const options = (argv: string[], env: Record<string, string> = {}) => (parseConfig(['--upstream', '127.0.0.1:5432', ...argv], env) as any).options.pool
-  assert.deepEqual(options([]), { enabled: true, maxIdlePerKey: 10, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000 })
+  const lending = { mode: 'session', size: 20, timeoutMs: 5000, statements: 100 }
+  assert.deepEqual(options([]), { enabled: true, maxIdlePerKey: 10, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, ...lending })
   assert.deepEqual(options(['--no-pool', '--pool-max-idle-per-key', '3', '--pool-max-backends', '7', '--pool-idle-timeout', '500', '--pool-max-lifetime', '9000']), {
-    enabled: false, maxIdlePerKey: 3, maxBackends: 7, idleTimeoutMs: 500, maxLifetimeMs: 9000,
+    enabled: false, maxIdlePerKey: 3, maxBackends: 7, idleTimeoutMs: 500, maxLifetimeMs: 9000, ...lending,
   })
   assert.deepEqual(options([], { EDGEPG_NO_POOL: 'true', EDGEPG_POOL_MAX_IDLE_PER_KEY: '2', EDGEPG_POOL_MAX_LIFETIME: '1000' }), {
-    enabled: false, maxIdlePerKey: 2, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1000,
+    enabled: false, maxIdlePerKey: 2, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1000, ...lending,
   })
+  assert.deepEqual(options(['--pool-mode', 'transaction', '--pool-size', '5', '--pool-timeout', '300', '--pool-statements', '9']), {
+    enabled: true, maxIdlePerKey: 10, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, mode: 'transaction', size: 5, timeoutMs: 300, statements: 9,
+  })
+  assert.equal(options([], { EDGEPG_POOL_MODE: 'transaction' }).mode, 'transaction')
+  assert.throws(() => options(['--pool-mode', 'statement']), /--pool-mode must be session or transaction, not "statement"/)
   assert.throws(() => options(['--pool-idle-timeout', '0']), /--pool-idle-timeout must be an integer ≥ 1, got "0"/)
   // /sql holding more backends per key than the pool keeps idle would make them churn: said at start.
   const warnings = (argv: string[]) => (parseConfig(['--upstream', '127.0.0.1:5432', ...argv], {}) as any).warnings

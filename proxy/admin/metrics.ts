@@ -53,11 +53,27 @@ export interface Metrics {
   refused(reason: RefusalReason): void
   /** The backend pool handed out a warm backend, missed, reset one or closed one. */
   poolEvent(event: PoolEvent): void
+  /** Transaction pooling: what the lenders do (see proxy/pool/lender.ts). */
+  readonly lending: LendingMetrics
   /** Serves the Prometheus exposition (GET or HEAD; 405 otherwise). */
   handle(req: IncomingMessage, res: ServerResponse): Promise<void>
 }
 
+/** Transaction pooling's events. */
+export interface LendingMetrics {
+  /** A session got a backend, after waiting `seconds` (0: at once). */
+  lent(seconds: number): void
+  /** A session waited past --pool-timeout. */
+  timedOut(): void
+  /** A session keeps its backend to its end: its transactions may have left `reason` behind. */
+  pinned(reason: 'state' | 'code'): void
+  /** A named statement prepared again on another backend than its session's last. */
+  preparedAgain(): void
+}
+
 const PREFIX = 'edgepg_proxy_'
+/** 0 (at once) to the default --pool-timeout. */
+const WAIT_BUCKETS = [0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5]
 /** 0.5 ms (same host) to 5 s (a connect timeout in the making). */
 export const CONNECT_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5]
 
@@ -67,9 +83,11 @@ export interface Load {
   logins: { running: number; waiting: number }
   /** Bytes held (or declared) by clients' unfinished messages and /sql bodies. */
   buffered: number
+  /** Transaction pooling: backends lent now. */
+  lent: number
 }
 
-const NO_LOAD: Load = { pool: { pooled: 0, idle: 0 }, logins: { running: 0, waiting: 0 }, buffered: 0 }
+const NO_LOAD: Load = { pool: { pooled: 0, idle: 0 }, logins: { running: 0, waiting: 0 }, buffered: 0, lent: 0 }
 
 export function createMetrics(load: () => Load = () => NO_LOAD): Metrics {
   const registry = new Registry()
@@ -113,6 +131,13 @@ export function createMetrics(load: () => Load = () => NO_LOAD): Metrics {
     reset: new Counter({ name: `${PREFIX}pool_resets_total`, help: 'Backends reset and kept when their session ended', registers }),
     discard: new Counter({ name: `${PREFIX}pool_discards_total`, help: 'Pooled backends closed (busy or broken at the end of a session, failed reset or ping, idle timeout, lifetime, limits)', registers }),
   }
+  const lends = new Counter({ name: `${PREFIX}lends_total`, help: 'Transaction pooling: backends lent to sessions', registers })
+  const waits = new Histogram({ name: `${PREFIX}lend_wait_seconds`, help: 'Transaction pooling: how long a session waited for a backend', buckets: WAIT_BUCKETS, registers })
+  const timeouts = new Counter({ name: `${PREFIX}lend_timeouts_total`, help: 'Transaction pooling: sessions that waited past --pool-timeout (SQLSTATE 53300)', registers })
+  const pins = new Counter({ name: `${PREFIX}pinned_sessions_total`, help: 'Transaction pooling: sessions that keep their backend to their end, by why', labelNames: ['reason'] as const, registers })
+  const preparedAgain = new Counter({ name: `${PREFIX}statements_prepared_again_total`, help: 'Transaction pooling: named statements prepared again on another backend', registers })
+  new Gauge({ name: `${PREFIX}lent_backends`, help: 'Transaction pooling: backends lent to sessions now (pinned ones included)', registers, collect() { this.set(load().lent) } })
+  for (const reason of ['state', 'code']) pins.inc({ reason }, 0)
   // Every series exists from the start, at 0, so rate() and alerts work before the first event.
   for (const kind of OUTCOME_KINDS) sessions.inc({ outcome_kind: kind }, 0)
   for (const reason of REFUSAL_REASONS) refusals.inc({ reason }, 0)
@@ -131,6 +156,15 @@ export function createMetrics(load: () => Load = () => NO_LOAD): Metrics {
       if (Number.isFinite(seconds) && seconds >= 0) connect.observe(seconds)
     },
     poolEvent: (event) => poolEvents[event].inc(),
+    lending: {
+      lent(seconds) {
+        lends.inc()
+        waits.observe(seconds)
+      },
+      timedOut: () => timeouts.inc(),
+      pinned: (reason) => pins.inc({ reason }),
+      preparedAgain: () => preparedAgain.inc(),
+    },
     refused(reason) {
       refusals.inc({ reason: (REFUSAL_REASONS as readonly string[]).includes(reason) ? reason : 'other' })
     },

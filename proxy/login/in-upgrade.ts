@@ -25,7 +25,8 @@ import {
   UnexpectedMessage,
   type StartupPacket,
 } from '../wire/startup'
-import type { ClientTls } from '../upstream/connection'
+import { Upstream, type ClientTls, type UpstreamTls } from '../upstream/connection'
+import type { HostPort } from '../upstream/address'
 import { LOGIN_PREFIX, MAX_LOGIN_CHARS, UPSTREAM_TLS_REQUEST } from '../../src/config'
 import { ClientMessage, SslAnswer } from '../wire/codes'
 
@@ -178,4 +179,24 @@ export async function runLogin(io: LoginIO, login: Login): Promise<LoginOutcome>
     else if (!(err instanceof FramingError)) throw err
     return { kind: 'relay', answer: done() }
   }
+}
+
+/**
+ * A login the proxy runs by itself with the password it was given (a warm backend for a pool key,
+ * a /sql request's): Postgres never waits on a client here. `connecting` sees the Upstream first.
+ */
+export async function loginAs(target: HostPort, upstreamTls: UpstreamTls | undefined, login: Login, connecting?: (upstream: Upstream) => void) {
+  const upstream = new Upstream(target, upstreamTls)
+  connecting?.(upstream)
+  upstream.connect()
+  const io: LoginIO = {
+    upstream: upstream.queue,
+    toUpstream: (b) => void upstream.write(b),
+    passwordsAllowed: true,
+    offload: true,
+    secureUpstream: (asked) => upstream.secure(asked),
+    connect: async () => {},
+    routeCancel: () => ({ refused: 'not a cancel' }),
+  }
+  return { upstream, outcome: await runLogin(io, login) }
 }

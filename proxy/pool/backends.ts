@@ -36,6 +36,17 @@ export interface PoolOptions {
   idleTimeoutMs?: number
   /** Close a backend this old (ms) rather than pool it again: a changed password stops being honoured within it. Default 30 min. */
   maxLifetimeMs?: number
+  /**
+   * 'transaction': a WebSocket session whose login the proxy runs holds a backend only while it runs
+   * something (proxy/ws/lent-session.ts). Default 'session': from its login to its end.
+   */
+  mode?: 'session' | 'transaction'
+  /** Transaction mode: backends per key, idle or lent. Default 20. */
+  size?: number
+  /** Transaction mode: longest wait for a backend before SQLSTATE 53300 (ms). Default 5000. */
+  timeoutMs?: number
+  /** Transaction mode: named statements each backend keeps for the sessions it serves. Default 100. */
+  statements?: number
 }
 
 export type PoolEvent = 'hit' | 'miss' | 'reset' | 'discard'
@@ -110,6 +121,11 @@ export class BackendPool {
     return { pooled: this.owned.size, idle }
   }
 
+  /** Idle backends kept for `key` (some perhaps still being reset). */
+  idleCount(key: string): number {
+    return this.idle.get(key)?.length ?? 0
+  }
+
   /** The pool key of a login: never the password itself. */
   key(upstream: string, tls: unknown, startup: Buffer, password: string | undefined): string {
     const secret = password === undefined ? '' : createHmac('sha256', this.hmacKey).update(password).digest('base64')
@@ -122,7 +138,7 @@ export class BackendPool {
    * false: the caller sends its own ahead of its statements, and retries elsewhere if it goes
    * unanswered).
    */
-  private async take(key: string, ping: boolean): Promise<Backend | undefined> {
+  async take(key: string, ping: boolean): Promise<Backend | undefined> {
     const list = this.idle.get(key)
     while (list?.length) {
       const backend = list.pop()!

@@ -80,12 +80,17 @@ export class IdleWatch {
   private statusNext = false
   private status?: number
   /** The type of the backend's last message. */
-  private last = 0
+  last = 0
   terminated = false
   /** ReadyForQuery messages Postgres has sent (a pooled backend's login answer is not among them). */
   readies = 0
   private split = false
   private customSetting = false
+
+  /** Queries and Syncs sent and not yet answered with ReadyForQuery. */
+  get pending(): number {
+    return this.unanswered
+  }
 
   /** The client's bytes to pass on: all of them, but a Terminate. */
   fromClient(chunk: Buffer): Buffer {

@@ -65,7 +65,19 @@ export class StatementRelay {
   /** Client messages held behind a Query that may drop statements, until its ReadyForQuery. */
   private held?: Buffer[]
 
-  constructor(private readonly session: SessionStatements, private readonly backend: BackendStatements, private readonly toBackend: (bytes: Buffer) => void) {}
+  constructor(
+    private readonly session: SessionStatements,
+    private readonly backend: BackendStatements,
+    private readonly toBackend: (bytes: Buffer) => void,
+    /** A statement of the session's is being prepared on this backend again. */
+    private readonly preparedAgain?: () => void
+  ) {}
+
+  /** Closes the unnamed statement and portal another session may have left on the backend. */
+  closeUnnamed() {
+    this.toBackend(Buffer.concat([serialize.close({ type: 'S', name: '' }), serialize.close({ type: 'P', name: '' })]))
+    this.awaited.push({ kind: 'close', own: true }, { kind: 'close', own: true })
+  }
 
   /** Client → backend: whole messages, with the proxy's own before those that name a statement. */
   fromClient(chunk: Buffer) {
@@ -170,6 +182,7 @@ export class StatementRelay {
     if (!wanted) return
     this.makeRoom(out, replacing)
     out.push(wanted)
+    this.preparedAgain?.()
     // Held from now on for the messages behind it; unless an error makes Postgres skip it.
     this.backend.use(name, wanted)
     this.awaited.push({ kind: 'parse', own: true, skipped: () => held.delete(name) })

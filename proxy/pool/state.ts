@@ -102,8 +102,21 @@ export function tokens(sql: string): Token[] {
   return out
 }
 
+/** Texts already read: applications send the same few again and again. */
+const known = new Map<string, StatementEffects>()
+const KNOWN_MAX = 2000
+
 /** The effects of `sql`, which may hold several statements. */
 export function effects(sql: string): StatementEffects {
+  let e = known.get(sql)
+  if (!e) {
+    if (known.size >= KNOWN_MAX) known.clear()
+    known.set(sql, (e = read(sql)))
+  }
+  return e
+}
+
+function read(sql: string): StatementEffects {
   const all: StatementEffects = { sets: false, runs: false, reads: false, ddl: false, sequences: false }
   let statement: Token[] = []
   const flush = () => {

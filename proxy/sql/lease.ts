@@ -8,7 +8,7 @@ import { Parser } from 'pg-protocol/dist/parser'
 import { formatHostPort, type HostPort } from '../upstream/address'
 import type { Backend, BackendPool } from '../pool/backends'
 import { Upstream, type UpstreamTls } from '../upstream/connection'
-import { runLogin, type LoginOutcome } from '../login/in-upgrade'
+import { loginAs, type LoginOutcome } from '../login/in-upgrade'
 import { LoginWatch, parseStartupPacket, UpstreamError, type BackendKey } from '../wire/startup'
 import { Statements } from './statements'
 import { HttpError, parseConnectionString, type ConnInfo } from './request'
@@ -179,20 +179,7 @@ export class Leases {
     let fresh: Upstream | undefined
     let late = false
     const timer = setTimeout(() => ((late = true), fresh?.close()), connectTimeoutMs)
-    const login = async () => {
-      const upstream = (fresh = new Upstream(target, this.o.upstreamTls))
-      upstream.connect()
-      const io = {
-        upstream: upstream.queue,
-        toUpstream: (b: Buffer) => void upstream.write(b),
-        passwordsAllowed: true,
-        offload: true,
-        secureUpstream: () => upstream.secure(),
-        connect: async () => {}, // (the proxy runs this login itself: Postgres never waits on a client)
-        routeCancel: () => ({ refused: 'not a cancel' }),
-      }
-      return { upstream, outcome: await runLogin(io, { bytes: startup.length, first: parseStartupPacket(startup), password: conn.password, rest: Buffer.alloc(0) }) }
-    }
+    const login = () => loginAs(target, this.o.upstreamTls, { bytes: startup.length, first: parseStartupPacket(startup), password: conn.password, rest: Buffer.alloc(0) }, (upstream) => (fresh = upstream))
     try {
       const { upstream, backend, outcome, warm } = await backends.open(backends.enabled ? key : undefined, login, false)
       if (outcome.kind !== 'ready') {

@@ -126,9 +126,9 @@ export function parseErrorFields(body: Buffer): { code: string; message: string 
   return { code: fields.C ?? '', message: fields.M ?? '' }
 }
 
-/** A FATAL ErrorResponse, as Postgres would send it. */
-export function errorResponse(code: string, message: string): Buffer {
-  const fields = Buffer.from(`SFATAL\0VFATAL\0C${code}\0M${message}\0\0`, 'utf8')
+/** An ErrorResponse (FATAL unless told), as Postgres would send it. */
+export function errorResponse(code: string, message: string, severity: 'FATAL' | 'ERROR' = 'FATAL'): Buffer {
+  const fields = Buffer.from(`S${severity}\0V${severity}\0C${code}\0M${message}\0\0`, 'utf8')
   const head = Buffer.alloc(5)
   head[0] = ServerMessage.ErrorResponse
   head.writeInt32BE(fields.length + 4, 1)

@@ -1,5 +1,5 @@
 import type { BackendPool } from '../pool/backends'
-import type { BackendKey } from '../wire/startup'
+import { cancelRequest, type BackendKey } from '../wire/startup'
 
 /**
  * CancelRequests from clients. One goes on to Postgres only when it names a key the proxy handed
@@ -14,6 +14,8 @@ export class Cancels {
   private readonly issued = new Map<string, Buffer>()
   /** Sessions with TLS inside the socket, by upstream. */
   private readonly hidden = new Map<string, number>()
+  /** Sessions on lent backends, by `upstream pid secret` as they were told: what runs their statement now. */
+  private readonly lent = new Map<string, () => BackendKey | undefined>()
   private readonly recent = new Map<string, number>()
   private window = 0
 
@@ -24,6 +26,16 @@ export class Cancels {
     const id = `${upstream} ${key.pid}`
     this.issued.set(id, key.secret)
     return () => void (this.issued.get(id) === key.secret && this.issued.delete(id))
+  }
+
+  /**
+   * A session on lent backends (transaction pooling) is known by the key it was told, until the
+   * returned function is called: its cancel goes to whichever backend runs its statement now.
+   */
+  follow(upstream: string, told: BackendKey, running: () => BackendKey | undefined): () => void {
+    const id = `${upstream} ${told.pid} ${told.secret.toString('hex')}`
+    this.lent.set(id, running)
+    return () => void this.lent.delete(id)
   }
 
   /** A session whose key the proxy cannot see is open, until the returned function is called. */
@@ -45,6 +57,11 @@ export class Cancels {
     if (packet.length < 16) return { refused: 'a malformed CancelRequest' }
     const pooled = this.pool.cancelRequest(upstream, packet)
     if (pooled) return { packet: pooled }
+    const running = this.lent.get(`${upstream} ${packet.readInt32BE(8)} ${packet.subarray(12).toString('hex')}`)
+    if (running) {
+      const key = running()
+      return key ? { packet: cancelRequest(key) } : { refused: 'its session runs nothing now' }
+    }
     if (this.issued.get(`${upstream} ${packet.readInt32BE(8)}`)?.equals(packet.subarray(12)) || this.hidden.has(upstream)) return { packet }
     return { refused: 'a key edgepg-proxy never issued' }
   }

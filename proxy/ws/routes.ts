@@ -7,10 +7,12 @@ import type { Duplex } from 'node:stream'
 import { WebSocketServer, type WebSocket } from 'ws'
 import { formatHostPort, parseHostPort, type HostPort } from '../upstream/address'
 import { runSession, type RunningSession, type SessionLog } from './session'
+import { runLentSession } from './lent-session'
+import { Lender } from '../pool/lender'
 import { Upstream, type ClientTls, type UpstreamTls } from '../upstream/connection'
-import { redactLogin, runLogin, takeLogin, type LoginOutcome } from '../login/in-upgrade'
+import { loginAs, redactLogin, runLogin, takeLogin, type Login, type LoginOutcome } from '../login/in-upgrade'
 import { UNUSED, type Backend, type BackendPool } from '../pool/backends'
-import { UpstreamError } from '../wire/startup'
+import { UpstreamError, type BackendKey } from '../wire/startup'
 import { FIRST_FLIGHT_BYTES, type BufferBudget } from './budget'
 import type { LoginGate, LoginTicket } from '../login/gate'
 import type { Cancels } from './cancels'
@@ -30,6 +32,8 @@ export interface RouteOptions {
   budget: BufferBudget
   logins: LoginGate
   cancels: Cancels
+  /** Transaction pooling (proxy/pool/lender.ts), for the logins the proxy runs with a password; else each session holds its backend. */
+  lending?: { size: number; timeoutMs: number; statements: number; lifetimeMs: number }
   maxSessions?: number
   maxSessionsPerIp?: number
   handshakeTimeoutMs: number
@@ -50,6 +54,10 @@ export class WebSocketRoutes {
   private readonly perIp = new Map<string, number>()
   private readonly origins: Set<string>
   private readonly wss: WebSocketServer
+  /** Transaction pooling: the backends of each pool key, lent per transaction. */
+  private readonly lenders = new Map<string, Lender>()
+  /** A key's first login, under way: the key's other logins wait for it rather than each fork a backend. */
+  private readonly firstLogins = new Map<string, Promise<unknown>>()
   /** Upgrades whose session can take a cancel on its own WebSocket (on a pooled backend, whose messages it follows). */
   private readonly cancelsInBand = new WeakSet<http.IncomingMessage>()
   private closing = false
@@ -66,6 +74,13 @@ export class WebSocketRoutes {
       handleProtocols: (offered, req) =>
         offered.has(SUBPROTOCOL_CANCEL) && this.cancelsInBand.has(req) ? SUBPROTOCOL_CANCEL : offered.has(SUBPROTOCOL) ? SUBPROTOCOL : false,
     })
+  }
+
+  /** Transaction pooling: backends lent to sessions now. */
+  get lent(): number {
+    let n = 0
+    for (const lender of this.lenders.values()) n += lender.lentCount
+    return n
   }
 
   /** Sessions open, and upgrades on their way to be. */
@@ -143,6 +158,8 @@ export class WebSocketRoutes {
     let ws: WebSocket | undefined
     /** Its place among the logins waiting on Postgres (proxy/login/gate.ts). */
     let ticket: LoginTicket | undefined
+    /** Transaction pooling: the lender whose answer the login got, and the cancel key it told. */
+    let lent: { lender: Lender; told: BackendKey } | undefined
     // Nothing connects to Postgres before the login is in, and admitted.
     const newUpstream = () => (up = new Upstream(target, this.o.upstreamTls))
     const connect = async (login: boolean) => {
@@ -193,20 +210,29 @@ export class WebSocketRoutes {
           loginGone()
           idle.stop()
         })
-        const running = runSession(session, {
-          upstream: up ?? newUpstream(), opened, loginBytes: login?.bytes, peer, offload, passwordsAllowed, connect, routeCancel,
-          budget: this.o.budget,
-          issueKey: (key) => this.o.cancels.issue(name, key),
-          hideKey: () => this.o.cancels.hide(name),
-          giveBack: backend && ((ending) => pool.giveBack(backend!, ending)),
-          cancel: backend && (() => backend!.upstream.cancel(backend!.key)),
-          log: (entry) => {
-            metrics.sessionClosed(entry)
-            this.o.log?.(entry)
-          },
-          onEstablished: loginAccepted,
-          onActivity: idle.touch,
-        })
+        const log = (entry: SessionLog) => {
+          metrics.sessionClosed(entry)
+          this.o.log?.(entry)
+        }
+        const running =
+          lent && opened && !(opened instanceof Error) && opened.kind === 'ready'
+            ? runLentSession(session, {
+                lender: lent.lender, answer: opened.answer, loginBytes: login?.bytes ?? 0, peer, upstream: name, budget: this.o.budget, log, onActivity: idle.touch,
+                follow: (running) => this.o.cancels.follow(name, lent!.told, running),
+                statementsPerBackend: this.o.lending!.statements,
+              })
+            : runSession(session, {
+                upstream: up ?? newUpstream(), opened, loginBytes: login?.bytes, peer, offload, passwordsAllowed, connect, routeCancel,
+                budget: this.o.budget,
+                issueKey: (key) => this.o.cancels.issue(name, key),
+                hideKey: () => this.o.cancels.hide(name),
+                giveBack: backend && ((ending) => pool.giveBack(backend!, ending)),
+                cancel: backend && (() => backend!.upstream.cancel(backend!.key)),
+                log,
+                onEstablished: loginAccepted,
+                onActivity: idle.touch,
+              })
+        if (lent) loginAccepted()
         this.sessions.set(session, running) // (its close event comes later, and takes it out)
       })
       socket.uncork()
@@ -220,12 +246,50 @@ export class WebSocketRoutes {
       const io = { upstream: upstream.queue, toUpstream: (b: Buffer) => void upstream.write(b), passwordsAllowed, offload, connect, routeCancel, secureUpstream: (asked?: ClientTls) => upstream.secure(asked) }
       return runLogin(io, login).then((outcome) => ({ upstream, outcome }))
     }
-    pool.open(poolKey, fresh).then((opened) => {
-      up = opened.upstream
-      backend = opened.backend
-      ws ? drop() : upgrade(opened.outcome) // (a session already open was refused: the login timed out)
-    }, upgrade)
+    const { lending } = this.o
+    // Transaction pooling: a key's logins are answered as its first was (a fresh lender's, while its lifetime lasts).
+    const welcome = () => {
+      const lender = poolKey && lending ? this.lenders.get(poolKey) : undefined
+      if (!lender || Date.now() - lender.born >= lending!.lifetimeMs) return false
+      const { outcome, told } = lender.welcome()
+      lent = { lender, told }
+      upgrade(outcome)
+      return true
+    }
+    const open = () => {
+      if (welcome()) return
+      const first = poolKey && lending ? this.firstLogins.get(poolKey) : undefined
+      if (first) return void first.then(open) // (then answered by its lender; or, if it failed, a login of its own)
+      const opening = pool.open(poolKey, fresh)
+      if (poolKey && lending) {
+        const settled = opening.then(() => this.firstLogins.delete(poolKey), () => this.firstLogins.delete(poolKey))
+        this.firstLogins.set(poolKey, settled)
+      }
+      opening.then((opened) => {
+        up = opened.upstream
+        backend = opened.backend
+        if (ws) return drop() // (a session already open was refused: the login timed out)
+        if (poolKey && lending && backend) {
+          const existing = this.lenders.get(poolKey)
+          const lender =
+            existing && Date.now() - existing.born < lending.lifetimeMs
+              ? existing
+              : new Lender(pool, poolKey, backend, lending.size, lending.timeoutMs, relogin(target, this.o.upstreamTls, login), metrics.lending)
+          if (lender === existing) lender.spare(backend)
+          else this.lenders.set(poolKey, lender)
+          backend = up = undefined
+          return void welcome()
+        }
+        upgrade(opened.outcome)
+      }, upgrade)
+    }
+    open()
   }
+}
+
+/** A fresh login for a pool key, as its first was made (a function of its own: it keeps nothing of the upgrade alive). */
+function relogin(target: HostPort, upstreamTls: UpstreamTls | undefined, login: Login) {
+  return () => loginAs(target, upstreamTls, login)
 }
 
 /**

@@ -1,0 +1,527 @@
+/**
+ * Section "pool" (`npx tsx bench/run.ts pool`): issue 21's four workloads, each beside what it is
+ * measured against, through edgepg-proxy children (test/support/child-proxy.ts) run with POOL_PROXY_FLAGS:
+ * 1. many sessions: SESSIONS at once, a statement every 2 s for 20 s, on a role limited to 60
+ *    Postgres connections; against pg over TCP through PgBouncer (Debian's 1.18, transaction mode);
+ * 2. busy sessions: 64 sessions back to back, session mode against TRANSACTION_MODE_FLAGS;
+ * 3. POST /sql at 32 in flight, against bench/http-pg.ts (a bare HTTP server on pg.Pool);
+ * 4. memory: the proxy's RSS per idle logged-in session.
+ * Until the proxy has --pool-mode, TRANSACTION_MODE_FLAGS is empty and every edgepg figure is session mode's.
+ */
+import { readFileSync } from 'node:fs'
+import { mkdtemp, rm, writeFile } from 'node:fs/promises'
+import http from 'node:http'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { setTimeout as sleep } from 'node:timers/promises'
+import pg from 'pg'
+import { WebSocket } from 'ws'
+import { Client, type ClientConfig } from '../src/index'
+import { startChildProxy, startGcProxy, type ChildProxy } from '../test/support/child-proxy'
+import { giveToRunner } from '../test/support/pg-server'
+import { pgbouncerBinary, startPgBouncer } from '../test/support/pgbouncer'
+import { PASSWORD, startPostgres, type PgInfo } from '../test/support/stack'
+import { gc, interleave, median, percentile, printGrid, type BenchContext, type Row, type Section } from './lib'
+import { startHttpPg } from './proxy'
+
+const NOFILE = Number(/^Max open files\s+(\d+)/m.exec(readFileSync('/proc/self/limits', 'utf8'))?.[1] ?? 1024)
+/** Descriptors kept in each process for everything but the sessions' sockets. */
+const FD_SPARE = 256
+const WANTED_SESSIONS = Number(process.env.EDGEPG_BENCH_POOL_SESSIONS ?? 5000)
+if (!Number.isInteger(WANTED_SESSIONS) || WANTED_SESSIONS < 1) throw new Error(`EDGEPG_BENCH_POOL_SESSIONS must be a positive integer, got ${process.env.EDGEPG_BENCH_POOL_SESSIONS}`)
+/** Case 1's sessions. The proxy child inherits this process's limit and holds two sockets a session while it logs in. */
+const SESSIONS = Math.min(WANTED_SESSIONS, Math.floor((NOFILE - FD_SPARE) / 2))
+const IDLE_SESSIONS = 1000
+
+/**
+ * The flags that put edgepg-proxy in transaction mode: none until the proxy has them (issue 21);
+ * then `['--pool-mode', 'transaction', '--pool-size', '20']`.
+ */
+export const TRANSACTION_MODE_FLAGS: string[] = []
+/** Room for every session of this section from 127.0.0.1, and no wait on shutdown: session mode. */
+const ROOM_FLAGS = ['--max-sessions', String(Math.max(SESSIONS, IDLE_SESSIONS) + 100), '--max-sessions-per-ip', String(Math.max(SESSIONS, IDLE_SESSIONS) + 100), '--shutdown-grace', '0']
+/** edgepg-proxy's flags for cases 1, 3 and 4, and for case 2's transaction-mode side. */
+export const POOL_PROXY_FLAGS = [...ROOM_FLAGS, ...TRANSACTION_MODE_FLAGS]
+const MODE = TRANSACTION_MODE_FLAGS.length ? TRANSACTION_MODE_FLAGS.join(' ') : 'session mode: no --pool-mode yet'
+
+const ROLE = 'bench_pool'
+const ROLE_PASSWORD = 'bench-pool-pw'
+const ROLE_LIMIT = 60
+const BOUNCER_POOL = 20
+const ITEMS = 1000
+const READ = 'SELECT v FROM bench_pool_items WHERE id = $1'
+const INSERT = 'INSERT INTO bench_pool_scratch (session) VALUES ($1)'
+
+type Op = 'read' | 'prepared' | 'transaction'
+/** One session's 20 s, a step every TICK_MS: the named statement 3 times (parsed once, then bound by name), 2 transactions. */
+const SCHEDULE: Op[] = ['prepared', 'read', 'transaction', 'read', 'prepared', 'read', 'read', 'transaction', 'read', 'prepared']
+const TICK_MS = 2000
+/** Logins under way at once: under PgBouncer's listen backlog (128), so no SYN waits a second for a retry. */
+const CONNECTING = 100
+const CONNECT_TIMEOUT_MS = 30_000
+const QUERY_TIMEOUT_MS = 10_000
+const SAMPLE_MS = 200
+
+const BUSY_SESSIONS = 64
+const BUSY_ROUNDS = 2
+const BUSY_MS = 2500
+/** Transaction mode's queries/s, at least this share of session mode's (the issue). */
+const BUSY_SHARE_TARGET = 0.9
+
+const SQL_IN_FLIGHT = 32
+const SQL_ROUNDS = 3
+const SQL_REQUESTS = 4000
+const SQL_WARMUP = 500
+
+const SETTLE_MS = 2000
+const MiB = 1 << 20
+
+export const pool: Section = {
+  name: 'pool',
+  async run(ctx) {
+    const admin = superuser(ctx.pg)
+    await admin.connect()
+    const started = performance.now()
+    const rows: Row[] = []
+    try {
+      await createRole(admin)
+      await manySessions(ctx, admin)
+      rows.push(...(await busySessions(ctx)))
+      await sqlInFlight(ctx)
+      await idleMemory()
+    } finally {
+      await dropRole(admin).catch((err) => console.error(`pool: could not drop ${ROLE}:`, err))
+      await admin.end().catch(() => {})
+    }
+    console.log(`\npool: the section took ${((performance.now() - started) / 1000).toFixed(0)} s.`)
+    return rows
+  },
+}
+
+const superuser = (db: PgInfo) => new pg.Client({ host: db.host, port: db.port, database: db.database, user: 'postgres', password: PASSWORD })
+
+async function createRole(admin: pg.Client) {
+  // Not a superuser: Postgres does not hold superusers to a CONNECTION LIMIT.
+  await admin.query(`SET password_encryption = 'scram-sha-256'`)
+  await admin.query(`CREATE ROLE ${ROLE} LOGIN NOSUPERUSER PASSWORD '${ROLE_PASSWORD}' CONNECTION LIMIT ${ROLE_LIMIT}`)
+  await admin.query(`CREATE TABLE bench_pool_items (id int PRIMARY KEY, v text NOT NULL)`)
+  await admin.query(`INSERT INTO bench_pool_items SELECT i, md5(i::text) FROM generate_series(1, ${ITEMS}) i`)
+  await admin.query(`CREATE TABLE bench_pool_scratch (session int NOT NULL, at timestamptz NOT NULL DEFAULT now())`)
+  await admin.query(`GRANT SELECT ON bench_pool_items TO ${ROLE}`)
+  await admin.query(`GRANT INSERT ON bench_pool_scratch TO ${ROLE}`)
+}
+
+async function dropRole(admin: pg.Client) {
+  await waitForNoBackends(admin)
+  await admin.query(`DROP TABLE IF EXISTS bench_pool_items, bench_pool_scratch`)
+  await admin.query(`DROP ROLE IF EXISTS ${ROLE}`)
+}
+
+const roleBackends = async (admin: pg.Client) =>
+  (await admin.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE usename = $1 AND backend_type = 'client backend'`, [ROLE])).rows[0].n as number
+
+/** The role's backends gone (a stopped proxy's or PgBouncer's close as Postgres notices), so the next case starts from none. */
+async function waitForNoBackends(admin: pg.Client) {
+  for (const deadline = Date.now() + 10_000; (await roleBackends(admin)) > 0 && Date.now() < deadline; ) await sleep(100)
+}
+
+// ---- 1. many sessions ----
+
+interface Load {
+  connected: number
+  failedLogins: Map<string, number>
+  failedQueries: Map<string, number>
+  latencies: number[]
+  peakBackends: number
+  /** From the first login to the last one's answer. */
+  loginSeconds: number
+  seconds: number
+}
+
+async function manySessions(ctx: BenchContext, admin: pg.Client) {
+  const role = { host: ctx.pg.host, port: ctx.pg.port, database: ctx.pg.database, user: ROLE, password: ROLE_PASSWORD, query_timeout: QUERY_TIMEOUT_MS }
+  const proxy = await startChildProxy(`${ctx.pg.host}:${ctx.pg.port}`, { flags: POOL_PROXY_FLAGS })
+  let edge: Load
+  try {
+    edge = await sessionLoad(admin, () => new Client({ ...role, webSocketConstructor: WebSocket as any, wsProxy: () => proxy.url } as ClientConfig))
+  } finally {
+    await proxy.stop()
+  }
+  await waitForNoBackends(admin)
+  let bouncer: Load | undefined
+  if (pgbouncerBinary()) {
+    const b = await startBouncer(ctx.pg, admin)
+    try {
+      bouncer = await sessionLoad(admin, () => new pg.Client({ ...role, port: b.port }))
+    } finally {
+      await b.stop()
+    }
+    await waitForNoBackends(admin)
+  }
+  const cell = (f: (l: Load) => string) => [f(edge), bouncer ? f(bouncer) : 'not installed']
+  const ratio = (f: (l: Load) => number) => (bouncer ? `${(f(edge) / f(bouncer)).toFixed(2)}x` : '')
+  const p = (l: Load, q: number) => percentile(l.latencies, q)
+  const capped = SESSIONS < WANTED_SESSIONS ? ` (${WANTED_SESSIONS} asked; open files allow ${SESSIONS})` : ''
+  printGrid(
+    `pool 1: ${SESSIONS} sessions at once, a statement every ${TICK_MS / 1000} s for ${(SCHEDULE.length * TICK_MS) / 1000} s, role limited to ${ROLE_LIMIT} connections`,
+    ['metric', `edgepg-proxy (${MODE})`, `pg via PgBouncer 1.18 (transaction, pool ${BOUNCER_POOL})`, 'ratio'],
+    [
+      ['sessions connected', ...cell((l) => `${l.connected} of ${SESSIONS}`), ratio((l) => l.connected)],
+      ['failed logins, by SQLSTATE', ...cell((l) => counts(l.failedLogins)), ''],
+      ['statements answered', ...cell((l) => String(l.latencies.length)), ratio((l) => l.latencies.length)],
+      ['failed statements, by SQLSTATE', ...cell((l) => counts(l.failedQueries)), ''],
+      [`peak backends of ${ROLE}`, ...cell((l) => String(l.peakBackends)), ''],
+      ['statement latency p50 / p99', ...cell((l) => `${p(l, 50).toFixed(2)} / ${p(l, 99).toFixed(2)} ms`), ratio((l) => p(l, 50))],
+      ['last login answered after', ...cell((l) => `${l.loginSeconds.toFixed(1)} s`), ratio((l) => l.loginSeconds)],
+      ['wall time (logins, workload, ends)', ...cell((l) => `${l.seconds.toFixed(1)} s`), ''],
+    ],
+    [
+      `Each session: connect (${CONNECTING} logins under way at once), then from a random moment in its first ${TICK_MS / 1000} s one step every ${TICK_MS / 1000} s: ` +
+        `${SCHEDULE.join(', ')}. read = "${READ}" (unnamed); prepared = the same as pg's { name, text, values } (Parse the first time a client uses it, Bind by name after); ` +
+        `transaction = BEGIN; INSERT into a scratch table; COMMIT (ROLLBACK on an error). All sessions end together after the last step. ` +
+        `Latency is per statement; a statement not answered in ${QUERY_TIMEOUT_MS / 1000} s fails (pg's query_timeout).`,
+      `Role ${ROLE}: not a superuser, SCRAM, CONNECTION LIMIT ${ROLE_LIMIT}. Backends sampled every ${SAMPLE_MS} ms from pg_stat_activity on a superuser connection opened before. ` +
+        `edgepg-proxy: a child process with ${POOL_PROXY_FLAGS.join(' ')}` +
+        (TRANSACTION_MODE_FLAGS.length
+          ? '. '
+          : `; in session mode each session holds a backend, so logins past the limit fail with 53300, each after a Postgres fork and SCRAM exchange ` +
+            `(at most --max-logins-per-ip, default 8, at once from 127.0.0.1): its sessions' statements run while those go on. `) +
+        `PgBouncer: transaction mode, default_pool_size ${BOUNCER_POOL}, max_client_conn ${SESSIONS + 100}, the role's SCRAM secret in its userlist; 1.18 keeps no protocol-level ` +
+        `prepared statements across server connections, so named statements fail with 42P05 (the name exists on that backend already) and 26000 (not on this one); ` +
+        `pg sends Parse again after a failed one, so once every server connection has the name, every use fails with 42P05.`,
+      `SESSIONS = ${SESSIONS}${capped}; set EDGEPG_BENCH_POOL_SESSIONS to lower it. Open files allowed (ulimit -n): ${NOFILE}; this process needs one per session, ` +
+        `the proxy child up to two (a client and a Postgres socket), PgBouncer one per client.`,
+    ]
+  )
+}
+
+/** Every session of one side: logins, the schedule, then all end together. */
+async function sessionLoad(admin: pg.Client, open: () => pg.Client): Promise<Load> {
+  const load: Load = { connected: 0, failedLogins: new Map(), failedQueries: new Map(), latencies: [], peakBackends: 0, loginSeconds: 0, seconds: 0 }
+  const clients: pg.Client[] = []
+  const timed = async (client: pg.Client, query: string | pg.QueryConfig) => {
+    const t0 = performance.now()
+    try {
+      await client.query(query)
+      load.latencies.push(performance.now() - t0)
+    } catch (err) {
+      count(load.failedQueries, err)
+      throw err
+    }
+  }
+  const item = (i: number) => (i % ITEMS) + 1
+  const ops: Record<Op, (c: pg.Client, i: number) => Promise<void>> = {
+    read: (c, i) => timed(c, { text: READ, values: [item(i)] }),
+    prepared: (c, i) => timed(c, { name: 'bench_pool_read', text: READ, values: [item(i)] }),
+    async transaction(c, i) {
+      try {
+        await timed(c, 'BEGIN')
+        await timed(c, { text: INSERT, values: [i] })
+        await timed(c, 'COMMIT')
+      } catch {
+        await c.query('ROLLBACK').catch(() => {})
+      }
+    },
+  }
+  const connecting = slots(CONNECTING)
+  const t0 = performance.now()
+  const session = async (i: number) => {
+    const client = open()
+    client.on('error', () => {})
+    clients.push(client)
+    try {
+      await connecting(() => bounded(client.connect(), CONNECT_TIMEOUT_MS))
+    } catch (err) {
+      return count(load.failedLogins, err)
+    } finally {
+      load.loginSeconds = (performance.now() - t0) / 1000
+    }
+    load.connected++
+    const first = performance.now() + Math.random() * TICK_MS
+    for (const [t, op] of SCHEDULE.entries()) {
+      await sleep(Math.max(0, first + t * TICK_MS - performance.now()))
+      await ops[op](client, i).catch(() => {})
+    }
+  }
+  const peak = sampleBackends(admin)
+  try {
+    await Promise.all(Array.from({ length: SESSIONS }, (_, i) => session(i)))
+  } finally {
+    await Promise.all(clients.map((c) => bounded(c.end(), 5000).catch(() => {})))
+    load.peakBackends = await peak()
+  }
+  load.seconds = (performance.now() - t0) / 1000
+  return load
+}
+
+/** Samples the role's backends every SAMPLE_MS until the returned function is called, which resolves with the peak. */
+function sampleBackends(admin: pg.Client): () => Promise<number> {
+  let peak = 0
+  let sampling = true
+  const done = (async () => {
+    for (; sampling; await sleep(SAMPLE_MS)) peak = Math.max(peak, await roleBackends(admin))
+  })()
+  return async () => {
+    sampling = false
+    await done
+    return peak
+  }
+}
+
+/**
+ * PgBouncer (test/support/pgbouncer.ts) with a userlist of its own that also holds the limited role,
+ * by its SCRAM secret from pg_authid: with a plain-text password PgBouncer spends a PBKDF2 on every login.
+ */
+async function startBouncer(db: PgInfo, admin: pg.Client): Promise<{ port: number; stop(): Promise<void> }> {
+  const dir = await mkdtemp(join(tmpdir(), 'edgepg-bench-pool-'))
+  const authFile = join(dir, 'userlist.txt')
+  try {
+    const { rows } = await admin.query(`SELECT rolpassword FROM pg_authid WHERE rolname = $1`, [ROLE])
+    await giveToRunner(dir, 0o700)
+    await writeFile(authFile, `"scram_user" "${PASSWORD}"\n"${ROLE}" "${rows[0].rolpassword}"\n`)
+    await giveToRunner(authFile, 0o600)
+    const bouncer = await startPgBouncer(db, { auth_file: authFile, default_pool_size: BOUNCER_POOL, max_client_conn: SESSIONS + 100 })
+    return { port: bouncer.port, stop: () => bouncer.stop().finally(() => rm(dir, { recursive: true, force: true })) }
+  } catch (err) {
+    await rm(dir, { recursive: true, force: true })
+    throw err
+  }
+}
+
+// ---- 2. busy sessions ----
+
+async function busySessions(ctx: BenchContext): Promise<Row[]> {
+  type Mode = 'session' | 'transaction'
+  const MODES = ['session', 'transaction'] as const
+  const upstream = `${ctx.pg.host}:${ctx.pg.port}`
+  const proxies: Partial<Record<Mode, ChildProxy>> = {}
+  const clients: Record<Mode, pg.Client[]> = { session: [], transaction: [] }
+  const totals: Record<Mode, { queries: number; seconds: number; latencies: number[] }> = {
+    session: { queries: 0, seconds: 0, latencies: [] },
+    transaction: { queries: 0, seconds: 0, latencies: [] },
+  }
+  try {
+    proxies.session = await startChildProxy(upstream, { flags: ROOM_FLAGS })
+    proxies.transaction = await startChildProxy(upstream, { flags: POOL_PROXY_FLAGS })
+    for (const m of MODES) {
+      const url = proxies[m]!.url
+      clients[m] = Array.from({ length: BUSY_SESSIONS }, () => new Client({ ...ctx.pgConfig(), webSocketConstructor: WebSocket as any, wsProxy: () => url } as ClientConfig))
+      await Promise.all(clients[m].map(async (c) => (c.on('error', () => {}), await c.connect(), await c.query(READ, [1]))))
+    }
+    await interleave(MODES, BUSY_ROUNDS, async (m) => {
+      gc()
+      const t0 = performance.now()
+      const deadline = t0 + BUSY_MS
+      await Promise.all(
+        clients[m].map(async (c, s) => {
+          for (let i = s; performance.now() < deadline; i += BUSY_SESSIONS) {
+            const q0 = performance.now()
+            await c.query(READ, [(i % ITEMS) + 1])
+            totals[m].latencies.push(performance.now() - q0)
+            totals[m].queries++
+          }
+        })
+      )
+      totals[m].seconds += (performance.now() - t0) / 1000
+    })
+  } finally {
+    await Promise.all(Object.values(clients).flat().map((c) => bounded(c.end(), 5000).catch(() => {})))
+    for (const m of MODES) await proxies[m]?.stop()
+  }
+  const rate = (m: Mode) => totals[m].queries / totals[m].seconds
+  const share = rate('transaction') / rate('session')
+  const lat = (m: Mode) => `${median(totals[m].latencies).toFixed(2)} / ${percentile(totals[m].latencies, 99).toFixed(2)} ms`
+  const placeholder = !TRANSACTION_MODE_FLAGS.length
+  printGrid(
+    `pool 2: ${BUSY_SESSIONS} busy sessions, back to back`,
+    ['metric', 'edgepg-proxy, session mode', `edgepg-proxy, ${placeholder ? 'TRANSACTION_MODE_FLAGS (none yet: session mode again)' : TRANSACTION_MODE_FLAGS.join(' ')}`, 'ratio', 'target', 'result'],
+    [
+      ['queries/s', ...MODES.map((m) => `${Math.round(rate(m)).toLocaleString('en-US')}/s`), `${share.toFixed(2)}x`, `>= ${BUSY_SHARE_TARGET}x`, placeholder ? 'n/a' : share >= BUSY_SHARE_TARGET ? 'pass' : 'MISS'],
+      ['latency p50 / p99', ...MODES.map(lat), '', '', ''],
+    ],
+    [
+      `${BUSY_SESSIONS} edgepg Clients (scram_user) per proxy child, each running "${READ}" back to back; ${BUSY_ROUNDS} alternating rounds of ${BUSY_MS / 1000} s per side. ` +
+        `Session mode: ${ROOM_FLAGS.join(' ')}; the other side adds TRANSACTION_MODE_FLAGS (bench/pool.ts). ` +
+        (placeholder ? 'Until the proxy has --pool-mode both sides run session mode, and the ratio shows only the noise between two equal runs.' : ''),
+    ]
+  )
+  if (placeholder) return []
+  return [{ metric: `pool: busy sessions, session mode's queries/s over transaction mode's`, edgepg: `${Math.round(rate('transaction'))}/s`, baseline: `${Math.round(rate('session'))}/s`, ratio: 1 / share, target: 1 / BUSY_SHARE_TARGET }]
+}
+
+// ---- 3. /sql at 32 in flight ----
+
+async function sqlInFlight(ctx: BenchContext) {
+  const cfg = ctx.pgConfig()
+  const connectionString = `postgresql://${cfg.user}:${encodeURIComponent(String(cfg.password))}@${cfg.host}:${cfg.port}/${cfg.database}`
+  const headers = { 'neon-connection-string': connectionString, 'neon-raw-text-output': 'true', 'neon-array-mode': 'true', 'content-type': 'application/json' }
+  const proxy = await startChildProxy(`${ctx.pg.host}:${ctx.pg.port}`, { flags: POOL_PROXY_FLAGS })
+  const floor = await startHttpPg(connectionString).catch(async (err) => (await proxy.stop(), Promise.reject(err)))
+  type Side = 'sql' | 'floor'
+  const SIDES = ['sql', 'floor'] as const
+  const posters: Record<Side, Poster> = { sql: poster(proxy.port, headers), floor: poster(floor.port, headers) }
+  const rps: Record<Side, number[]> = { sql: [], floor: [] }
+  let n = 0
+  const one = async (side: Side) => {
+    const v = ++n % 1_000_000
+    const text = await posters[side].post(JSON.stringify({ query: 'SELECT $1::int AS v', params: [v] }))
+    if (!text.includes(side === 'sql' ? `[["${v}"]]` : `[[${v}]]`)) throw new Error(`pool bench: ${side} answered ${text}`)
+  }
+  const run = async (side: Side, total: number) => {
+    let issued = 0
+    const t0 = performance.now()
+    await Promise.all(Array.from({ length: SQL_IN_FLIGHT }, async () => {
+      while (issued++ < total) await one(side)
+    }))
+    return total / ((performance.now() - t0) / 1000)
+  }
+  try {
+    for (const side of SIDES) await run(side, SQL_WARMUP)
+    await interleave(SIDES, SQL_ROUNDS, async (side) => {
+      gc()
+      rps[side].push(await run(side, SQL_REQUESTS))
+    })
+  } finally {
+    for (const side of SIDES) posters[side].close()
+    await proxy.stop()
+    await floor.stop()
+  }
+  const r = { sql: median(rps.sql), floor: median(rps.floor) }
+  printGrid(
+    `pool 3: POST /sql, ${SQL_IN_FLIGHT} in flight`,
+    ['metric', `POST /sql (edgepg-proxy, ${MODE})`, 'floor: bare HTTP server + pg.Pool', 'ratio'],
+    [[`requests/s (median of ${SQL_ROUNDS} x ${SQL_REQUESTS})`, `${Math.round(r.sql).toLocaleString('en-US')}/s`, `${Math.round(r.floor).toLocaleString('en-US')}/s`, `${(r.sql / r.floor).toFixed(2)}x`]],
+    [
+      `Body {"query":"SELECT $1::int AS v","params":[n]}, role scram_user, from node:http on a keep-alive agent (${SQL_IN_FLIGHT} sockets); ${SQL_WARMUP} requests of warm-up per side, then alternating rounds. ` +
+        `The floor is bench/http-pg.ts in a child process: parse the JSON, pg.Pool (max 32) query, answer the rows. edgepg-proxy: a child with ${POOL_PROXY_FLAGS.join(' ')}.`,
+    ]
+  )
+}
+
+interface Poster {
+  post(body: string): Promise<string>
+  close(): void
+}
+
+/** POSTs to 127.0.0.1:port/sql with http.request on a keep-alive agent: the server's cost without fetch's (as bench/http.ts). */
+function poster(port: number, headers: Record<string, string>): Poster {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: SQL_IN_FLIGHT })
+  return {
+    post: (body) =>
+      new Promise((resolve, reject) => {
+        const req = http.request({ host: '127.0.0.1', port, path: '/sql', method: 'POST', agent, headers: { ...headers, 'content-length': Buffer.byteLength(body) } }, (res) => {
+          let text = ''
+          res.setEncoding('utf8')
+          res.on('data', (chunk) => (text += chunk))
+          res.on('end', () => (res.statusCode === 200 ? resolve(text) : reject(new Error(`HTTP ${res.statusCode}: ${text}`))))
+        })
+        req.on('error', reject)
+        req.end(body)
+      }),
+    close: () => agent.destroy(),
+  }
+}
+
+// ---- 4. memory per idle session ----
+
+async function idleMemory() {
+  // In session mode every idle session holds a backend: a Postgres of its own with room for them.
+  const db = await startPostgres({ name: 'bench-pool', settings: { max_connections: String(IDLE_SESSIONS + 100), shared_buffers: '32MB' } })
+  const admin = db.admin()
+  const clients: pg.Client[] = []
+  let proxy: Awaited<ReturnType<typeof startGcProxy>> | undefined
+  try {
+    await admin.connect()
+    proxy = await startGcProxy(`${db.host}:${db.port}`, POOL_PROXY_FLAGS)
+    const open = () => {
+      const c = new Client({ host: db.host, port: db.port, database: db.database, user: 'scram_user', password: PASSWORD, webSocketConstructor: WebSocket as any, wsProxy: () => proxy!.url } as ClientConfig)
+      c.on('error', () => {})
+      clients.push(c)
+      return c
+    }
+    // Warm-up: the proxy's code paths loaded and its first allocations made before "before".
+    for (let i = 0; i < 20; i++) {
+      const c = open()
+      await c.connect()
+      await c.query('SELECT 1')
+      await c.end()
+    }
+    await sleep(SETTLE_MS)
+    const before = { rss: proxy.rss(), gc: (await proxy.memoryAfterGc()).rss }
+    const backends = async () => (await admin.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE usename = 'scram_user' AND backend_type = 'client backend'`)).rows[0].n as number
+    const backendsBefore = await backends()
+    const connecting = slots(CONNECTING)
+    const t0 = performance.now()
+    const failed = new Map<string, number>()
+    await Promise.all(Array.from({ length: IDLE_SESSIONS }, () => connecting(() => open().connect()).catch((err) => count(failed, err))))
+    const loginSeconds = (performance.now() - t0) / 1000
+    await sleep(SETTLE_MS)
+    const after = { rss: proxy.rss(), gc: (await proxy.memoryAfterGc()).rss }
+    const backendsAfter = await backends()
+    const idle = IDLE_SESSIONS - [...failed.values()].reduce((a, b) => a + b, 0)
+    const per = (a: number, b: number) => ((b - a) / idle / 1024).toFixed(1)
+    const mib = (b: number) => (b / MiB).toFixed(1)
+    printGrid(
+      `pool 4: edgepg-proxy's memory per idle logged-in session (${MODE})`,
+      ['metric', 'RSS', 'RSS after a full GC'],
+      [
+        ['proxy, before', `${mib(before.rss)} MiB`, `${mib(before.gc)} MiB`],
+        [`proxy, ${idle} idle sessions later`, `${mib(after.rss)} MiB`, `${mib(after.gc)} MiB`],
+        ['per idle session', `${per(before.rss, after.rss)} KiB`, `${per(before.gc, after.gc)} KiB`],
+        ['per 1,000 idle sessions', `${((1000 * (after.rss - before.rss)) / idle / MiB).toFixed(1)} MiB`, `${((1000 * (after.gc - before.gc)) / idle / MiB).toFixed(1)} MiB`],
+      ],
+      [
+        `${IDLE_SESSIONS} edgepg Clients (scram_user) connect (${CONNECTING} at once; ${loginSeconds.toFixed(1)} s; failed: ${counts(failed)}) and then do nothing. ` +
+          `RSS of the proxy child (tsx proxy/cli.ts, from /proc) ${SETTLE_MS / 1000} s after a warm-up of 20 sessions and again ${SETTLE_MS / 1000} s after the last login; ` +
+          `then after a full GC in the child (SIGUSR2 preload, test/support/child-proxy.ts). Flags: ${POOL_PROXY_FLAGS.join(' ')}.`,
+        `Postgres backends of scram_user: ${backendsBefore} before (the proxy's warm pool), ${backendsAfter} with the idle sessions ` +
+          `(a Postgres of this case's own, max_connections ${IDLE_SESSIONS + 100}: in session mode each session holds one).`,
+      ]
+    )
+  } finally {
+    await Promise.all(clients.map((c) => bounded(c.end(), 5000).catch(() => {})))
+    await proxy?.stop()
+    await admin.end().catch(() => {})
+    await db.stop()
+  }
+}
+
+// ---- helpers ----
+
+/** An error's SQLSTATE, else its message's start (a refused upgrade, a timeout). */
+const errorKey = (err: unknown) => {
+  const code = (err as { code?: unknown }).code
+  return typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code) ? code : String((err as Error).message ?? err).slice(0, 40)
+}
+
+function count(counts: Map<string, number>, err: unknown) {
+  const key = errorKey(err)
+  counts.set(key, (counts.get(key) ?? 0) + 1)
+}
+
+function counts(m: Map<string, number>): string {
+  const total = [...m.values()].reduce((a, b) => a + b, 0)
+  return total ? `${total} (${[...m].sort((a, b) => b[1] - a[1]).map(([k, n]) => `${k} ×${n}`).join(', ')})` : '0'
+}
+
+/** Runs at most `n` of the functions given at once; the rest wait their turn in order. */
+function slots(n: number) {
+  let free = n
+  const waiting: Array<() => void> = []
+  return async <T>(fn: () => Promise<T>): Promise<T> => {
+    if (free > 0) free--
+    else await new Promise<void>((resolve) => waiting.push(resolve))
+    try {
+      return await fn()
+    } finally {
+      const next = waiting.shift()
+      next ? next() : free++
+    }
+  }
+}
+
+function bounded<T>(promise: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined
+  const timeout = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error('timeout')), ms)))
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer))
+}

@@ -1,0 +1,230 @@
+/**
+ * Transaction pooling: the backends of one pool key (upstream, TLS, startup parameters, password),
+ * lent to sessions one transaction at a time. At most `size` exist, idle or lent; a session that
+ * needs one while all are lent waits its turn, first come first served, for up to `timeoutMs`.
+ * Idle ones are the BackendPool's (kept warm, evicted when idle too long or too old).
+ *
+ * Logins for the key are answered from the first login's answer, each with a cancel secret of its
+ * own: a session holds no backend until it runs something.
+ */
+import { randomBytes } from 'node:crypto'
+import { serialize } from 'pg-protocol'
+import type { BackendKey } from '../wire/startup'
+import type { Backend, BackendPool } from './backends'
+import type { LoginOutcome } from '../login/in-upgrade'
+import type { Upstream } from '../upstream/connection'
+import { messages } from '../wire/bytes'
+import { ServerMessage, TxStatus } from '../wire/codes'
+import type { Ending } from './idle-watch'
+import type { LendingMetrics } from '../admin/metrics'
+
+/** How a session leaves a backend whose transaction ended cleanly: idle, nothing to undo. */
+const CLEAN: Ending = { pending: 0, status: TxStatus.Idle, reusable: true }
+
+/**
+ * Whether the database runs code of its own on reads and writes, which may set anything: triggers,
+ * rules (on its own tables: OIDs from 16384), policies, user functions (not an extension's), or
+ * state-setting calls in views, defaults and checks.
+ */
+const RUNS_CODE = serialize.query(`SELECT
+  EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE NOT tgisinternal)
+  OR EXISTS (SELECT 1 FROM pg_catalog.pg_rewrite WHERE rulename <> '_RETURN' AND ev_class >= 16384)
+  OR EXISTS (SELECT 1 FROM pg_catalog.pg_policy)
+  OR EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger)
+  OR EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
+               AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'))
+  OR EXISTS (SELECT 1 FROM pg_catalog.pg_views WHERE schemaname NOT IN ('pg_catalog', 'information_schema') AND definition ~* 'set_config|advisory_lock|dblink')
+  OR EXISTS (SELECT 1 FROM pg_catalog.pg_attrdef WHERE pg_catalog.pg_get_expr(adbin, adrelid) ~* 'set_config|advisory_lock|dblink')
+  OR EXISTS (SELECT 1 FROM pg_catalog.pg_constraint WHERE contype = 'c' AND pg_catalog.pg_get_expr(conbin, conrelid) ~* 'set_config|advisory_lock|dblink')`)
+const DISCARD_SEQUENCES = serialize.query('DISCARD SEQUENCES')
+const DATA_ROW = 0x44
+
+export class PoolTimeout extends Error {
+  readonly code = '53300'
+}
+
+interface Waiter {
+  resolve(backend: Backend): void
+  reject(err: Error): void
+  timer: NodeJS.Timeout
+}
+
+export class Lender {
+  /** Lent now. */
+  private readonly lent = new Set<Backend>()
+  /** Being logged in, or taken from the pool. */
+  private opening = 0
+  private readonly waiting: Waiter[] = []
+  /** Whether the database runs code of its own on reads and writes (undefined: not known yet, so yes). */
+  runsCode?: boolean
+
+  /** Backends whose close this lender watches. */
+  private readonly watched = new WeakSet<Backend>()
+
+  /** With the key's first backend, just logged in: what it learns of the database first, then idle. */
+  constructor(
+    private readonly pool: BackendPool,
+    readonly key: string,
+    /** The first login's: every later login of the key is answered with its answer. */
+    private readonly answer: Backend,
+    readonly size: number,
+    readonly timeoutMs: number,
+    private readonly login: () => Promise<{ upstream: Upstream; outcome: LoginOutcome }>,
+    readonly events: LendingMetrics
+  ) {
+    pool.giveBack(answer, CLEAN, this.exchange(answer, RUNS_CODE, (row) => (this.runsCode = row !== 'f')))
+    this.afterReset(answer)
+  }
+
+  readonly born = Date.now()
+
+  /** A login of this key, answered as the first was, with a cancel secret of its own: the answer, and the key it tells. */
+  welcome(): { outcome: LoginOutcome; told: BackendKey } {
+    const secret = randomBytes(this.answer.key.secret.length)
+    return { outcome: { kind: 'ready', answer: this.answer.answerWith(secret) }, told: { pid: this.answer.key.pid, secret } }
+  }
+
+  /** A backend to run on: an idle one, a new one while there are fewer than `size`, or the next one given back. */
+  async acquire(): Promise<Backend> {
+    const started = performance.now()
+    if (!this.waiting.length) {
+      const backend = await this.take()
+      if (backend) return this.events.lent((performance.now() - started) / 1000), backend
+    }
+    return new Promise<Backend>((resolve, reject) => {
+      const waiter: Waiter = {
+        resolve: (backend) => (this.events.lent((performance.now() - started) / 1000), resolve(backend)),
+        reject,
+        timer: setTimeout(() => {
+          this.waiting.splice(this.waiting.indexOf(waiter), 1)
+          this.events.timedOut()
+          reject(new PoolTimeout(`no backend for this user and database within ${this.timeoutMs} ms: all ${this.size} are busy (raise --pool-size, or --pool-timeout)`))
+        }, this.timeoutMs),
+      }
+      this.waiting.push(waiter)
+    })
+  }
+
+  /** Lent now. */
+  get lentCount(): number {
+    return this.lent.size
+  }
+
+  /**
+   * A transaction ended cleanly on `backend`: back to the pool, after DISCARD SEQUENCES if it may
+   * have called nextval(), and after asking the database again what it runs by itself if DDL has
+   * run since it last said.
+   */
+  giveBack(backend: Backend, { sequences = false } = {}) {
+    if (!this.lent.delete(backend)) return
+    const resets = [sequences && DISCARD_SEQUENCES, this.runsCode === undefined && RUNS_CODE].filter((q): q is Buffer => !!q)
+    const reset = resets.length ? this.exchange(backend, Buffer.concat(resets), (row) => (this.runsCode = row !== 'f'), resets.length) : Promise.resolve(true)
+    this.pool.giveBack(backend, CLEAN, reset)
+    this.afterReset(backend)
+  }
+
+  /** A backend of the key logged in by a session that found no lender yet: kept if there is room, else closed. */
+  spare(backend: Backend) {
+    const room = this.busy + this.pool.idleCount(this.key) < this.size
+    this.pool.giveBack(backend, room ? CLEAN : { ...CLEAN, reusable: false })
+    this.afterReset(backend)
+  }
+
+  /** DDL ran: what the database runs by itself is not known until it is asked again. */
+  stale() {
+    this.runsCode = undefined
+  }
+
+  /** The session holding `backend` ended, leaving it as `ending` says (undefined: busy): the pool resets or closes it. */
+  endSession(backend: Backend, ending: Ending | undefined) {
+    if (!this.lent.delete(backend)) return
+    this.pool.giveBack(backend, ending)
+    this.afterReset(backend)
+  }
+
+  private afterReset(backend: Backend) {
+    void (backend.resetting ?? Promise.resolve()).then(() => this.serve())
+  }
+
+  /** A backend that broke: gone, and its place free. */
+  lost(backend: Backend) {
+    if (this.lent.delete(backend)) this.pool.giveBack(backend, undefined)
+    this.serve()
+  }
+
+  /** Lent now, and being logged in: what counts against `size` beside the pool's idle ones. */
+  get busy(): number {
+    return this.lent.size + this.opening
+  }
+
+  /** The next waiter's turn, if a backend can be had. */
+  private serve() {
+    if (!this.waiting.length) return
+    void this.take().then((backend) => {
+      if (!backend) return
+      const waiter = this.waiting.shift()
+      if (!waiter) return this.giveBack(backend)
+      clearTimeout(waiter.timer)
+      waiter.resolve(backend)
+    })
+  }
+
+  private async take(): Promise<Backend | undefined> {
+    if (this.pool.idleCount(this.key)) {
+      this.opening++ // (counted while its reset may still be under way)
+      const warm = await this.pool.take(this.key, false).finally(() => this.opening--)
+      if (warm) return this.lend(warm)
+    }
+    if (this.lent.size + this.opening + this.pool.idleCount(this.key) >= this.size) return undefined
+    this.opening++
+    try {
+      const { upstream, outcome } = await this.login()
+      const backend = outcome.kind === 'ready' ? this.pool.adopt(this.key, upstream, outcome.answer) : undefined
+      if (!backend) return void upstream.close()
+      return this.lend(backend)
+    } finally {
+      this.opening--
+    }
+  }
+
+  private lend(backend: Backend): Backend {
+    this.lent.add(backend)
+    if (!this.watched.has(backend)) {
+      this.watched.add(backend)
+      backend.upstream.on('close', () => this.lost(backend))
+    }
+    return backend
+  }
+
+  /**
+   * Sends `query` (`readies` statements) on an idle backend and reads up to its last ReadyForQuery
+   * (the first column of the first row to `onRow`); true if it all went well.
+   */
+  private exchange(backend: Backend, query: Buffer, onRow?: (value: string) => void, readies = 1): Promise<boolean> {
+    return new Promise((resolve) => {
+      let got = Buffer.alloc(0)
+      let ok = true
+      const take = (chunk: Buffer) => {
+        got = Buffer.concat([got, chunk])
+        for (const m of messages(got)) {
+          got = got.subarray(m.length)
+          if (m[0] === ServerMessage.ErrorResponse) ok = false
+          if (m[0] === DATA_ROW && m.readInt16BE(5) > 0 && m.readInt32BE(7) >= 0) onRow?.(m.toString('utf8', 11, 11 + m.readInt32BE(7)))
+          if (m[0] === ServerMessage.ReadyForQuery && --readies === 0) return finish(ok && m[5] === TxStatus.Idle)
+        }
+      }
+      const onClose = () => finish(false)
+      const finish = (ok: boolean) => {
+        backend.upstream.off('close', onClose)
+        resolve(ok)
+      }
+      if (backend.upstream.gone) return finish(false)
+      backend.upstream.on('close', onClose)
+      const early = backend.upstream.relay(take)
+      if (early.length) take(early)
+      backend.upstream.resume()
+      backend.upstream.write(query)
+    })
+  }
+}

@@ -1,0 +1,270 @@
+/**
+ * A session in transaction pooling: it holds a backend only while it runs something, from its
+ * first message after ReadyForQuery(I) to the next ReadyForQuery(I), and none in between.
+ *
+ * When a transaction ends the session gives its backend back, unless the transaction may have left
+ * state behind (proxy/pool/state.ts reads every statement it ran; the database is asked once
+ * whether it runs code of its own): then the session keeps that backend to its end ("pinned"), so
+ * that it keeps its state and no other session sees it. Named prepared statements follow it from
+ * backend to backend (proxy/pool/prepared.ts). currval() and lastval() hold only within the
+ * transaction that called nextval(): a backend is given back after DISCARD SEQUENCES.
+ */
+import type { WebSocket, RawData } from 'ws'
+import type { Backend } from '../pool/backends'
+import type { Lender } from '../pool/lender'
+import { IdleWatch } from '../pool/idle-watch'
+import { BackendStatements, StatementRelay, type SessionStatements } from '../pool/prepared'
+import { effects, type StatementEffects } from '../pool/state'
+import { Framer } from '../wire/bytes'
+import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
+import { cString, errorResponse, type BackendKey } from '../wire/startup'
+import type { BufferBudget } from './budget'
+import { closeWebSocket, type OutcomeKind, type RunningSession, type SessionLog } from './session'
+
+export interface LentSessionOptions {
+  lender: Lender
+  /** The login's answer, sent first. */
+  answer: Buffer
+  loginBytes: number
+  peer: string
+  upstream: string
+  budget?: BufferBudget
+  log?: (entry: SessionLog) => void
+  onActivity?: () => void
+  /** The statement running now, for a cancel: known by the key the session was told until the returned function is called. */
+  follow(running: () => BackendKey | undefined): () => void
+  /** Statements each backend keeps for the sessions it serves (--pool-statements). */
+  statementsPerBackend: number
+}
+
+/** What a session pinned to its backend holds that no other may see. */
+export type PinReason = 'state' | 'code'
+
+interface Lend {
+  backend: Backend
+  relay: StatementRelay
+  watch: IdleWatch
+  /** What the transaction's statements may have left behind. */
+  effects: StatementEffects
+}
+
+const HIGH_WATER = 1 << 20
+const NOTHING: StatementEffects = { sets: false, runs: false, reads: false, ddl: false, sequences: false }
+/** The statements each backend holds, by backend. */
+const held = new WeakMap<Backend, BackendStatements>()
+
+export function runLentSession(ws: WebSocket, o: LentSessionOptions): RunningSession {
+  return new LentSession(ws, o)
+}
+
+class LentSession implements RunningSession {
+  private readonly started = Date.now()
+  private bytesIn: number
+  private bytesOut = 0
+  private outcome = 'closed by client'
+  private kind: OutcomeKind = 'ok'
+  private lend?: Lend
+  /** Client messages waiting for a backend. */
+  private waiting: Buffer[] = []
+  private acquiring = false
+  pinned?: PinReason
+  private readonly statements: SessionStatements = new Map()
+  private readonly framer = new Framer()
+  /** The unnamed statement's effects, as last parsed. */
+  private unnamed: StatementEffects = NOTHING
+  private ended = false
+  private readonly unfollow: () => void
+
+  constructor(private readonly ws: WebSocket, private readonly o: LentSessionOptions) {
+    this.bytesIn = o.loginBytes
+    o.budget?.watch(ws, () => this.end('over_budget', 'closed: over the memory budget (--max-client-buffer)')).loggedIn()
+    this.unfollow = o.follow(() => (this.lend && this.lend.watch.pending > 0 ? this.lend.backend.key : undefined))
+    this.toClient(o.answer)
+    ws.on('message', this.onClientMessage)
+    ws.on('close', () => {
+      this.finish()
+      const { peer, upstream, log } = this.o
+      log?.({ peer, upstream, durationMs: Date.now() - this.started, bytesIn: this.bytesIn, bytesOut: this.bytesOut, outcome: this.outcome, kind: this.kind, authFailed: false })
+    })
+    ws.on('error', (err) => this.end('client_error', `client error: ${err.message}`))
+  }
+
+  close(kind: 'timeout' | 'shutdown', code: number, reason: string) {
+    this.end(kind, reason.replace(/^edgepg-proxy: /, ''))
+    closeWebSocket(this.ws, code, reason)
+  }
+
+  private end(kind: OutcomeKind, outcome: string) {
+    this.kind = kind
+    this.outcome = outcome
+  }
+
+  // ── client → Postgres ───────────────────────────────────────────────────────────────────────
+
+  private readonly onClientMessage = (data: RawData, isBinary: boolean) => {
+    if (this.ended) return
+    if (!isBinary) {
+      this.end('client_error', 'refused a text frame')
+      return closeWebSocket(this.ws, 1003, 'edgepg-proxy: expected binary frames')
+    }
+    const chunk = data as Buffer
+    this.bytesIn += chunk.length
+    this.o.onActivity?.()
+    let msgs: Buffer[]
+    try {
+      msgs = this.framer.push(chunk)
+    } catch (err) {
+      this.end('client_error', `client error: ${(err as Error).message}`)
+      return closeWebSocket(this.ws, 1002, 'edgepg-proxy: not protocol messages')
+    }
+    const terminate = msgs.findIndex((m) => m[0] === ClientMessage.Terminate)
+    if (terminate >= 0) msgs = msgs.slice(0, terminate)
+    if (msgs.length) {
+      if (this.lend) this.send(msgs)
+      else {
+        this.waiting.push(...msgs)
+        if (!this.acquiring) this.acquire()
+      }
+    }
+    if (terminate >= 0) {
+      this.finish()
+      closeWebSocket(this.ws, 1000)
+    }
+  }
+
+  private send(msgs: Buffer[]) {
+    const lend = this.lend!
+    for (const m of msgs) lend.effects = merge(lend.effects, this.effectsOf(m))
+    const bytes = Buffer.concat(msgs)
+    lend.watch.fromClient(bytes)
+    lend.relay.fromClient(bytes)
+  }
+
+  /** What running `msg` may leave behind. */
+  private effectsOf(msg: Buffer): StatementEffects {
+    if (msg[0] === ClientMessage.Query) return effects(cString(msg.subarray(5)))
+    if (msg[0] === ClientMessage.Parse) {
+      const name = cString(msg.subarray(5))
+      const e = effects(cString(msg.subarray(6 + Buffer.byteLength(name))))
+      if (!name) this.unnamed = e
+      return e
+    }
+    if (msg[0] === ClientMessage.Bind) {
+      const name = cString(msg.subarray(msg.indexOf(0, 5) + 1))
+      const parse = name ? this.statements.get(name) : undefined
+      return name ? (parse ? effects(cString(parse.subarray(6 + Buffer.byteLength(name)))) : NOTHING) : this.unnamed
+    }
+    return NOTHING
+  }
+
+  private acquire() {
+    this.acquiring = true
+    this.o.lender.acquire().then(
+      (backend) => {
+        this.acquiring = false
+        if (this.ended) return this.o.lender.giveBack(backend)
+        this.startLend(backend)
+        const msgs = this.waiting
+        this.waiting = []
+        this.send(msgs)
+      },
+      (err: Error & { code?: string }) => {
+        this.acquiring = false
+        // Each Query and Sync waiting gets Postgres's way of saying no: an error, then ReadyForQuery.
+        const answers = this.waiting.filter((m) => m[0] === ClientMessage.Query || m[0] === ClientMessage.Sync).length
+        this.waiting = []
+        for (let i = 0; i < answers; i++) this.toClient(Buffer.concat([errorResponse(err.code ?? '08006', `edgepg-proxy: ${err.message}`, 'ERROR'), READY_IDLE]))
+      }
+    )
+  }
+
+  private startLend(backend: Backend) {
+    let statements = held.get(backend)
+    if (!statements) held.set(backend, (statements = new BackendStatements(this.o.statementsPerBackend)))
+    const { events } = this.o.lender
+    const relay = new StatementRelay(this.statements, statements, (bytes) => void (backend.upstream.write(bytes) || this.ws.pause()), events.preparedAgain)
+    this.lend = { backend, relay, watch: new IdleWatch(), effects: NOTHING }
+    backend.upstream.onDrain = () => this.ws.resume()
+    backend.upstream.on('close', this.onBackendClose)
+    const early = backend.upstream.relay(this.fromBackend)
+    relay.closeUnnamed() // (what another session left)
+    backend.upstream.resume()
+    if (early.length) this.fromBackend(early)
+  }
+
+  // ── Postgres → client ───────────────────────────────────────────────────────────────────────
+
+  private readonly fromBackend = (chunk: Buffer) => {
+    const lend = this.lend
+    if (!lend) return
+    const visible = lend.relay.fromBackend(chunk)
+    lend.watch.fromBackend(visible)
+    if (visible.length) this.toClient(visible)
+    const ending = lend.watch.ending
+    if (ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) this.transactionEnded(lend)
+  }
+
+  private readonly resumeBackend = () => this.lend?.backend.upstream.resume()
+  private toClient(chunk: Buffer) {
+    this.o.onActivity?.()
+    this.bytesOut += chunk.length
+    const congested = this.ws.bufferedAmount + chunk.length > HIGH_WATER
+    this.ws.send(chunk, congested ? this.resumeBackend : undefined)
+    if (congested) this.lend?.backend.upstream.pause()
+  }
+
+  /** A transaction is over: the backend goes back, unless it may hold what the session set. */
+  private transactionEnded(lend: Lend) {
+    const e = lend.effects
+    lend.effects = NOTHING
+    if (e.ddl) this.o.lender.stale()
+    if (this.pinned) return
+    const reason: PinReason | undefined = e.sets ? 'state' : e.runs || (e.reads && this.o.lender.runsCode !== false) ? 'code' : undefined
+    if (reason) {
+      this.pinned = reason
+      this.o.lender.events.pinned(reason)
+      return
+    }
+    this.detach(lend)
+    this.o.lender.giveBack(lend.backend, e)
+  }
+
+  private detach(lend: Lend) {
+    lend.backend.upstream.onDrain = undefined
+    lend.backend.upstream.off('close', this.onBackendClose)
+    this.lend = undefined
+  }
+
+  /** Postgres went away under a lend: what was running fails, and the session goes on (unless it had state there). */
+  private readonly onBackendClose = () => {
+    const lend = this.lend
+    if (!lend) return
+    this.detach(lend)
+    this.o.lender.lost(lend.backend)
+    const lost = errorResponse('08006', 'edgepg-proxy: the connection to Postgres was lost while this ran; nothing of its transaction was kept', 'ERROR')
+    // Each statement still due an answer gets an error (Postgres's own, if it said why: a FATAL) and ReadyForQuery.
+    for (let i = 0; i < lend.watch.pending; i++) this.toClient(i === 0 && lend.watch.last === ServerMessage.ErrorResponse ? READY_IDLE : Buffer.concat([lost, READY_IDLE]))
+    if (this.pinned) {
+      this.end('upstream_error', 'upstream error: a pinned backend was lost')
+      closeWebSocket(this.ws, 1011, 'edgepg-proxy: the connection to Postgres was lost, and the session state on it')
+    }
+  }
+
+  /** The session is over: its backend, if it holds one, goes back (reset, or closed if busy). */
+  private finish() {
+    if (this.ended) return
+    this.ended = true
+    this.unfollow()
+    const lend = this.lend
+    if (!lend) return
+    this.detach(lend)
+    this.o.lender.endSession(lend.backend, lend.watch.ending)
+  }
+}
+
+const READY_IDLE = Buffer.from([ServerMessage.ReadyForQuery, 0, 0, 0, 5, TxStatus.Idle])
+
+function merge(a: StatementEffects, b: StatementEffects): StatementEffects {
+  if (b === NOTHING) return a
+  return { sets: a.sets || b.sets, runs: a.runs || b.runs, reads: a.reads || b.reads, ddl: a.ddl || b.ddl, sequences: a.sequences || b.sequences }
+}

@@ -1,0 +1,209 @@
+/**
+ * Transaction pooling (`--pool-mode transaction`): sessions share a few backends one transaction at
+ * a time, and no session ever sees another's state. Against the real proxy and Postgres; what
+ * Postgres holds is read over TCP. With --pool-size 1, a session that may have left state behind
+ * keeps its backend (pinned): another session then waits, and times out with 53300, rather than
+ * see it; once the first ends, the backend is reset and the other runs on a clean one.
+ */
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import type { Client } from '../src/index'
+import { startProxy, edgeClient, eventually, within, scratchTable } from './support/helpers'
+
+let scratch: Awaited<ReturnType<typeof scratchTable>>
+before(async () => (scratch = await scratchTable('txpool', 'name text NOT NULL')))
+after(() => scratch?.drop())
+
+const APP = 'edgepg-txpool'
+/** A transaction-mode proxy with `size` backends per key. */
+const txProxy = (size: number, timeoutMs = 400) => startProxy({ pool: { mode: 'transaction', size, timeoutMs } })
+
+async function session(port: number): Promise<Client> {
+  const client = edgeClient(port, 'scram_user', { application_name: APP })
+  client.on('error', () => {})
+  await client.connect()
+  return client
+}
+
+/** A metric's value on the proxy's registry. */
+async function metric(p: Awaited<ReturnType<typeof txProxy>>, name: string, labels: Record<string, string> = {}): Promise<number> {
+  const m = await p.metrics.registry.getSingleMetric(`edgepg_proxy_${name}`)!.get()
+  return m.values.find((v) => Object.entries(labels).every(([k, x]) => v.labels[k] === x) && !('le' in v.labels))?.value ?? 0
+}
+
+/** Backends Postgres holds for this test's sessions. */
+async function backendsHeld(): Promise<number> {
+  const { rows } = await scratch.tcp.query('SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1', [APP])
+  return rows[0].n
+}
+
+test('many sessions on one backend: each runs its queries and transactions, one at a time', async () => {
+  const p = await txProxy(1)
+  const clients = await Promise.all(Array.from({ length: 8 }, () => session(p.port)))
+  try {
+    // (Logins made at once before the key had a lender each made a backend: all but one are closed.)
+    await eventually(async () => (await backendsHeld()) === 1, 'eight sessions logged in, one backend')
+    const pids = new Set<number>()
+    for (let round = 0; round < 3; round++) {
+      await Promise.all(
+        clients.map(async (c, i) => {
+          pids.add((await c.query('SELECT pg_backend_pid() AS pid')).rows[0].pid)
+          await c.query('BEGIN')
+          await c.query(`INSERT INTO ${scratch.name} VALUES ($1)`, [`s${i}r${round}`])
+          await c.query('COMMIT')
+        })
+      )
+    }
+    assert.equal(pids.size, 1, 'all on the one backend')
+    assert.equal((await scratch.tcp.query(`SELECT count(*)::int AS n FROM ${scratch.name}`)).rows[0].n, 24)
+    assert.equal(await backendsHeld(), 1)
+  } finally {
+    await Promise.all(clients.map((c) => c.end()))
+    await p.close()
+  }
+})
+
+/** A form of session state: made by one session, looked for by another (null: not seen). */
+interface Form {
+  name: string
+  make: string[]
+  look: string
+  /** What `look` shows to the session that made it. */
+  made: unknown
+}
+
+const forms: Form[] = [
+  { name: 'SET', make: ['SET statement_timeout = 1234'], look: "SELECT current_setting('statement_timeout') AS v", made: '1234ms' },
+  { name: 'set_config(…, false) inside a SELECT', make: ["SELECT set_config('app.user_id', '42', false)"], look: "SELECT current_setting('app.user_id', true) AS v", made: '42' },
+  { name: 'SET ROLE', make: ['SET ROLE trust_user'], look: 'SELECT current_user AS v', made: 'trust_user' },
+  { name: 'a temp table made in a DO block', make: ['DO $$ BEGIN CREATE TEMP TABLE hidden (x int); END $$'], look: "SELECT to_regclass('pg_temp.hidden')::text AS v", made: 'hidden' },
+  { name: 'SQL PREPARE', make: ['PREPARE p AS SELECT 1'], look: "SELECT count(*)::int AS v FROM pg_prepared_statements WHERE name = 'p'", made: 1 },
+  { name: 'a cursor WITH HOLD', make: ['DECLARE c CURSOR WITH HOLD FOR SELECT 1'], look: 'SELECT count(*)::int AS v FROM pg_cursors', made: 1 },
+  { name: 'LISTEN', make: ['LISTEN chan'], look: 'SELECT count(*)::int AS v FROM pg_listening_channels()', made: 1 },
+  { name: 'a session advisory lock', make: ['SELECT pg_advisory_lock(4242)'], look: "SELECT count(*)::int AS v FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()", made: 1 },
+  { name: 'a state-setting call in a function of its own', make: ["CREATE OR REPLACE FUNCTION pg_temp.sneak() RETURNS void LANGUAGE sql AS $$ SELECT set_config('app.sneak', 'x', false) $$", 'SELECT pg_temp.sneak()'], look: "SELECT current_setting('app.sneak', true) AS v", made: 'x' },
+]
+
+for (const form of forms) {
+  test(`isolation: ${form.name} is the session's alone, and it keeps it`, async () => {
+    const p = await txProxy(1)
+    const [a, b] = [await session(p.port), await session(p.port)]
+    try {
+      const fresh = (await scratch.tcp.query(form.look)).rows[0].v // (what a backend of its own says)
+      for (const sql of form.make) await a.query(sql)
+      // The other session cannot have the backend while it may hold a's state: it waits, then 53300.
+      const other = await b.query(form.look).then(
+        (r) => ({ seen: r.rows[0].v }),
+        (err) => ({ code: err.code })
+      )
+      assert.deepEqual(other, { code: '53300' }, `the other session ${JSON.stringify(other)}`)
+      assert.deepEqual((await a.query(form.look)).rows[0].v, form.made, 'the session keeps its state across transactions')
+      assert.equal((await metric(p, 'pinned_sessions_total', { reason: 'state' })) + (await metric(p, 'pinned_sessions_total', { reason: 'code' })), 1, 'one pinned session, counted')
+      assert.equal(await metric(p, 'lend_timeouts_total'), 1)
+      await a.end()
+      // Once it has ended, its backend is reset: the other session runs on it and finds it clean.
+      assert.deepEqual((await within(3000, 'the backend after a reset', b.query(form.look))).rows[0].v, fresh)
+    } finally {
+      await a.end().catch(() => {})
+      await b.end()
+      await p.close()
+    }
+  })
+}
+
+test('a clean transaction gives its backend back: another session runs on it at once', async () => {
+  const p = await txProxy(1)
+  const [a, b] = [await session(p.port), await session(p.port)]
+  try {
+    await a.query("SELECT set_config('statement_timeout', '777', true), lower('X')") // (transaction-local)
+    await a.query(`INSERT INTO ${scratch.name} VALUES ('clean')`)
+    assert.equal((await b.query("SELECT current_setting('statement_timeout') AS v")).rows[0].v, '0', 'b runs, and sees nothing of a')
+  } finally {
+    await Promise.all([a.end(), b.end()])
+    await p.close()
+  }
+})
+
+test('named prepared statements follow a session to another backend', async () => {
+  const p = await txProxy(2)
+  const [a, b] = [await session(p.port), await session(p.port)]
+  try {
+    const named = { name: 'by-name', text: "SELECT pg_backend_pid() AS pid, 'x' || $1::text AS v", values: ['1'] }
+    const first = (await a.query(named)).rows[0]
+    await b.query('BEGIN') // holds the backend a used (the most recently idle)
+    const second = (await a.query({ ...named, values: ['2'] })).rows[0]
+    assert.notEqual(second.pid, first.pid, 'a ran on the other backend')
+    assert.equal(second.v, 'x2')
+    assert.equal(await metric(p, 'statements_prepared_again_total'), 1)
+    assert.equal(await metric(p, 'lent_backends'), 1, "b's")
+    await b.query('COMMIT')
+    await assert.rejects(a.query({ name: 'by-name', text: 'SELECT 2' }), /.*/, 'pg refuses a name reused for other text itself')
+  } finally {
+    await Promise.all([a.end(), b.end()])
+    await p.close()
+  }
+})
+
+test('a session that vanishes mid-transaction commits nothing; its backend is cleaned and lent again', async () => {
+  const p = await txProxy(1, 3000)
+  const [a, b] = [await session(p.port), await session(p.port)]
+  try {
+    await a.query('BEGIN')
+    await a.query(`INSERT INTO ${scratch.name} VALUES ('never')`)
+    ;((a as any).connection.stream.ws._socket as import('node:net').Socket).destroy()
+    assert.equal((await within(3000, 'the backend, cleaned', b.query(`SELECT count(*)::int AS n FROM ${scratch.name} WHERE name = 'never'`))).rows[0].n, 0)
+    assert.equal((await b.query('SELECT 1 AS one')).rows[0].one, 1)
+  } finally {
+    await b.end()
+    await p.close()
+  }
+})
+
+test('an exhausted pool: 53300 past --pool-timeout, naming the flags; the session goes on', async () => {
+  const p = await txProxy(1, 300)
+  const [a, b] = [await session(p.port), await session(p.port)]
+  try {
+    await a.query('BEGIN')
+    const started = performance.now()
+    const err = await b.query('SELECT 1').then(() => assert.fail('no backend to run on'), (e) => e)
+    assert.equal(err.code, '53300')
+    assert.match(err.message, /all 1 are busy \(raise --pool-size, or --pool-timeout\)/)
+    assert.ok(performance.now() - started >= 250, 'after the timeout')
+    assert.equal(await metric(p, 'lend_timeouts_total'), 1)
+    assert.ok((await metric(p, 'lends_total')) >= 1)
+    await a.query('COMMIT')
+    assert.equal((await b.query('SELECT 1 AS one')).rows[0].one, 1, 'the session goes on')
+  } finally {
+    await Promise.all([a.end(), b.end()])
+    await p.close()
+  }
+})
+
+test('a backend that dies while lent fails only what ran on it; the session goes on, on another', async () => {
+  const p = await txProxy(1, 3000)
+  const a = await session(p.port)
+  try {
+    const running = a.query('SELECT pg_sleep(30)').then(() => assert.fail('terminated'), (e) => e)
+    await eventually(async () => (await scratch.tcp.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'SELECT pg_sleep%' AND state = 'active'", [APP])).rows[0].n === 1, 'the statement to run')
+    await scratch.tcp.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'SELECT pg_sleep%'", [APP])
+    assert.equal((await within(5000, 'the statement to fail', running)).code, '57P01', "Postgres's own word for it")
+    assert.equal((await within(5000, 'the next statement', a.query('SELECT 1 AS one'))).rows[0].one, 1, 'the session goes on')
+  } finally {
+    await a.end()
+    await p.close()
+  }
+})
+
+test("a cancel reaches the backend running the session's statement", async () => {
+  const p = await txProxy(2)
+  const a = await session(p.port)
+  try {
+    const running = a.query('SELECT pg_sleep(30)').then(() => assert.fail('cancelled'), (e) => e)
+    await eventually(async () => (await scratch.tcp.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'SELECT pg_sleep%' AND state = 'active'", [APP])).rows[0].n === 1, 'the statement to run')
+    await (a as any).cancelRunning()
+    assert.equal((await within(5000, 'the cancel', running)).code, '57014')
+  } finally {
+    await a.end()
+    await p.close()
+  }
+})
