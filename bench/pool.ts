@@ -6,7 +6,7 @@
  * 2. busy sessions: 64 sessions back to back, session mode against TRANSACTION_MODE_FLAGS;
  * 3. POST /sql at 32 in flight, against bench/http-pg.ts (a bare HTTP server on pg.Pool);
  * 4. memory: the proxy's RSS per idle logged-in session.
- * Until the proxy has --pool-mode, TRANSACTION_MODE_FLAGS is empty and every edgepg figure is session mode's.
+ * Cases 1, 3 and 4 run edgepg-proxy with TRANSACTION_MODE_FLAGS; case 2 sets them beside session mode.
  */
 import { readFileSync } from 'node:fs'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
@@ -33,11 +33,8 @@ if (!Number.isInteger(WANTED_SESSIONS) || WANTED_SESSIONS < 1) throw new Error(`
 const SESSIONS = Math.min(WANTED_SESSIONS, Math.floor((NOFILE - FD_SPARE) / 2))
 const IDLE_SESSIONS = 1000
 
-/**
- * The flags that put edgepg-proxy in transaction mode: none until the proxy has them (issue 21);
- * then `['--pool-mode', 'transaction', '--pool-size', '20']`.
- */
-export const TRANSACTION_MODE_FLAGS: string[] = []
+/** The flags that put edgepg-proxy in transaction mode, with PgBouncer's pool size. */
+export const TRANSACTION_MODE_FLAGS: string[] = ['--pool-mode', 'transaction', '--pool-size', '20']
 /** Room for every session of this section from 127.0.0.1, and no wait on shutdown: session mode. */
 const ROOM_FLAGS = ['--max-sessions', String(Math.max(SESSIONS, IDLE_SESSIONS) + 100), '--max-sessions-per-ip', String(Math.max(SESSIONS, IDLE_SESSIONS) + 100), '--shutdown-grace', '0']
 /** edgepg-proxy's flags for cases 1, 3 and 4, and for case 2's transaction-mode side. */

@@ -125,21 +125,38 @@ test('a clean transaction gives its backend back: another session runs on it at 
 })
 
 test('named prepared statements follow a session to another backend', async () => {
-  const p = await txProxy(2)
-  const [a, b] = [await session(p.port), await session(p.port)]
+  const p = await txProxy(2, 3000)
+  const [a, b, c] = [await session(p.port), await session(p.port), await session(p.port)]
   try {
     const named = { name: 'by-name', text: "SELECT pg_backend_pid() AS pid, 'x' || $1::text AS v", values: ['1'] }
-    const first = (await a.query(named)).rows[0]
-    await b.query('BEGIN') // holds the backend a used (the most recently idle)
-    const second = (await a.query({ ...named, values: ['2'] })).rows[0]
+    const first = (await a.query(named)).rows[0] // then a's backend stays with it, parked
+    await b.query('BEGIN') // a second backend
+    await c.query('BEGIN') // a's, taken back for c: the pool is full
+    const again = a.query({ ...named, values: ['2'] }) // waits for one
+    await b.query('COMMIT') // b's backend goes to a
+    const second = (await within(3000, 'a to run', again)).rows[0]
     assert.notEqual(second.pid, first.pid, 'a ran on the other backend')
     assert.equal(second.v, 'x2')
     assert.equal(await metric(p, 'statements_prepared_again_total'), 1)
-    assert.equal(await metric(p, 'lent_backends'), 1, "b's")
-    await b.query('COMMIT')
+    assert.equal(await metric(p, 'lent_backends'), 2, "c's, and the one a keeps parked")
+    await c.query('COMMIT')
     await assert.rejects(a.query({ name: 'by-name', text: 'SELECT 2' }), /.*/, 'pg refuses a name reused for other text itself')
   } finally {
-    await Promise.all([a.end(), b.end()])
+    await Promise.all([a.end(), b.end(), c.end()])
+    await p.close()
+  }
+})
+
+test('a busy session keeps its backend between transactions while no other needs it', async () => {
+  const p = await txProxy(2)
+  const a = await session(p.port)
+  try {
+    const pids = new Set<number>()
+    for (let i = 0; i < 20; i++) pids.add((await a.query('SELECT pg_backend_pid() AS pid')).rows[0].pid)
+    assert.equal(pids.size, 1)
+    assert.equal(await metric(p, 'lends_total'), 1, 'lent once')
+  } finally {
+    await a.end()
     await p.close()
   }
 })

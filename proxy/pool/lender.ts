@@ -51,8 +51,13 @@ interface Waiter {
 }
 
 export class Lender {
-  /** Lent now. */
+  /** Lent now (parked ones among them). */
   private readonly lent = new Set<Backend>()
+  /**
+   * Lent backends whose session's transaction ended cleanly, left with it until another session
+   * needs one (so that a busy session keeps running where it is): each with how to take it back.
+   */
+  private readonly parked = new Map<Backend, () => void>()
   /** Being logged in, or taken from the pool. */
   private opening = 0
   private readonly waiting: Waiter[] = []
@@ -103,6 +108,7 @@ export class Lender {
         }, this.timeoutMs),
       }
       this.waiting.push(waiter)
+      this.serve() // (a parked backend may be taken back for it)
     })
   }
 
@@ -117,6 +123,7 @@ export class Lender {
    * run since it last said.
    */
   giveBack(backend: Backend, { sequences = false } = {}) {
+    this.parked.delete(backend)
     if (!this.lent.delete(backend)) return
     const resets = [sequences && DISCARD_SEQUENCES, this.runsCode === undefined && RUNS_CODE].filter((q): q is Buffer => !!q)
     const reset = resets.length ? this.exchange(backend, Buffer.concat(resets), (row) => (this.runsCode = row !== 'f'), resets.length) : Promise.resolve(true)
@@ -138,6 +145,7 @@ export class Lender {
 
   /** The session holding `backend` ended, leaving it as `ending` says (undefined: busy): the pool resets or closes it. */
   endSession(backend: Backend, ending: Ending | undefined) {
+    this.parked.delete(backend)
     if (!this.lent.delete(backend)) return
     this.pool.giveBack(backend, ending)
     this.afterReset(backend)
@@ -149,8 +157,25 @@ export class Lender {
 
   /** A backend that broke: gone, and its place free. */
   lost(backend: Backend) {
+    this.parked.delete(backend)
     if (this.lent.delete(backend)) this.pool.giveBack(backend, undefined)
     this.serve()
+  }
+
+  /**
+   * A clean transaction ended on `backend`, and no one waits: it stays with its session, until
+   * another needs it (`surrender` then detaches it from the session, synchronously). False when
+   * someone waits: then the session gives it back.
+   */
+  park(backend: Backend, surrender: () => void): boolean {
+    if (this.waiting.length || !this.lent.has(backend)) return false
+    this.parked.set(backend, surrender)
+    return true
+  }
+
+  /** The session runs on its parked backend again. */
+  unpark(backend: Backend) {
+    this.parked.delete(backend)
   }
 
   /** Lent now, and being logged in: what counts against `size` beside the pool's idle ones. */
@@ -176,7 +201,7 @@ export class Lender {
       const warm = await this.pool.take(this.key, false).finally(() => this.opening--)
       if (warm) return this.lend(warm)
     }
-    if (this.lent.size + this.opening + this.pool.idleCount(this.key) >= this.size) return undefined
+    if (this.lent.size + this.opening + this.pool.idleCount(this.key) >= this.size) return this.reclaim()
     this.opening++
     try {
       const { upstream, outcome } = await this.login()
@@ -186,6 +211,16 @@ export class Lender {
     } finally {
       this.opening--
     }
+  }
+
+  /** The longest-parked backend, taken from its session for another (it stays lent). */
+  private reclaim(): Backend | undefined {
+    for (const [backend, surrender] of this.parked) {
+      this.parked.delete(backend)
+      surrender()
+      return backend
+    }
+    return undefined
   }
 
   private lend(backend: Backend): Backend {

@@ -68,6 +68,8 @@ class LentSession implements RunningSession {
   private waiting: Buffer[] = []
   private acquiring = false
   pinned?: PinReason
+  /** Its transaction ended cleanly and it keeps its backend until another session needs it. */
+  private parked = false
   private readonly statements: SessionStatements = new Map()
   private readonly framer = new Framer()
   /** The unnamed statement's effects, as last parsed. */
@@ -120,6 +122,7 @@ class LentSession implements RunningSession {
     const terminate = msgs.findIndex((m) => m[0] === ClientMessage.Terminate)
     if (terminate >= 0) msgs = msgs.slice(0, terminate)
     if (msgs.length) {
+      if (this.lend && this.parked) this.o.lender.unpark(this.lend.backend), (this.parked = false)
       if (this.lend) this.send(msgs)
       else {
         this.waiting.push(...msgs)
@@ -225,8 +228,16 @@ class LentSession implements RunningSession {
       this.o.lender.events.pinned(reason)
       return
     }
+    // Left with this session while no other needs it (nextval's currval is never kept: given back).
+    if (!e.sequences && this.o.lender.park(lend.backend, this.surrender)) return void (this.parked = true)
     this.detach(lend)
     this.o.lender.giveBack(lend.backend, e)
+  }
+
+  /** Another session takes the parked backend: from now on this one acquires anew. */
+  private readonly surrender = () => {
+    this.parked = false
+    if (this.lend) this.detach(this.lend)
   }
 
   private detach(lend: Lend) {
@@ -258,7 +269,8 @@ class LentSession implements RunningSession {
     const lend = this.lend
     if (!lend) return
     this.detach(lend)
-    this.o.lender.endSession(lend.backend, lend.watch.ending)
+    if (this.parked) this.o.lender.giveBack(lend.backend)
+    else this.o.lender.endSession(lend.backend, lend.watch.ending)
   }
 }
 
