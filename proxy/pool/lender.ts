@@ -124,7 +124,15 @@ export class Lender {
    */
   giveBack(backend: Backend, { sequences = false } = {}) {
     this.parked.delete(backend)
-    if (!this.lent.delete(backend)) return
+    if (!this.lent.has(backend)) return
+    const next = this.waiting[0]
+    if (next && !sequences && this.runsCode !== undefined && !backend.upstream.gone) {
+      // Straight to the next in line: clean, and still lent.
+      this.waiting.shift()
+      clearTimeout(next.timer)
+      return next.resolve(backend)
+    }
+    this.lent.delete(backend)
     const resets = [sequences && DISCARD_SEQUENCES, this.runsCode === undefined && RUNS_CODE].filter((q): q is Buffer => !!q)
     const reset = resets.length ? this.exchange(backend, Buffer.concat(resets), (row) => (this.runsCode = row !== 'f'), resets.length) : Promise.resolve(true)
     this.pool.giveBack(backend, CLEAN, reset)

@@ -73,11 +73,11 @@ export class StatementRelay {
     private readonly preparedAgain?: () => void
   ) {}
 
-  /** Closes the unnamed statement and portal another session may have left on the backend. */
-  closeUnnamed() {
-    this.toBackend(Buffer.concat([serialize.close({ type: 'S', name: '' }), serialize.close({ type: 'P', name: '' })]))
-    this.awaited.push({ kind: 'close', own: true }, { kind: 'close', own: true })
-  }
+  /**
+   * The unnamed statement and portal on the backend are another session's until this one makes its
+   * own: one that names them before that finds none, as on a connection of its own.
+   */
+  private unnamed = { statement: false, portal: false }
 
   /** Client → backend: whole messages, with the proxy's own before those that name a statement. */
   fromClient(chunk: Buffer) {
@@ -123,6 +123,7 @@ export class StatementRelay {
         const name = cString(msg.subarray(5))
         // (an unnamed statement lasts until the next Parse: nothing to keep)
         if (name) this.reconcile(name, out, false)
+        else this.unnamed.statement = true
         if (name && !session.has(name)) {
           // Held from now on, for the messages behind it; unless Postgres refuses it.
           this.makeRoom(out, false)
@@ -135,14 +136,19 @@ export class StatementRelay {
         const portal = msg.toString('utf8', 5, portalEnd)
         const name = cString(msg.subarray(portalEnd + 1))
         if (name) this.reconcile(name, out, portal === '')
+        else this.ownUnnamed('statement', out)
+        if (!portal) this.unnamed.portal = true
         backend.portals.set(portal, name)
       } else if (type === ClientMessage.Describe || type === ClientMessage.Close) {
         const name = msg[5] === DescribeTarget.Statement ? cString(msg.subarray(6)) : ''
         if (name) this.reconcile(name, out, false)
+        else if (type === ClientMessage.Describe && msg.length === 7) this.ownUnnamed(msg[5] === DescribeTarget.Statement ? 'statement' : 'portal', out)
         if (type === ClientMessage.Close) {
           if (msg[5] !== DescribeTarget.Statement) backend.portals.delete(cString(msg.subarray(6)))
           this.awaited.push({ kind: 'close', done: name ? () => (session.delete(name), backend.held.delete(name)) : undefined })
         }
+      } else if (type === ClientMessage.Execute) {
+        if (msg[5] === 0) this.ownUnnamed('portal', out)
       } else if (type === ClientMessage.Sync) this.awaited.push({ kind: 'sync' })
       else if (type === ClientMessage.Query) {
         const text = cString(msg.subarray(5))
@@ -186,6 +192,14 @@ export class StatementRelay {
     // Held from now on for the messages behind it; unless an error makes Postgres skip it.
     this.backend.use(name, wanted)
     this.awaited.push({ kind: 'parse', own: true, skipped: () => held.delete(name) })
+  }
+
+  /** Before a message names the unnamed statement or portal the session never made here: closed, so that Postgres says there is none. */
+  private ownUnnamed(which: 'statement' | 'portal', out: Buffer[]) {
+    if (this.unnamed[which]) return
+    this.unnamed[which] = true
+    out.push(serialize.close({ type: which === 'statement' ? 'S' : 'P', name: '' }))
+    this.awaited.push({ kind: 'close', own: true })
   }
 
   /** Closes the least recently used statements (none a portal rests on) till one more fits. */

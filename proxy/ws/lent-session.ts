@@ -190,7 +190,6 @@ class LentSession implements RunningSession {
     backend.upstream.onDrain = () => this.ws.resume()
     backend.upstream.on('close', this.onBackendClose)
     const early = backend.upstream.relay(this.fromBackend)
-    relay.closeUnnamed() // (what another session left)
     backend.upstream.resume()
     if (early.length) this.fromBackend(early)
   }
