@@ -161,6 +161,43 @@ test('a busy session keeps its backend between transactions while no other needs
   }
 })
 
+test('notifications reach a session that LISTENs while it runs nothing', async () => {
+  const p = await txProxy(2)
+  const a = await session(p.port)
+  try {
+    await a.query('LISTEN txpool_chan')
+    const heard = new Promise<{ channel: string; payload?: string }>((resolve) => a.once('notification', resolve))
+    await scratch.tcp.query("NOTIFY txpool_chan, 'hello'")
+    assert.deepEqual(await within(3000, 'the notification', heard).then(({ channel, payload }) => ({ channel, payload })), { channel: 'txpool_chan', payload: 'hello' })
+  } finally {
+    await a.end()
+    await p.close()
+  }
+})
+
+test("pipelined queries from several sessions keep their order and their errors, each session its own", async () => {
+  const p = await txProxy(2)
+  const clients = await Promise.all(Array.from({ length: 4 }, () => session(p.port)))
+  try {
+    const results = await Promise.all(
+      clients.map((c, i) =>
+        Promise.all(
+          Array.from({ length: 10 }, (_, j) =>
+            (j === 5 ? c.query('SELECT 1/0') : c.query('SELECT $1::int * 100 + $2::int AS v', [i, j])).then(
+              (r) => r.rows[0].v,
+              (e) => e.code
+            )
+          )
+        )
+      )
+    )
+    results.forEach((r, i) => assert.deepEqual(r, Array.from({ length: 10 }, (_, j) => (j === 5 ? '22012' : i * 100 + j)), `session ${i}`))
+  } finally {
+    await Promise.all(clients.map((c) => c.end()))
+    await p.close()
+  }
+})
+
 test('a session that vanishes mid-transaction commits nothing; its backend is cleaned and lent again', async () => {
   const p = await txProxy(1, 3000)
   const [a, b] = [await session(p.port), await session(p.port)]
