@@ -12,10 +12,43 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client'
-import { OUTCOME_KINDS, type SessionLog } from '../ws/session'
 
-export { OUTCOME_KINDS }
+/**
+ * How a session ended, as a bounded code (the metrics' label):
+ * - `ok`: closed by the client or by Postgres in the ordinary way
+ * - `client_error`: the client broke the rules (a text frame, a WebSocket error)
+ * - `upstream_unreachable`: the TCP connection to Postgres could not be made
+ * - `upstream_error`: the connection to Postgres failed after it was made
+ * - `refused_by_postgres`: Postgres refused the startup (wrong password, no such database, …)
+ * - `startup_refused`: the proxy refused the startup (malformed, insecure password, TLS failure, …)
+ * - `timeout`: a time limit ended the session (the handshake or the idle timeout)
+ * - `over_budget`: closed with 1009, a message not fitting in `--max-client-buffer`
+ * - `cancel_dropped`: a CancelRequest not sent on (a key the proxy never issued, or over `--max-cancels-per-ip`)
+ * - `shutdown`: the proxy closed the session while shutting down
+ */
+export const OUTCOME_KINDS = [
+  'ok',
+  'client_error',
+  'upstream_unreachable',
+  'upstream_error',
+  'refused_by_postgres',
+  'startup_refused',
+  'timeout',
+  'over_budget',
+  'cancel_dropped',
+  'shutdown',
+] as const
+export type OutcomeKind = (typeof OUTCOME_KINDS)[number]
+
+/** What the metrics read of an ended session (proxy/ws/session.ts's SessionLog). */
+export interface SessionRecord {
+  bytesIn: number
+  bytesOut: number
+  kind: OutcomeKind
+  authFailed: boolean
+}
 import type { PoolEvent } from '../pool/backends'
+import type { LendingMetrics } from '../pool/lender'
 
 /**
  * Why an HTTP upgrade (a would-be session) was refused before any WebSocket opened:
@@ -46,7 +79,7 @@ export interface Metrics {
   /** A WebSocket session was accepted (call once per session, when it opens). */
   sessionOpened(): void
   /** A session ended; call once with its log entry (bytes are counted here). */
-  sessionClosed(log: SessionLog): void
+  sessionClosed(log: SessionRecord): void
   /** The TCP connection to Postgres was made, `seconds` after it was started. */
   upstreamConnected(seconds: number): void
   /** An upgrade was refused before a WebSocket opened. */
@@ -57,18 +90,6 @@ export interface Metrics {
   readonly lending: LendingMetrics
   /** Serves the Prometheus exposition (GET or HEAD; 405 otherwise). */
   handle(req: IncomingMessage, res: ServerResponse): Promise<void>
-}
-
-/** Transaction pooling's events. */
-export interface LendingMetrics {
-  /** A session got a backend, after waiting `seconds` (0: at once). */
-  lent(seconds: number): void
-  /** A session waited past --pool-timeout. */
-  timedOut(): void
-  /** A session keeps its backend to its end: its transactions may have left `reason` behind. */
-  pinned(reason: 'state' | 'code'): void
-  /** A named statement prepared again on another backend than its session's last. */
-  preparedAgain(): void
 }
 
 const PREFIX = 'edgepg_proxy_'

@@ -16,7 +16,7 @@ import type { Upstream } from '../upstream/connection'
 import { messages } from '../wire/bytes'
 import { ServerMessage, TxStatus } from '../wire/codes'
 import type { Ending } from './idle-watch'
-import type { LendingMetrics } from '../admin/metrics'
+
 
 /** How a session leaves a backend whose transaction ended cleanly: idle, nothing to undo. */
 const CLEAN: Ending = { pending: 0, status: TxStatus.Idle, reusable: true }
@@ -39,6 +39,18 @@ const RUNS_CODE = serialize.query(`SELECT
   OR EXISTS (SELECT 1 FROM pg_catalog.pg_constraint WHERE contype = 'c' AND pg_catalog.pg_get_expr(conbin, conrelid) ~* 'set_config|advisory_lock|dblink')`)
 const DISCARD_SEQUENCES = serialize.query('DISCARD SEQUENCES')
 const DATA_ROW = 0x44
+
+/** Transaction pooling's events, for the metrics. */
+export interface LendingMetrics {
+  /** A session got a backend, after waiting `seconds` (0: at once). */
+  lent(seconds: number): void
+  /** A session waited past --pool-timeout. */
+  timedOut(): void
+  /** A session keeps its backend to its end: its transactions may have left `reason` behind. */
+  pinned(reason: 'state' | 'code'): void
+  /** A named statement prepared again on another backend than its session's last. */
+  preparedAgain(): void
+}
 
 export class PoolTimeout extends Error {
   readonly code = '53300'

@@ -7,36 +7,12 @@ import { FIRST_FLIGHT_BYTES, type BufferBudget } from './budget'
 import { TlsError, type Upstream } from '../upstream/connection'
 import { IdleWatch, type Ending } from '../pool/idle-watch'
 import { SUBPROTOCOL_CANCEL } from '../../src/config'
+import type { OutcomeKind } from '../admin/metrics'
+
+export type { OutcomeKind }
 import { ServerMessage, ClientMessage } from '../wire/codes'
 
 export type { UpstreamTls } from '../upstream/connection'
-
-/**
- * How a session ended, as a bounded code (the metrics' label):
- * - `ok`: closed by the client or by Postgres in the ordinary way
- * - `client_error`: the client broke the rules (a text frame, a WebSocket error)
- * - `upstream_unreachable`: the TCP connection to Postgres could not be made
- * - `upstream_error`: the connection to Postgres failed after it was made
- * - `refused_by_postgres`: Postgres refused the startup (wrong password, no such database, …)
- * - `startup_refused`: the proxy refused the startup (malformed, insecure password, TLS failure, …)
- * - `timeout`: a time limit ended the session (the handshake or the idle timeout)
- * - `over_budget`: closed with 1009, a message not fitting in `--max-client-buffer`
- * - `cancel_dropped`: a CancelRequest not sent on (a key the proxy never issued, or over `--max-cancels-per-ip`)
- * - `shutdown`: the proxy closed the session while shutting down
- */
-export const OUTCOME_KINDS = [
-  'ok',
-  'client_error',
-  'upstream_unreachable',
-  'upstream_error',
-  'refused_by_postgres',
-  'startup_refused',
-  'timeout',
-  'over_budget',
-  'cancel_dropped',
-  'shutdown',
-] as const
-export type OutcomeKind = (typeof OUTCOME_KINDS)[number]
 
 export interface SessionLog {
   peer: string
