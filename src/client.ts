@@ -113,8 +113,8 @@ export class Client extends pg.Client {
   private holding = false
   /** The active query failed before anything was sent: pg answers it on the next tick, and nothing goes behind it. */
   private stalled = false
-  /** As given, for the connection that carries a CancelRequest. */
-  private readonly given?: string | ClientConfig
+  /** As given, for the connection that carries a CancelRequest (not enumerable: it holds the password, which pg keeps out of sight too). */
+  declare private readonly given?: string | ClientConfig
   /** pg's `query_timeout`, kept here: edgepg's cancels the statement (pg's leaves it running). */
   private readonly queryTimeout?: number
   /** ReadyForQuery messages read since the login: names the running statement to a cancel. */
@@ -131,7 +131,7 @@ export class Client extends pg.Client {
     if (!options.stream) options.stream = ((conn: StreamConfig) => openSocket(own, conn)) as any
     super(options)
     this.edgeConfig = own
-    this.given = config
+    Object.defineProperty(this, 'given', { value: config })
     const params = (this as any).connectionParameters as { query_timeout?: number } // pg's internals
     this.queryTimeout = params.query_timeout
     params.query_timeout = undefined

@@ -42,3 +42,13 @@ test("forceDisablePgSSL (Neon's option) sets ssl aside: sslmode=require reaches 
   assert.deepEqual((await client.query('SELECT 1 AS one')).rows, [{ one: 1 }])
   await client.end()
 })
+
+test('the password stays out of sight, as in pg: not in util.inspect nor JSON.stringify of a Client', async () => {
+  const { inspect } = await import('node:util')
+  const { Client } = await import('../src/index')
+  for (const config of [{ user: 'u', password: 'secret-pw-1', host: 'h' }, 'postgresql://u:secret-pw-2@h/db']) {
+    const client = new Client(config as any)
+    const shown = inspect(client, { depth: 4 }) + JSON.stringify(client)
+    assert.ok(!/secret-pw-/.test(shown), `the password shows: ${shown.match(/.{40}secret-pw-.{10}/)?.[0]}`)
+  }
+})

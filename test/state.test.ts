@@ -53,8 +53,8 @@ const cases: Array<[string, string]> = [
   ['DISCARD ALL', 'sets'],
   ['DECLARE c CURSOR WITH HOLD FOR SELECT 1', 'sets reads'],
   ['DECLARE c CURSOR FOR SELECT 1', 'reads'],
-  ['CREATE TEMP TABLE t (x int)', 'sets runs ddl'],
-  ['create table pg_temp.t (x int)', 'sets runs ddl'],
+  ['CREATE TEMP TABLE t (x int)', 'sets runs'],
+  ['create table pg_temp.t (x int)', 'sets runs'],
   ['SELECT 1; SET TimeZone = UTC', 'sets'],
   // Code the proxy cannot read.
   ['DO $$ BEGIN CREATE TEMP TABLE t (x int); END $$', 'runs'],

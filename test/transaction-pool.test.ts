@@ -111,6 +111,22 @@ for (const form of forms) {
   })
 }
 
+test("after DDL, the database is asked again on the next reader's own backend: reads do not pin meanwhile", async () => {
+  const p = await txProxy(2)
+  const [ddl, ...readers] = await Promise.all(Array.from({ length: 5 }, () => session(p.port)))
+  try {
+    await ddl.query('CREATE TABLE IF NOT EXISTS txpool_ddl (x int)') // pins its session (DDL may run code): one backend left
+    for (let round = 0; round < 3; round++) {
+      for (const r of readers) assert.equal((await r.query(`SELECT count(*)::int AS n FROM ${scratch.name}`)).rows.length, 1)
+    }
+    assert.equal((await metric(p, 'pinned_sessions_total', { reason: 'code' })), 1, 'only the DDL session is pinned')
+  } finally {
+    await Promise.all([ddl, ...readers].map((c) => c.end()))
+    await p.close()
+    await scratch.tcp.query('DROP TABLE IF EXISTS txpool_ddl')
+  }
+})
+
 test('a clean transaction gives its backend back: another session runs on it at once', async () => {
   const p = await txProxy(1)
   const [a, b] = [await session(p.port), await session(p.port)]
@@ -121,6 +137,23 @@ test('a clean transaction gives its backend back: another session runs on it at 
   } finally {
     await Promise.all([a.end(), b.end()])
     await p.close()
+  }
+})
+
+test("currval() is not kept past the transaction that called nextval(): the next session on its backend never sees it", async () => {
+  await scratch.tcp.query('CREATE SEQUENCE IF NOT EXISTS txpool_seq')
+  const p = await txProxy(1)
+  const [a, b] = [await session(p.port), await session(p.port)]
+  try {
+    const { v } = (await a.query("SELECT nextval('txpool_seq') AS v")).rows[0]
+    assert.ok(Number(v) > 0)
+    const err = await b.query("SELECT currval('txpool_seq')").then(() => assert.fail("a's currval leaked"), (e) => e)
+    assert.equal(err.code, '55000', err.message)
+    assert.equal((await b.query('SELECT 1 AS one')).rows[0].one, 1)
+  } finally {
+    await Promise.all([a.end(), b.end()])
+    await p.close()
+    await scratch.tcp.query('DROP SEQUENCE IF EXISTS txpool_seq')
   }
 })
 

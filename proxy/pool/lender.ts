@@ -26,7 +26,7 @@ const CLEAN: Ending = { pending: 0, status: TxStatus.Idle, reusable: true }
  * rules (on its own tables: OIDs from 16384), policies, user functions (not an extension's), or
  * state-setting calls in views, defaults and checks.
  */
-const RUNS_CODE = serialize.query(`SELECT
+export const RUNS_CODE = serialize.query(`SELECT
   EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE NOT tgisinternal)
   OR EXISTS (SELECT 1 FROM pg_catalog.pg_rewrite WHERE rulename <> '_RETURN' AND ev_class >= 16384)
   OR EXISTS (SELECT 1 FROM pg_catalog.pg_policy)
@@ -78,6 +78,8 @@ export class Lender {
 
   /** Backends whose close this lender watches. */
   private readonly watched = new WeakSet<Backend>()
+  /** Backends a session may have called nextval() on: the next session must not see its currval(). */
+  private readonly sequences = new WeakSet<Backend>()
 
   /** With the key's first backend, just logged in: what it learns of the database first, then idle. */
   constructor(
@@ -137,15 +139,17 @@ export class Lender {
   giveBack(backend: Backend, { sequences = false } = {}) {
     this.parked.delete(backend)
     if (!this.lent.has(backend)) return
+    if (sequences) this.sequences.add(backend)
     const next = this.waiting[0]
-    if (next && !sequences && this.runsCode !== undefined && !backend.upstream.gone) {
+    if (next && this.runsCode !== undefined && !backend.upstream.gone) {
       // Straight to the next in line: clean, and still lent.
       this.waiting.shift()
       clearTimeout(next.timer)
       return next.resolve(backend)
     }
     this.lent.delete(backend)
-    const resets = [sequences && DISCARD_SEQUENCES, this.runsCode === undefined && RUNS_CODE].filter((q): q is Buffer => !!q)
+    const discard = this.sequences.delete(backend)
+    const resets = [discard && DISCARD_SEQUENCES, this.runsCode === undefined && RUNS_CODE].filter((q): q is Buffer => !!q)
     const reset = resets.length ? this.exchange(backend, Buffer.concat(resets), (row) => (this.runsCode = row !== 'f'), resets.length) : Promise.resolve(true)
     this.pool.giveBack(backend, CLEAN, reset)
     this.afterReset(backend)
@@ -163,9 +167,15 @@ export class Lender {
     this.runsCode = undefined
   }
 
+  /** What a session asked of the database, on its own backend (RUNS_CODE's answer). */
+  learned(value: string) {
+    this.runsCode = value !== 'f'
+  }
+
   /** The session holding `backend` ended, leaving it as `ending` says (undefined: busy): the pool resets or closes it. */
   endSession(backend: Backend, ending: Ending | undefined) {
     this.parked.delete(backend)
+    this.sequences.delete(backend) // (the pool's reset, DISCARD ALL, takes them)
     if (!this.lent.delete(backend)) return
     this.pool.giveBack(backend, ending)
     this.afterReset(backend)
@@ -191,6 +201,16 @@ export class Lender {
     if (this.waiting.length || !this.lent.has(backend)) return false
     this.parked.set(backend, surrender)
     return true
+  }
+
+  /** A parked backend's session may have called nextval(): see `startLend`. */
+  usedSequences(backend: Backend) {
+    this.sequences.add(backend)
+  }
+
+  /** Whether a session about to run on `backend` must first have DISCARD SEQUENCES run (another's nextval). */
+  takeSequences(backend: Backend): boolean {
+    return this.sequences.delete(backend)
   }
 
   /** The session runs on its parked backend again. */

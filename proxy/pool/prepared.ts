@@ -43,6 +43,9 @@ interface Awaited {
   own?: boolean
   /** Sent by the proxy ahead of a simple Query, in a Sync group of its own: an error is not the client's either. */
   ahead?: boolean
+  /** The proxy's own simple Query: every answer up to its ReadyForQuery is the proxy's (its first row's first value to `onRow`). */
+  swallow?: boolean
+  onRow?: (value: string) => void
   /** Postgres answered it. */
   done?: () => void
   /** An error earlier in its Sync group made Postgres skip it. */
@@ -52,6 +55,7 @@ interface Awaited {
 }
 
 const SYNC = serialize.sync()
+const DATA_ROW = 0x44
 const DEALLOCATE = /\bdeallocate\s+(?:prepare\s+)?(?!all\b)("(?:[^"]|"")+"|[a-z_][\w$]*)/gi
 const EXECUTE = /\bexecute\s+("(?:[^"]|"")+"|[a-z_][\w$]*)/gi
 
@@ -74,6 +78,16 @@ export class StatementRelay {
   ) {}
 
   /**
+   * Sends `query`, a simple Query of the proxy's own, when nothing of the session's is due an answer
+   * (or before its messages): its answers are not the client's. `onRow` gets its first row's first
+   * value; `done` is called at its ReadyForQuery.
+   */
+  ownQuery(query: Buffer, onRow?: (value: string) => void, done?: () => void) {
+    this.toBackend(query)
+    this.awaited.push({ kind: 'sync', own: true, swallow: true, onRow, done })
+  }
+
+  /**
    * The unnamed statement and portal on the backend are another session's until this one makes its
    * own: one that names them before that finds none, as on a connection of its own.
    */
@@ -89,6 +103,12 @@ export class StatementRelay {
     const out: Buffer[] = []
     for (const msg of this.server.push(chunk)) {
       const type = msg[0]
+      const own = this.awaited[0]
+      if (own?.swallow) {
+        if (type === DATA_ROW && msg.readInt16BE(5) > 0 && msg.readInt32BE(7) >= 0) own.onRow?.(msg.toString('utf8', 11, 11 + msg.readInt32BE(7)))
+        if (type === ServerMessage.ReadyForQuery) this.awaited.shift(), own.done?.()
+        continue
+      }
       if (type === ServerMessage.ParseComplete || type === ServerMessage.CloseComplete) {
         const answered = this.awaited.shift()
         answered?.done?.()

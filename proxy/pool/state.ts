@@ -176,8 +176,8 @@ function statementEffects(ts: Token[]): StatementEffects {
       return calls(ts, e)
   }
   if (DDL.has(first)) {
-    e.ddl = true
     e.sets = first === 'create' && (has('temp', 'temporary') || has('pg_temp'))
+    e.ddl = !e.sets // (a temporary object is the session's alone: nothing the database runs for others changes)
     e.runs = true // (event triggers, and the functions a definition may run at once: a default, an index expression)
     return e
   }

@@ -7,11 +7,12 @@
  * whether it runs code of its own): then the session keeps that backend to its end ("pinned"), so
  * that it keeps its state and no other session sees it. Named prepared statements follow it from
  * backend to backend (proxy/pool/prepared.ts). currval() and lastval() hold only within the
- * transaction that called nextval(): a backend is given back after DISCARD SEQUENCES.
+ * transaction that called nextval(): no other session runs on the backend before DISCARD SEQUENCES.
  */
 import type { WebSocket, RawData } from 'ws'
+import { serialize } from 'pg-protocol'
 import type { Backend } from '../pool/backends'
-import type { Lender } from '../pool/lender'
+import { RUNS_CODE, type Lender } from '../pool/lender'
 import { IdleWatch } from '../pool/idle-watch'
 import { BackendStatements, StatementRelay, type SessionStatements } from '../pool/prepared'
 import { effects, type StatementEffects } from '../pool/state'
@@ -49,6 +50,7 @@ interface Lend {
 }
 
 const HIGH_WATER = 1 << 20
+const DISCARD_SEQUENCES = serialize.query('DISCARD SEQUENCES')
 const NOTHING: StatementEffects = { sets: false, runs: false, reads: false, ddl: false, sequences: false }
 /** The statements each backend holds, by backend. */
 const held = new WeakMap<Backend, BackendStatements>()
@@ -70,6 +72,8 @@ class LentSession implements RunningSession {
   pinned?: PinReason
   /** Its transaction ended cleanly and it keeps its backend until another session needs it. */
   private parked = false
+  /** Asking the database, on its backend, whether it runs code of its own. */
+  private learning = false
   private readonly statements: SessionStatements = new Map()
   private readonly framer = new Framer()
   /** The unnamed statement's effects, as last parsed. */
@@ -190,6 +194,8 @@ class LentSession implements RunningSession {
     backend.upstream.onDrain = () => this.ws.resume()
     backend.upstream.on('close', this.onBackendClose)
     const early = backend.upstream.relay(this.fromBackend)
+    // Another session's nextval() left currval() behind: gone before this session's first message (no round trip of its own).
+    if (this.o.lender.takeSequences(backend)) relay.ownQuery(DISCARD_SEQUENCES)
     backend.upstream.resume()
     if (early.length) this.fromBackend(early)
   }
@@ -203,7 +209,7 @@ class LentSession implements RunningSession {
     lend.watch.fromBackend(visible)
     if (visible.length) this.toClient(visible)
     const ending = lend.watch.ending
-    if (ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) this.transactionEnded(lend)
+    if (this.lend === lend && ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) this.transactionEnded(lend)
   }
 
   private readonly resumeBackend = () => this.lend?.backend.upstream.resume()
@@ -217,20 +223,45 @@ class LentSession implements RunningSession {
 
   /** A transaction is over: the backend goes back, unless it may hold what the session set. */
   private transactionEnded(lend: Lend) {
+    if (this.parked || this.learning) return
     const e = lend.effects
     lend.effects = NOTHING
     if (e.ddl) this.o.lender.stale()
     if (this.pinned) return
-    const reason: PinReason | undefined = e.sets ? 'state' : e.runs || (e.reads && this.o.lender.runsCode !== false) ? 'code' : undefined
+    const { lender } = this.o
+    if (!e.sets && !e.runs && e.reads && lender.runsCode === undefined) return this.learn(lend, e)
+    const reason: PinReason | undefined = e.sets ? 'state' : e.runs || (e.reads && lender.runsCode) ? 'code' : undefined
     if (reason) {
       this.pinned = reason
       this.o.lender.events.pinned(reason)
       return
     }
-    // Left with this session while no other needs it (nextval's currval is never kept: given back).
-    if (!e.sequences && this.o.lender.park(lend.backend, this.surrender)) return void (this.parked = true)
+    // Left with this session while no other needs it (another session will not see its currval: see startLend).
+    if (this.o.lender.park(lend.backend, this.surrender)) {
+      if (e.sequences) this.o.lender.usedSequences(lend.backend)
+      return void (this.parked = true)
+    }
     this.detach(lend)
     this.o.lender.giveBack(lend.backend, e)
+  }
+
+  /**
+   * Whether the database runs code of its own is not known (DDL ran since it was asked): asked on
+   * this backend, which the session keeps meanwhile; the transaction is then decided on the answer
+   * (or, if the session has begun another, with it).
+   */
+  private learn(lend: Lend, e: StatementEffects) {
+    if (this.learning) return void (lend.effects = merge(lend.effects, e))
+    this.learning = true
+    lend.relay.ownQuery(RUNS_CODE, (value) => this.o.lender.learned(value), () => {
+      this.learning = false
+      if (this.lend !== lend) return
+      const ending = lend.watch.ending
+      if (ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) {
+        lend.effects = merge(lend.effects, e)
+        this.transactionEnded(lend)
+      } else lend.effects = merge(lend.effects, e)
+    })
   }
 
   /** Another session takes the parked backend: from now on this one acquires anew. */
