@@ -37,7 +37,7 @@ const OVER_FLOOR_TARGET = 2
 const RATE_SHARE_TARGET = 0.6
 
 /** POSTs with http.request on a keep-alive agent: a server's cost, without fetch's own (~1 ms a request here). */
-function leanPoster(url: string, headers: Record<string, string>) {
+export function leanPoster(url: string, headers: Record<string, string>) {
   const agent = new http.Agent({ keepAlive: true, maxSockets: LEAN_CONCURRENCY })
   const { hostname, port, pathname } = new URL(url)
   return {

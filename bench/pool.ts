@@ -10,7 +10,6 @@
  */
 import { readFileSync } from 'node:fs'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
-import http from 'node:http'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
@@ -23,6 +22,7 @@ import { pgbouncerBinary, startPgBouncer } from '../test/support/pgbouncer'
 import { PASSWORD, startPostgres, type PgInfo } from '../test/support/stack'
 import { gc, interleave, median, percentile, printGrid, type BenchContext, type Row, type Section } from './lib'
 import { startHttpPg } from './proxy'
+import { leanPoster } from './http'
 
 const NOFILE = Number(/^Max open files\s+(\d+)/m.exec(readFileSync('/proc/self/limits', 'utf8'))?.[1] ?? 1024)
 /** Descriptors kept in each process for everything but the sessions' sockets. */
@@ -356,7 +356,7 @@ async function sqlInFlight(ctx: BenchContext) {
   const floor = await startHttpPg(connectionString).catch(async (err) => (await proxy.stop(), Promise.reject(err)))
   type Side = 'sql' | 'floor'
   const SIDES = ['sql', 'floor'] as const
-  const posters: Record<Side, Poster> = { sql: poster(proxy.port, headers), floor: poster(floor.port, headers) }
+  const posters: Record<Side, ReturnType<typeof leanPoster>> = { sql: leanPoster(`http://127.0.0.1:${proxy.port}/sql`, headers), floor: leanPoster(`http://127.0.0.1:${floor.port}/sql`, headers) }
   const rps: Record<Side, number[]> = { sql: [], floor: [] }
   let n = 0
   const one = async (side: Side) => {
@@ -393,30 +393,6 @@ async function sqlInFlight(ctx: BenchContext) {
         `The floor is bench/http-pg.ts in a child process: parse the JSON, pg.Pool (max 32) query, answer the rows. edgepg-proxy: a child with ${POOL_PROXY_FLAGS.join(' ')}.`,
     ]
   )
-}
-
-interface Poster {
-  post(body: string): Promise<string>
-  close(): void
-}
-
-/** POSTs to 127.0.0.1:port/sql with http.request on a keep-alive agent: the server's cost without fetch's (as bench/http.ts). */
-function poster(port: number, headers: Record<string, string>): Poster {
-  const agent = new http.Agent({ keepAlive: true, maxSockets: SQL_IN_FLIGHT })
-  return {
-    post: (body) =>
-      new Promise((resolve, reject) => {
-        const req = http.request({ host: '127.0.0.1', port, path: '/sql', method: 'POST', agent, headers: { ...headers, 'content-length': Buffer.byteLength(body) } }, (res) => {
-          let text = ''
-          res.setEncoding('utf8')
-          res.on('data', (chunk) => (text += chunk))
-          res.on('end', () => (res.statusCode === 200 ? resolve(text) : reject(new Error(`HTTP ${res.statusCode}: ${text}`))))
-        })
-        req.on('error', reject)
-        req.end(body)
-      }),
-    close: () => agent.destroy(),
-  }
 }
 
 // ---- 4. memory per idle session ----
