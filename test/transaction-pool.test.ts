@@ -31,6 +31,10 @@ async function metric(p: Awaited<ReturnType<typeof txProxy>>, name: string, labe
   return m.values.find((v) => Object.entries(labels).every(([k, x]) => v.labels[k] === x) && !('le' in v.labels))?.value ?? 0
 }
 
+/** Until one of this test's sessions runs pg_sleep, seen from outside. */
+const sleeping = () =>
+  eventually(async () => (await scratch.tcp.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'SELECT pg_sleep%' AND state = 'active'", [APP])).rows[0].n === 1, 'the statement to run')
+
 /** Backends Postgres holds for this test's sessions. */
 async function backendsHeld(): Promise<number> {
   const { rows } = await scratch.tcp.query('SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1', [APP])
@@ -271,7 +275,7 @@ test('a backend that dies while lent fails only what ran on it; the session goes
   const a = await session(p.port)
   try {
     const running = a.query('SELECT pg_sleep(30)').then(() => assert.fail('terminated'), (e) => e)
-    await eventually(async () => (await scratch.tcp.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'SELECT pg_sleep%' AND state = 'active'", [APP])).rows[0].n === 1, 'the statement to run')
+    await sleeping()
     await scratch.tcp.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'SELECT pg_sleep%'", [APP])
     assert.equal((await within(5000, 'the statement to fail', running)).code, '57P01', "Postgres's own word for it")
     assert.equal((await within(5000, 'the next statement', a.query('SELECT 1 AS one'))).rows[0].one, 1, 'the session goes on')
@@ -286,7 +290,7 @@ test("a cancel reaches the backend running the session's statement", async () =>
   const a = await session(p.port)
   try {
     const running = a.query('SELECT pg_sleep(30)').then(() => assert.fail('cancelled'), (e) => e)
-    await eventually(async () => (await scratch.tcp.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'SELECT pg_sleep%' AND state = 'active'", [APP])).rows[0].n === 1, 'the statement to run')
+    await sleeping()
     await (a as any).cancelRunning()
     assert.equal((await within(5000, 'the cancel', running)).code, '57014')
   } finally {

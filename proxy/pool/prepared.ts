@@ -95,7 +95,7 @@ export class StatementRelay {
 
   /** Client → backend: whole messages, with the proxy's own before those that name a statement. */
   fromClient(chunk: Buffer) {
-    this.send(this.client.push(chunk))
+    this.forward(this.client.push(chunk))
   }
 
   /** Backend → client: Postgres's answers, but those to the proxy's own messages. */
@@ -125,7 +125,7 @@ export class StatementRelay {
         if (answered?.deallocates && this.held) {
           const held = this.held
           this.held = undefined
-          this.send(held)
+          this.forward(held)
         }
       } else if (type === ServerMessage.CommandComplete) this.undo(cString(msg.subarray(5)))
       out.push(msg)
@@ -133,7 +133,8 @@ export class StatementRelay {
     return out.length === 1 ? out[0] : Buffer.concat(out)
   }
 
-  private send(msgs: Buffer[]) {
+  /** Client → backend, as whole messages already framed (fromClient for bytes). */
+  forward(msgs: Buffer[]) {
     if (this.held) return void this.held.push(...msgs)
     const out: Buffer[] = []
     const { session, backend } = this

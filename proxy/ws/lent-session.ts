@@ -144,7 +144,7 @@ class LentSession implements RunningSession {
     for (const m of msgs) lend.effects = merge(lend.effects, this.effectsOf(m))
     const bytes = Buffer.concat(msgs)
     lend.watch.fromClient(bytes)
-    lend.relay.fromClient(bytes)
+    lend.relay.forward(msgs) // (framed once, above)
   }
 
   /** What running `msg` may leave behind. */
