@@ -7,7 +7,7 @@ import { configKeys, setting, IN_WORKERS, type EdgeConfig } from './config'
 import { WebSocketSocket } from './socket'
 import { TlsSocket } from './tls'
 import { poolQueryViaHttp, type HttpPoolConfig } from './http'
-import { CANCEL_WHEN_RUNNING, stoppableQuery } from './stop'
+import { CANCEL_WHEN_RUNNING, stoppableQuery, timeSubmittable } from './stop'
 import sasl from 'pg/lib/crypto/sasl.js'
 
 // pg's own exports, as they are (and pg's connection-string parser, which Neon exports).
@@ -263,8 +263,9 @@ Client.prototype.query = function (this: any, ...args: any[]) {
   const [config] = args
   const signal: AbortSignal | undefined = config?.signal
   const timeout: number | undefined = config?.query_timeout || this.queryTimeout
-  if ((signal || timeout) && typeof config?.submit !== 'function')
-    return stoppableQuery(this, (query) => this.query(query), () => this.cancelRunning(), args, signal, timeout)
+  if (typeof config?.submit !== 'function') {
+    if (signal || timeout) return stoppableQuery(this, (query) => this.query(query), () => this.cancelRunning(), args, signal, timeout)
+  } else if (timeout && !(config instanceof PgQuery)) timeSubmittable(this, config, () => this.cancelRunning(), timeout)
   if (!this.pipelining || this.strict) return clientQuery.apply(this, args)
   const portal = isPortalQuery(args[0])
   const waiting: unknown[] | undefined = portal && this._queryQueue.length ? this._queryQueue : undefined

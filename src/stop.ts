@@ -51,3 +51,45 @@ export function stoppableQuery(client: ClientState, run: (query: unknown) => voi
   }
   return result
 }
+
+/** A query object pg's Client runs by calling its handlers (pg-cursor, pg-query-stream). */
+interface Submittable {
+  handleError(err: unknown, connection: unknown): void
+  handleReadyForQuery(connection: unknown): void
+  /** pg-cursor's read under way (pg-query-stream's through its `cursor`). */
+  _cb?: unknown
+  cursor?: { _cb?: unknown }
+}
+
+/** Whether Postgres may be running the Submittable's statement: a cursor with no read under way has its portal suspended. */
+const mayRun = (query: Submittable) => {
+  const cursor = query.cursor ?? query
+  return !('_cb' in cursor) || Boolean(cursor._cb)
+}
+
+/**
+ * pg's `query_timeout` on a Submittable, as pg has it: when the time is up it fails with 'Query read
+ * timeout', at once. edgepg also cancels the statement on the server if it may be running (pg leaves
+ * it running, and the connection waits for it), and keeps Postgres's answer to that cancel from the
+ * Submittable, which has already synced.
+ */
+export function timeSubmittable(client: ClientState, query: Submittable, cancel: () => void, timeout: number) {
+  const { handleError, handleReadyForQuery } = query
+  let timedOut = false
+  const timer = setTimeout(() => {
+    timedOut = true
+    const queued = client._queryQueue.indexOf(query)
+    if (queued >= 0) client._queryQueue.splice(queued, 1)
+    else if (client._activeQuery === query && mayRun(query)) cancel()
+    handleError.call(query, new Error('Query read timeout'), client.connection)
+  }, timeout)
+  query.handleError = function (err, connection) {
+    if (timedOut) return
+    clearTimeout(timer)
+    handleError.call(this, err, connection)
+  }
+  query.handleReadyForQuery = function (connection) {
+    clearTimeout(timer)
+    handleReadyForQuery.call(this, connection)
+  }
+}

@@ -124,6 +124,29 @@ test('query_timeout stops the statement on the server too (pg over TCP leaves it
   }
 })
 
+test('query_timeout on a query stream or cursor: it fails as in pg, and the statement stops on the server too', async () => {
+  const { default: QueryStream } = await import('pg-query-stream')
+  const { default: Cursor } = await import('pg-cursor')
+  const app = 'abort-stream'
+  await withClient(app, async (client) => {
+    const stream = client.query(new QueryStream('SELECT pg_sleep(30)'))
+    const read = (async () => {
+      for await (const row of stream) assert.fail(`a row: ${JSON.stringify(row)}`)
+    })()
+    await within(5000, "the stream's error", assert.rejects(read, { message: 'Query read timeout' }))
+    await eventually(async () => (await running(app)).length === 0, 'the statement to stop')
+    assert.deepEqual((await client.query('SELECT 6 AS six')).rows, [{ six: 6 }], 'the connection goes on')
+
+    const cursor = client.query(new Cursor('SELECT pg_sleep(30)'))
+    await within(5000, "the cursor's error", assert.rejects(cursor.read(1), { message: 'Query read timeout' }))
+    await eventually(async () => (await running(app)).length === 0, 'the statement to stop')
+    const quick = client.query(new Cursor('SELECT generate_series(1, 3) AS n'))
+    assert.deepEqual(await quick.read(10), [{ n: 1 }, { n: 2 }, { n: 3 }], 'one that ends in time is not touched')
+    await quick.close()
+    assert.deepEqual((await client.query('SELECT 7 AS seven')).rows, [{ seven: 7 }])
+  }, { query_timeout: 300 })
+})
+
 test('pool.query({ signal }) and a Pool with query_timeout', async () => {
   const app = 'abort-pool'
   const pool = new edgepg.Pool({ ...config(app), max: 1 }) as pg.Pool
