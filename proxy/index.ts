@@ -5,6 +5,7 @@ import type { Duplex } from 'node:stream'
 import type { SessionLog } from './ws/session'
 import type { UpstreamTls } from './upstream/connection'
 import { BackendPool, type PoolOptions } from './pool/backends'
+import { Lenders } from './pool/lenders'
 import { createMetrics, type Metrics } from './admin/metrics'
 import { healthHandler } from './admin/health'
 import { sqlHandler, type SqlOptions, type SqlPoolOptions, type SqlLog } from './sql/handler'
@@ -110,8 +111,13 @@ export function createProxy(options: ProxyOptions): Proxy {
   const pool = new BackendPool(poolOptions, (event) => metrics.poolEvent(event))
   const budget = new BufferBudget(options.maxClientBufferBytes ?? 256 << 20, options.maxMessageBytes ?? 64 << 20)
   const logins = new LoginGate(options.maxLogins ?? 64, options.maxLoginsPerIp ?? 8)
-  const metrics = createMetrics(() => ({ pool: pool.size, logins: logins.counts, buffered: budget.total, lent: routes.lent }))
+  const metrics = createMetrics(() => ({ pool: pool.size, logins: logins.counts, buffered: budget.total, lent: lenders?.lent ?? 0 }))
   const handshakeTimeoutMs = options.handshakeTimeoutMs ?? 10_000
+  const { pool: p } = options
+  const lenders =
+    p?.mode === 'transaction' && p.enabled !== false
+      ? new Lenders(pool, { size: p.size ?? 20, timeoutMs: p.timeoutMs ?? 5000, statements: p.statements ?? 100, lifetimeMs: p.maxLifetimeMs ?? 30 * 60_000 }, metrics.lending)
+      : undefined
   const routes = new WebSocketRoutes({
     ...options,
     upstreams,
@@ -120,10 +126,7 @@ export function createProxy(options: ProxyOptions): Proxy {
     budget,
     logins,
     cancels: new Cancels(pool, options.maxCancelsPerIp ?? 20),
-    lending:
-      options.pool?.mode === 'transaction' && options.pool.enabled !== false
-        ? { size: options.pool.size ?? 20, timeoutMs: options.pool.timeoutMs ?? 5000, statements: options.pool.statements ?? 100, lifetimeMs: options.pool.maxLifetimeMs ?? 30 * 60_000 }
-        : undefined,
+    lenders,
     offload: options.authOffload !== false,
     handshakeTimeoutMs,
   })
@@ -138,6 +141,7 @@ export function createProxy(options: ProxyOptions): Proxy {
           allowedOrigins: options.allowedOrigins,
           upstreamTls: options.upstreamTls,
           backends: pool,
+          lenders,
           allowInsecurePasswords: options.allowInsecurePasswords,
           budget,
           log: options.sqlLog,

@@ -467,10 +467,11 @@ test('connections go back reset: session state never leaks into the next request
   const [{ pid }] = (await sql`SELECT pg_backend_pid() AS pid`) as any
   await sql`SELECT set_config('search_path', 'nowhere', false)`
   await sql`CREATE TEMP TABLE leftover (a int)`
-  await sql`SELECT pg_advisory_lock(4242)`
+  await sql`SELECT pg_advisory_lock(4444)`
   const [after] = (await sql`SELECT pg_backend_pid() AS pid, current_setting('search_path') AS sp, to_regclass('pg_temp.leftover') AS t`) as any
   same(after, { pid, sp: '"$user", public', t: null }, 'same connection, reset')
-  assert.equal((await admin.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242`)).rows[0].n, 0, 'advisory lock released')
+  // (Key 4444 is this test's alone; other files' tests take advisory locks of their own meanwhile.)
+  assert.equal((await admin.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objid = 4444 AND pid = $1`, [pid])).rows[0].n, 0, 'advisory lock released')
 
   // a backend left inside a transaction is rolled back
   await sql`BEGIN`

@@ -8,7 +8,10 @@
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import type { Client } from '../src/index'
-import { startProxy, edgeClient, eventually, within, scratchTable } from './support/helpers'
+import { startProxy, edgeClient, eventually, within, scratchTable, testPostgres } from './support/helpers'
+import { PASSWORD } from './support/stack'
+
+const PG = testPostgres()
 
 let scratch: Awaited<ReturnType<typeof scratchTable>>
 before(async () => (scratch = await scratchTable('txpool', 'name text NOT NULL')))
@@ -84,7 +87,7 @@ const forms: Form[] = [
   { name: 'SQL PREPARE', make: ['PREPARE p AS SELECT 1'], look: "SELECT count(*)::int AS v FROM pg_prepared_statements WHERE name = 'p'", made: 1 },
   { name: 'a cursor WITH HOLD', make: ['DECLARE c CURSOR WITH HOLD FOR SELECT 1'], look: 'SELECT count(*)::int AS v FROM pg_cursors', made: 1 },
   { name: 'LISTEN', make: ['LISTEN chan'], look: 'SELECT count(*)::int AS v FROM pg_listening_channels()', made: 1 },
-  { name: 'a session advisory lock', make: ['SELECT pg_advisory_lock(4242)'], look: "SELECT count(*)::int AS v FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()", made: 1 },
+  { name: 'a session advisory lock', make: ['SELECT pg_advisory_lock(4343)'], look: "SELECT count(*)::int AS v FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()", made: 1 },
   { name: 'a state-setting call in a function of its own', make: ["CREATE OR REPLACE FUNCTION pg_temp.sneak() RETURNS void LANGUAGE sql AS $$ SELECT set_config('app.sneak', 'x', false) $$", 'SELECT pg_temp.sneak()'], look: "SELECT current_setting('app.sneak', true) AS v", made: 'x' },
 ]
 
@@ -295,6 +298,108 @@ test("a cancel reaches the backend running the session's statement", async () =>
     assert.equal((await within(5000, 'the cancel', running)).code, '57014')
   } finally {
     await a.end()
+    await p.close()
+  }
+})
+
+// ── POST /sql: each request is one lend ─────────────────────────────────────────────────────
+
+/** A transaction-mode proxy whose /sql logs in with this file's application_name. */
+const sqlProxy = (size: number, timeoutMs = 3000) => startProxy({ pool: { mode: 'transaction', size, timeoutMs }, sql: { applicationName: APP } })
+
+/** One POST /sql: a query, or a batch (several). */
+async function post(p: { port: number }, ...queries: string[]): Promise<{ status: number; json: any }> {
+  const body = queries.length === 1 ? { query: queries[0], params: [] } : { queries: queries.map((query) => ({ query, params: [] })) }
+  const res = await fetch(`http://127.0.0.1:${p.port}/sql`, {
+    method: 'POST',
+    headers: { 'Neon-Connection-String': `postgresql://scram_user:${encodeURIComponent(PASSWORD)}@${PG.host}:${PG.port}/${PG.database}` },
+    body: JSON.stringify(body),
+  })
+  return { status: res.status, json: await res.json() }
+}
+const rowsOf = (r: { json: any }) => r.json.rows ?? r.json.results?.at(-1)?.rows
+
+test('/sql borrows from the pool: at most --pool-size backends, and no reset after requests that leave nothing behind', async () => {
+  const p = await sqlProxy(2)
+  try {
+    assert.equal((await post(p, 'SELECT 1 AS one')).status, 200)
+    const resets = await metric(p, 'pool_resets_total')
+    const answers = await Promise.all(Array.from({ length: 12 }, (_, i) =>
+      i % 3 ? post(p, `SELECT pg_backend_pid() AS pid, pg_sleep(0.05)`) : post(p, `INSERT INTO ${scratch.name} VALUES ('sql${i}')`, 'SELECT pg_backend_pid() AS pid')
+    ))
+    assert.deepEqual(answers.map((a) => a.status), Array(12).fill(200), JSON.stringify(answers.find((a) => a.status !== 200)?.json))
+    assert.ok(new Set(answers.map((a) => rowsOf(a)[0].pid)).size <= 2, 'on two backends at most')
+    assert.ok((await backendsHeld()) <= 2)
+    assert.ok((await metric(p, 'lends_total')) >= 13)
+    assert.equal(await metric(p, 'pool_resets_total'), resets, 'none was reset')
+  } finally {
+    await p.close()
+  }
+})
+
+test('/sql: a request that may leave state behind is reset (or its backend closed), and the next request sees none of it', async () => {
+  const p = await sqlProxy(1)
+  const look = "SELECT current_setting('statement_timeout') AS st, current_setting('app.sql_x', true) AS x, to_regclass('pg_temp.sql_left')::text AS t, (SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS locks"
+  try {
+    const fresh = rowsOf(await post(p, look))[0]
+    const resets = await metric(p, 'pool_resets_total')
+    for (const leaves of ['SET statement_timeout = 4321', "SELECT set_config('app.sql_x', 'leak', false)", 'CREATE TEMP TABLE sql_left (x int)', 'SELECT pg_advisory_lock(4545)']) {
+      assert.equal((await post(p, leaves)).status, 200, leaves)
+      assert.deepEqual(rowsOf(await post(p, look))[0], fresh, `after ${leaves}`)
+    }
+    assert.equal((await post(p, 'BEGIN')).status, 200)
+    assert.deepEqual(rowsOf(await post(p, "SELECT pg_current_xact_id_if_assigned() IS NULL AS none")), [{ none: true }], 'a dangling BEGIN is rolled back')
+    assert.ok((await metric(p, 'pool_resets_total')) >= resets + 3, 'the backends that could be kept were reset')
+  } finally {
+    await p.close()
+  }
+})
+
+test('/sql: where the database runs code of its own (a trigger), a request that reads is reset', async () => {
+  const table = `${scratch.name}_trig`
+  await scratch.tcp.query(`CREATE TABLE ${table} (x int)`)
+  await scratch.tcp.query(`CREATE FUNCTION ${table}_f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM set_config('statement_timeout', '4321', false); RETURN NEW; END $$`)
+  await scratch.tcp.query(`CREATE TRIGGER t BEFORE INSERT ON ${table} FOR EACH ROW EXECUTE FUNCTION ${table}_f()`)
+  const p = await sqlProxy(1)
+  try {
+    const fresh = rowsOf(await post(p, "SELECT current_setting('statement_timeout') AS st"))[0]
+    assert.equal((await post(p, `INSERT INTO ${table} VALUES (1)`)).status, 200)
+    assert.deepEqual(rowsOf(await post(p, "SELECT current_setting('statement_timeout') AS st"))[0], fresh)
+  } finally {
+    await p.close()
+    await scratch.tcp.query(`DROP TABLE ${table}; DROP FUNCTION ${table}_f()`)
+  }
+})
+
+test('/sql: an exhausted pool answers 503 with SQLSTATE 53300 past --pool-timeout, naming the flags', async () => {
+  const p = await sqlProxy(1, 300)
+  try {
+    const long = post(p, 'SELECT pg_sleep(1.5)')
+    await sleeping()
+    const { status, json } = await post(p, 'SELECT 1')
+    assert.equal(status, 503)
+    assert.equal(json.code, '53300')
+    assert.match(json.message, /all 1 are busy \(raise --pool-size, or --pool-timeout\)/)
+    assert.equal((await long).status, 200)
+    assert.equal((await post(p, 'SELECT 1 AS one')).status, 200, 'served once the backend is back')
+  } finally {
+    await p.close()
+  }
+})
+
+test('/sql and WebSocket sessions share one lender per user, database and password', async () => {
+  const p = await startProxy({ pool: { mode: 'transaction', size: 1, timeoutMs: 300 } })
+  const client = edgeClient(p.port, 'scram_user')
+  await client.connect()
+  try {
+    await client.query('BEGIN')
+    const { status, json } = await post(p, 'SELECT 1')
+    assert.deepEqual([status, json.code], [503, '53300'], 'the one backend is the session’s, in its transaction')
+    await client.query('COMMIT')
+    const [viaSql, viaWs] = [rowsOf(await post(p, 'SELECT pg_backend_pid() AS pid'))[0].pid, (await client.query('SELECT pg_backend_pid() AS pid')).rows[0].pid]
+    assert.equal(viaSql, viaWs)
+  } finally {
+    await client.end()
     await p.close()
   }
 })

@@ -204,7 +204,7 @@ export class BackendPool {
    * way), is reset once that is in and kept (available at once: a take() waits for the reset); a
    * busy one is closed, its running query cancelled; one a reset cannot clean (see IdleWatch) is
    * closed. `reset`: the caller sent the reset itself (behind its last statement), and this says
-   * how it went.
+   * how it went; or, with `ending.clean`, what it asked before the backend is kept as it is.
    */
   giveBack(backend: Backend, ending: Ending | undefined, reset?: Promise<boolean>) {
     backend.lentSecret = undefined
@@ -215,11 +215,13 @@ export class BackendPool {
     this.idle.set(backend.poolKey, list)
     const done = reset
       ? reset.then((ok) => ok && (this.watchIdle(backend), true))
-      : this.exchange(backend, ending.pending === 0 && ending.status === TxStatus.Idle ? [DISCARD_ALL] : [ROLLBACK, DISCARD_ALL], ending.pending)
+      : ending.clean
+        ? Promise.resolve((this.watchIdle(backend), true))
+        : this.exchange(backend, ending.pending === 0 && ending.status === TxStatus.Idle ? [DISCARD_ALL] : [ROLLBACK, DISCARD_ALL], ending.pending)
     backend.resetting = done.then((ok) => {
       backend.resetting = undefined
       if (!ok) return this.evict(backend, true), false // (a query of the session's may still be running)
-      this.onEvent('reset')
+      if (!ending.clean) this.onEvent('reset')
       const left = Math.min(this.idleTimeoutMs, backend.born + this.maxLifetimeMs - Date.now())
       backend.idleTimer = setTimeout(() => this.evict(backend), Math.max(0, left)).unref()
       return true

@@ -68,6 +68,8 @@ export interface Ending {
   pending: number
   status: number
   reusable: boolean
+  /** Nothing to undo (transaction pooling knows): kept as it is, without DISCARD ALL. */
+  clean?: boolean
 }
 
 export class IdleWatch {

@@ -19,7 +19,7 @@ import type { Ending } from './idle-watch'
 
 
 /** How a session leaves a backend whose transaction ended cleanly: idle, nothing to undo. */
-const CLEAN: Ending = { pending: 0, status: TxStatus.Idle, reusable: true }
+const CLEAN: Ending = { pending: 0, status: TxStatus.Idle, reusable: true, clean: true }
 
 /**
  * Whether the database runs code of its own on reads and writes, which may set anything: triggers,
@@ -150,7 +150,7 @@ export class Lender {
     this.lent.delete(backend)
     const discard = this.sequences.delete(backend)
     const resets = [discard && DISCARD_SEQUENCES, this.runsCode === undefined && RUNS_CODE].filter((q): q is Buffer => !!q)
-    const reset = resets.length ? this.exchange(backend, Buffer.concat(resets), (row) => (this.runsCode = row !== 'f'), resets.length) : Promise.resolve(true)
+    const reset = resets.length ? this.exchange(backend, Buffer.concat(resets), (row) => (this.runsCode = row !== 'f'), resets.length) : undefined
     this.pool.giveBack(backend, CLEAN, reset)
     this.afterReset(backend)
   }
@@ -172,12 +172,15 @@ export class Lender {
     this.runsCode = value !== 'f'
   }
 
-  /** The session holding `backend` ended, leaving it as `ending` says (undefined: busy): the pool resets or closes it. */
-  endSession(backend: Backend, ending: Ending | undefined) {
+  /**
+   * The session holding `backend` ended, leaving it as `ending` says (undefined: busy): the pool
+   * resets or closes it (`reset`: the session sent the reset itself, as in BackendPool.giveBack).
+   */
+  endSession(backend: Backend, ending: Ending | undefined, reset?: Promise<boolean>) {
     this.parked.delete(backend)
     this.sequences.delete(backend) // (the pool's reset, DISCARD ALL, takes them)
     if (!this.lent.delete(backend)) return
-    this.pool.giveBack(backend, ending)
+    this.pool.giveBack(backend, ending, reset)
     this.afterReset(backend)
   }
 

@@ -21,6 +21,28 @@ export interface StatementEffects {
   sequences: boolean
 }
 
+/** A statement that leaves nothing behind. */
+export const NOTHING: StatementEffects = { sets: false, runs: false, reads: false, ddl: false, sequences: false }
+
+/** What either of two statements may leave behind. */
+export function merge(a: StatementEffects, b: StatementEffects): StatementEffects {
+  if (b === NOTHING) return a
+  return { sets: a.sets || b.sets, runs: a.runs || b.runs, reads: a.reads || b.reads, ddl: a.ddl || b.ddl, sequences: a.sequences || b.sequences }
+}
+
+/**
+ * What a transaction whose statements had effects `e` may have left on its backend: state set in
+ * plain sight, state set by code the database runs (`runsCode`: whether it has any; undefined, not
+ * known), `unknown` where only the database can say, or undefined: nothing. DDL in the transaction
+ * may have made such code, and its later statements run it: then only the database can say.
+ */
+export function leftBehind(e: StatementEffects, runsCode: boolean | undefined): 'state' | 'code' | 'unknown' | undefined {
+  if (e.sets) return 'state'
+  if (e.runs) return 'code'
+  if (!e.reads) return undefined
+  return runsCode === undefined || e.ddl ? 'unknown' : runsCode ? 'code' : undefined
+}
+
 /** Built-in functions that leave no session state behind (reading a setting is fine). */
 const HARMLESS = new Set(
   `abs array_agg array_append array_cat array_length array_position array_prepend array_remove array_to_string avg bool_and bool_or btrim
@@ -117,19 +139,15 @@ export function effects(sql: string): StatementEffects {
 }
 
 function read(sql: string): StatementEffects {
-  const all: StatementEffects = { sets: false, runs: false, reads: false, ddl: false, sequences: false }
+  let all = NOTHING
   let statement: Token[] = []
   const flush = () => {
-    if (statement.length) merge(all, statementEffects(statement))
+    if (statement.length) all = merge(all, statementEffects(statement))
     statement = []
   }
   for (const t of tokens(sql)) t.punct === ';' ? flush() : statement.push(t)
   flush()
   return all
-}
-
-function merge(into: StatementEffects, e: StatementEffects) {
-  for (const k of Object.keys(into) as Array<keyof StatementEffects>) into[k] ||= e[k]
 }
 
 function statementEffects(ts: Token[]): StatementEffects {

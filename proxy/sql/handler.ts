@@ -55,6 +55,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 import { DatabaseError } from 'pg-protocol'
 import { formatHostPort, type HostPort } from '../upstream/address'
 import { BackendPool, type PoolOptions } from '../pool/backends'
+import type { Lenders } from '../pool/lenders'
 import type { UpstreamTls } from '../upstream/connection'
 import { Control, Leases } from './lease'
 import { runRequest, TooLarge, type Response } from './run'
@@ -100,6 +101,8 @@ export interface SqlOptions {
    * for one of the handler's own, closed with it. Default: one of its own with default options.
    */
   backends?: BackendPool | PoolOptions
+  /** Transaction pooling (the proxy's, shared with its WebSocket sessions): requests borrow `backends`' backends from these lenders. */
+  lenders?: Lenders
   /** Browser Origins allowed (`*`: any); requests without Origin are always allowed. Default: none. */
   allowedOrigins?: string[]
   /** TLS from the proxy to Postgres, as for the WebSocket routes. */
@@ -190,6 +193,7 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
   const backends = options.backends instanceof BackendPool ? options.backends : new BackendPool(options.backends)
   const leases = new Leases({
     backends,
+    lenders: options.lenders,
     upstream,
     upstreamTls: options.upstreamTls,
     perKey: options.pool?.max ?? 10,

@@ -7,6 +7,9 @@ import { DatabaseError, serialize } from 'pg-protocol'
 import { Parser } from 'pg-protocol/dist/parser'
 import { formatHostPort, type HostPort } from '../upstream/address'
 import type { Backend, BackendPool } from '../pool/backends'
+import { Lender, PoolTimeout } from '../pool/lender'
+import type { Lenders } from '../pool/lenders'
+import { NOTHING, type StatementEffects } from '../pool/state'
 import { Upstream, type UpstreamTls } from '../upstream/connection'
 import { loginAs, type LoginOutcome } from '../login/in-upgrade'
 import { LoginWatch, parseStartupPacket, UpstreamError, type BackendKey } from '../wire/startup'
@@ -15,6 +18,8 @@ import { HttpError, parseConnectionString, type ConnInfo } from './request'
 
 export interface LeaseOptions {
   backends: BackendPool
+  /** Transaction pooling: a request borrows a backend from its key's lender (which then also bounds how many at once). */
+  lenders?: Lenders
   /** The proxy's upstream (a connection string may leave its port out). */
   upstream: HostPort
   upstreamTls?: UpstreamTls
@@ -41,6 +46,11 @@ export interface Lease {
   customSetting: boolean
   /** statement_timeout is SET for this request: Postgres enforces it. */
   timeoutSet: boolean
+  /** Transaction pooling: the lender of `backend`, and what the request's statements may leave on it. */
+  lender?: Lender
+  effects: StatementEffects
+  /** Transaction pooling: the request's statements leave nothing on the backend, so no reset was sent. */
+  leavesNothing?: boolean
 }
 
 /** One request's hold on a backend: what is running, and whether the backend may be reused. */
@@ -119,10 +129,11 @@ export class Leases {
     const name = formatHostPort(target)
     const { keys, conn, startup } = credentials
     const key = keys.get(name) ?? keys.set(name, this.o.backends.key(name, undefined, startup, conn.password)).get(name)!
-    await this.waitTurn(key, ctl)
+    const { lenders } = this.o
+    if (!lenders) await this.waitTurn(key, ctl)
     try {
       for (;;) {
-        const lease = (ctl.lease = await this.lease(target, credentials, key))
+        const lease = (ctl.lease = await (lenders ? this.borrow(lenders, target, credentials, key) : this.lease(target, credentials, key)))
         try {
           if (ctl.aborted) throw new HttpError(499, 'client went away')
           return await use(lease)
@@ -135,7 +146,7 @@ export class Leases {
         }
       }
     } finally {
-      this.endTurn(key)
+      if (!lenders) this.endTurn(key)
     }
   }
 
@@ -174,27 +185,53 @@ export class Leases {
   }
 
   /** A logged-in backend: a warm one, else a fresh login (kept by the pool when it has room). */
-  private async lease(target: HostPort, { conn, startup }: Credentials, key: string): Promise<Lease> {
-    const { backends, connectTimeoutMs } = this.o
+  private async lease(target: HostPort, credentials: Credentials, key: string): Promise<Lease> {
+    const { backends } = this.o
+    const { upstream, backend, outcome, warm } = await this.login(target, credentials, (login) => backends.open(backends.enabled ? key : undefined, login, false))
+    if (outcome.kind !== 'ready') {
+      upstream.close()
+      throw loginRefusal(outcome, credentials.conn.user)
+    }
+    return {
+      upstream,
+      backend,
+      key: backend?.key ?? keyIn(outcome.answer),
+      statements: new Statements(upstream),
+      unpinged: !!warm,
+      customSetting: false,
+      timeoutSet: backends.enabled && this.o.statementTimeoutMs > 0,
+      effects: NOTHING,
+    }
+  }
+
+  /**
+   * Transaction pooling: a backend borrowed from the key's lender, in its turn (HTTP 503 with
+   * SQLSTATE 53300 past --pool-timeout). Nothing is SET on it (the proxy's own timer enforces the
+   * statement timeout), so a request that leaves nothing behind needs no reset.
+   */
+  private async borrow(lenders: Lenders, target: HostPort, credentials: Credentials, key: string): Promise<Lease> {
+    const relogin = () => loginAs(target, this.o.upstreamTls, loginOf(credentials))
+    const got = await this.login(target, credentials, (login) => lenders.lenderFor(key, () => this.o.backends.open(key, login, false), relogin))
+    if (!(got instanceof Lender)) {
+      got.upstream.close()
+      throw loginRefusal(got.outcome, credentials.conn.user)
+    }
+    const backend = await got.acquire().catch((err: Error) => {
+      throw err instanceof PoolTimeout ? new HttpError(503, err.message, err.code) : err
+    })
+    const { upstream } = backend
+    return { upstream, backend, key: backend.key, statements: new Statements(upstream), unpinged: true, customSetting: false, timeoutSet: false, lender: got, effects: NOTHING }
+  }
+
+  /** Runs `open` with a login for these credentials, within connectTimeoutMs: Postgres's errors as they are, the rest as HTTP errors. */
+  private async login<T>(target: HostPort, credentials: Credentials, open: (login: () => Promise<{ upstream: Upstream; outcome: LoginOutcome }>) => Promise<T>): Promise<T> {
+    const { connectTimeoutMs } = this.o
     let fresh: Upstream | undefined
     let late = false
     const timer = setTimeout(() => ((late = true), fresh?.close()), connectTimeoutMs)
-    const login = () => loginAs(target, this.o.upstreamTls, { bytes: startup.length, first: parseStartupPacket(startup), password: conn.password, rest: Buffer.alloc(0) }, (upstream) => (fresh = upstream))
+    const login = () => loginAs(target, this.o.upstreamTls, loginOf(credentials), (upstream) => (fresh = upstream))
     try {
-      const { upstream, backend, outcome, warm } = await backends.open(backends.enabled ? key : undefined, login, false)
-      if (outcome.kind !== 'ready') {
-        upstream.close()
-        throw loginRefusal(outcome, conn.user)
-      }
-      return {
-        upstream,
-        backend,
-        key: backend?.key ?? keyIn(outcome.answer),
-        statements: new Statements(upstream),
-        unpinged: !!warm,
-        customSetting: false,
-        timeoutSet: backends.enabled && this.o.statementTimeoutMs > 0,
-      }
+      return await open(login)
     } catch (err) {
       if (late) throw new HttpError(503, `no connection to Postgres available in time (no login within ${connectTimeoutMs} ms)`)
       if (err instanceof DatabaseError || err instanceof HttpError) throw err
@@ -209,9 +246,16 @@ export class Leases {
    * or else by the pool), or is closed.
    */
   private release(lease: Lease, ctl: Control) {
-    const { statements, backend, reset } = lease
+    const { statements, backend, reset, lender } = lease
     const clean = !ctl.tainted && !statements.broken
     const ending = () => ({ pending: 0, status: statements.status.charCodeAt(0), reusable: !lease.customSetting })
+    if (lender && backend) {
+      if (lease.effects.ddl) lender.stale()
+      if (clean && lease.leavesNothing && statements.status === 'I') return statements.detach(), lender.giveBack(backend, lease.effects)
+      if (!clean || !reset) return statements.detach(), lender.endSession(backend, clean ? ending() : undefined)
+      if (statements.status === 'I') return lender.endSession(backend, ending(), reset.finally(() => statements.detach()))
+      return void reset.then(() => (statements.detach(), lender.endSession(backend, ending())))
+    }
     if (!backend || !clean || !reset) {
       statements.detach()
       if (!backend) return lease.upstream.close(clean ? undefined : lease.key)
@@ -225,6 +269,9 @@ export class Leases {
     })
   }
 }
+
+/** The login a default pg Client makes with these credentials. */
+const loginOf = ({ conn, startup }: Credentials) => ({ bytes: startup.length, first: parseStartupPacket(startup), password: conn.password, rest: Buffer.alloc(0) })
 
 /** A refused login as the error Postgres gave (its ErrorResponse, every field), or why there was none. */
 function loginRefusal(outcome: LoginOutcome, user: string): Error {

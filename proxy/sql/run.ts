@@ -2,10 +2,12 @@
  * Running a POST /sql request's statements on its backend and encoding the results as Neon's
  * protocol has them: a single statement, or a batch in one transaction. What the request sends first
  * rides in one write with its first statement (the timeout, which also pings a warm backend), and the
- * reset rides behind its last.
+ * reset rides behind its last (in transaction pooling, only when its statements may leave something
+ * behind: proxy/pool/state.ts).
  */
 import { DatabaseError } from 'pg-protocol'
 import { setsCustomSetting } from '../pool/idle-watch'
+import { effects, leftBehind, merge, NOTHING } from '../pool/state'
 import type { Field } from './statements'
 import type { Control, Lease } from './lease'
 import { HttpError, ISOLATION_LEVELS, type Flags, type QueryData } from './request'
@@ -46,12 +48,14 @@ export async function runRequest(
   const { maxResponse, statementTimeout } = limits
   const { statements } = lease
   const budget = { used: 0 }
+  if (lease.lender) lease.effects = (payload.batch ?? [payload.single!]).reduce((e, q) => merge(e, effects(q.query)), NOTHING)
   // In one write with the first statement: the timeout (taken back by the reset), which is also
   // the ping a warm backend needs (one that died while idle never answers it: see Leases.with()).
   if (lease.timeoutSet) statements.query(`SET statement_timeout = ${statementTimeout}`).catch(() => {})
   else if (lease.unpinged) statements.sync().catch(() => {})
   /** The reset, in the same write as the last statement (unless that may be a COPY: see Statements.execute). */
   const resetBehind = (last: string) => {
+    if (lease.lender && !leftBehind(lease.effects, lease.lender.runsCode)) return void (lease.leavesNothing = true)
     if (!MAY_COPY.test(last)) lease.reset = statements.query('DISCARD ALL').then(() => statements.status === 'I', () => false)
   }
   if (payload.single) {

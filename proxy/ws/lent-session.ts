@@ -15,7 +15,7 @@ import type { Backend } from '../pool/backends'
 import { RUNS_CODE, type Lender } from '../pool/lender'
 import { IdleWatch } from '../pool/idle-watch'
 import { BackendStatements, StatementRelay, type SessionStatements } from '../pool/prepared'
-import { effects, type StatementEffects } from '../pool/state'
+import { effects, leftBehind, merge, NOTHING, type StatementEffects } from '../pool/state'
 import { Framer } from '../wire/bytes'
 import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse, type BackendKey } from '../wire/startup'
@@ -51,7 +51,6 @@ interface Lend {
 
 const HIGH_WATER = 1 << 20
 const DISCARD_SEQUENCES = serialize.query('DISCARD SEQUENCES')
-const NOTHING: StatementEffects = { sets: false, runs: false, reads: false, ddl: false, sequences: false }
 /** The statements each backend holds, by backend. */
 const held = new WeakMap<Backend, BackendStatements>()
 
@@ -228,9 +227,8 @@ class LentSession implements RunningSession {
     lend.effects = NOTHING
     if (e.ddl) this.o.lender.stale()
     if (this.pinned) return
-    const { lender } = this.o
-    if (!e.sets && !e.runs && e.reads && lender.runsCode === undefined) return this.learn(lend, e)
-    const reason: PinReason | undefined = e.sets ? 'state' : e.runs || (e.reads && lender.runsCode) ? 'code' : undefined
+    const reason = leftBehind(e, this.o.lender.runsCode)
+    if (reason === 'unknown') return this.learn(lend, e)
     if (reason) {
       this.pinned = reason
       this.o.lender.events.pinned(reason)
@@ -305,8 +303,3 @@ class LentSession implements RunningSession {
 }
 
 const READY_IDLE = Buffer.from([ServerMessage.ReadyForQuery, 0, 0, 0, 5, TxStatus.Idle])
-
-function merge(a: StatementEffects, b: StatementEffects): StatementEffects {
-  if (b === NOTHING) return a
-  return { sets: a.sets || b.sets, runs: a.runs || b.runs, reads: a.reads || b.reads, ddl: a.ddl || b.ddl, sequences: a.sequences || b.sequences }
-}

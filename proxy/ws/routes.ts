@@ -9,6 +9,7 @@ import { formatHostPort, parseHostPort, type HostPort } from '../upstream/addres
 import { runSession, type RunningSession, type SessionLog } from './session'
 import { runLentSession } from './lent-session'
 import { Lender } from '../pool/lender'
+import type { Lenders } from '../pool/lenders'
 import { Upstream, type ClientTls, type UpstreamTls } from '../upstream/connection'
 import { loginAs, redactLogin, runLogin, takeLogin, type Login, type LoginOutcome } from '../login/in-upgrade'
 import { UNUSED, type Backend, type BackendPool } from '../pool/backends'
@@ -32,8 +33,8 @@ export interface RouteOptions {
   budget: BufferBudget
   logins: LoginGate
   cancels: Cancels
-  /** Transaction pooling (proxy/pool/lender.ts), for the logins the proxy runs with a password; else each session holds its backend. */
-  lending?: { size: number; timeoutMs: number; statements: number; lifetimeMs: number }
+  /** Transaction pooling (proxy/pool/lenders.ts), for the logins the proxy runs with a password; else each session holds its backend. */
+  lenders?: Lenders
   maxSessions?: number
   maxSessionsPerIp?: number
   handshakeTimeoutMs: number
@@ -54,10 +55,6 @@ export class WebSocketRoutes {
   private readonly perIp = new Map<string, number>()
   private readonly origins: Set<string>
   private readonly wss: WebSocketServer
-  /** Transaction pooling: the backends of each pool key, lent per transaction. */
-  private readonly lenders = new Map<string, Lender>()
-  /** A key's first login, under way: the key's other logins wait for it rather than each fork a backend. */
-  private readonly firstLogins = new Map<string, Promise<unknown>>()
   /** Upgrades whose session can take a cancel on its own WebSocket (on a pooled backend, whose messages it follows). */
   private readonly cancelsInBand = new WeakSet<http.IncomingMessage>()
   private closing = false
@@ -74,13 +71,6 @@ export class WebSocketRoutes {
       handleProtocols: (offered, req) =>
         offered.has(SUBPROTOCOL_CANCEL) && this.cancelsInBand.has(req) ? SUBPROTOCOL_CANCEL : offered.has(SUBPROTOCOL) ? SUBPROTOCOL : false,
     })
-  }
-
-  /** Transaction pooling: backends lent to sessions now. */
-  get lent(): number {
-    let n = 0
-    for (const lender of this.lenders.values()) n += lender.lentCount
-    return n
   }
 
   /** Sessions open, and upgrades on their way to be. */
@@ -219,7 +209,7 @@ export class WebSocketRoutes {
             ? runLentSession(session, {
                 lender: lent.lender, answer: opened.answer, loginBytes: login?.bytes ?? 0, peer, upstream: name, budget: this.o.budget, log, onActivity: idle.touch,
                 follow: (running) => this.o.cancels.follow(name, lent!.told, running),
-                statementsPerBackend: this.o.lending!.statements,
+                statementsPerBackend: this.o.lenders!.o.statements,
               })
             : runSession(session, {
                 upstream: up ?? newUpstream(), opened, loginBytes: login?.bytes, peer, offload, passwordsAllowed, connect, routeCancel,
@@ -246,40 +236,22 @@ export class WebSocketRoutes {
       const io = { upstream: upstream.queue, toUpstream: (b: Buffer) => void upstream.write(b), passwordsAllowed, offload, connect, routeCancel, secureUpstream: (asked?: ClientTls) => upstream.secure(asked) }
       return runLogin(io, login).then((outcome) => ({ upstream, outcome }))
     }
-    const { lending } = this.o
-    // Transaction pooling: a key's logins are answered as its first was (a fresh lender's, while its lifetime lasts).
-    const welcome = () => {
-      const lender = poolKey && lending ? this.lenders.get(poolKey) : undefined
-      if (!lender || Date.now() - lender.born >= lending!.lifetimeMs) return false
+    const { lenders } = this.o
+    // Transaction pooling: a key's logins are answered by its lender, once its first login has made one.
+    const welcome = (lender: Lender) => {
       const { outcome, told } = lender.welcome()
       lent = { lender, told }
       upgrade(outcome)
-      return true
     }
     const open = () => {
-      if (welcome()) return
-      const first = poolKey && lending ? this.firstLogins.get(poolKey) : undefined
-      if (first) return void first.then(open) // (then answered by its lender; or, if it failed, a login of its own)
-      const opening = pool.open(poolKey, fresh)
-      if (poolKey && lending) {
-        const settled = opening.then(() => this.firstLogins.delete(poolKey), () => this.firstLogins.delete(poolKey))
-        this.firstLogins.set(poolKey, settled)
-      }
+      const known = poolKey && lenders?.get(poolKey)
+      if (known) return welcome(known)
+      const opening = poolKey && lenders ? lenders.lenderFor(poolKey, () => pool.open(poolKey, fresh), relogin(target, this.o.upstreamTls, login)) : pool.open(poolKey, fresh)
       opening.then((opened) => {
+        if (opened instanceof Lender) return welcome(opened)
         up = opened.upstream
         backend = opened.backend
         if (ws) return drop() // (a session already open was refused: the login timed out)
-        if (poolKey && lending && backend) {
-          const existing = this.lenders.get(poolKey)
-          const lender =
-            existing && Date.now() - existing.born < lending.lifetimeMs
-              ? existing
-              : new Lender(pool, poolKey, backend, lending.size, lending.timeoutMs, relogin(target, this.o.upstreamTls, login), metrics.lending)
-          if (lender === existing) lender.spare(backend)
-          else this.lenders.set(poolKey, lender)
-          backend = up = undefined
-          return void welcome()
-        }
         upgrade(opened.outcome)
       }, upgrade)
     }
