@@ -34,8 +34,7 @@ if (config === 'help') {
   process.exit(0)
 }
 
-const { options, listen, adminListen, shutdownGraceMs, readTls, warnings } = config
-for (const warning of warnings) line({ warning })
+const { options, listen, adminListen, shutdownGraceMs, readTls } = config
 const proxy = createProxy({ ...options, log: line, sqlLog: (entry) => line({ route: '/sql', ...entry }) })
 proxy.listen(listen.port, listen.host).then(
   (addr) => line({ listening: `${addr.address}:${addr.port}`, upstream: options.upstream, tls: Boolean(options.tls) }),

@@ -26,7 +26,7 @@ export const SETTINGS = {
   upstreamSslmode: { flag: 'upstream-sslmode', env: 'EDGEPG_UPSTREAM_SSLMODE', arg: 'mode', kind: 'sslmode', default: 'disable', help: 'TLS to Postgres: disable, require, verify-ca or verify-full' },
   upstreamCa: { flag: 'upstream-ca', env: 'EDGEPG_UPSTREAM_CA', arg: 'file', kind: 'file', help: "CA (PEM) for Postgres's certificate: for verify-ca / verify-full, and clients whose ssl verifies it" },
   allowOrigin: { flag: 'allow-origin', env: 'EDGEPG_ALLOW_ORIGIN', arg: 'origin', kind: 'list', help: 'browser Origin allowed to connect (repeatable; * for any); requests without Origin are always allowed' },
-  maxSessions: { flag: 'max-sessions', env: 'EDGEPG_MAX_SESSIONS', arg: 'n', kind: 'count', default: '1000', help: 'concurrent sessions in all; more are refused with HTTP 503' },
+  maxSessions: { flag: 'max-sessions', env: 'EDGEPG_MAX_SESSIONS', arg: 'n', kind: 'count', default: '10000', help: 'concurrent sessions in all; more are refused with HTTP 503' },
   maxSessionsPerIp: { flag: 'max-sessions-per-ip', env: 'EDGEPG_MAX_SESSIONS_PER_IP', arg: 'n', kind: 'count', default: '100', help: 'concurrent sessions from one client address; more get HTTP 429' },
   handshakeTimeout: { flag: 'handshake-timeout', env: 'EDGEPG_HANDSHAKE_TIMEOUT', arg: 'ms', kind: 'ms', default: '10000', help: 'time a client has from connecting to finishing its Postgres startup' },
   idleTimeout: { flag: 'idle-timeout', env: 'EDGEPG_IDLE_TIMEOUT', arg: 'ms', kind: 'ms', default: '900000', help: 'close a session with no traffic either way for this long (0: never)' },
@@ -42,12 +42,10 @@ export const SETTINGS = {
   sqlMaxRequests: { flag: 'sql-max-requests', env: 'EDGEPG_SQL_MAX_REQUESTS', arg: 'n', kind: 'count', default: '500', help: 'POST /sql: requests at once; more get HTTP 503' },
   sqlMaxRequestsPerIp: { flag: 'sql-max-requests-per-ip', env: 'EDGEPG_SQL_MAX_REQUESTS_PER_IP', arg: 'n', kind: 'count', default: '50', help: 'POST /sql: requests at once from one client address; more get HTTP 429' },
   sqlReadTimeout: { flag: 'sql-read-timeout', env: 'EDGEPG_SQL_READ_TIMEOUT', arg: 'ms', kind: 'ms', default: '10000', help: 'POST /sql: time a client has to send its whole request body (HTTP 408)' },
-  sqlPoolMax: { flag: 'sql-pool-max', env: 'EDGEPG_SQL_POOL_MAX', arg: 'n', kind: 'count', default: '10', help: 'POST /sql: requests per user, database and password on a backend at once; the rest wait' },
   noPool: { flag: 'no-pool', env: 'EDGEPG_NO_POOL', kind: 'switch', help: 'no warm backends: every session and /sql request logs in on a connection of its own' },
-  poolMaxIdlePerKey: { flag: 'pool-max-idle-per-key', env: 'EDGEPG_POOL_MAX_IDLE_PER_KEY', arg: 'n', kind: 'count', default: '10', help: 'idle backends kept per upstream, startup parameters and password' },
   poolMaxBackends: { flag: 'pool-max-backends', env: 'EDGEPG_POOL_MAX_BACKENDS', arg: 'n', kind: 'count', default: '100', help: 'backends the pool owns in all (idle or lent); sessions beyond get their own' },
   poolMode: { flag: 'pool-mode', env: 'EDGEPG_POOL_MODE', arg: 'mode', kind: 'choice', default: 'session', help: 'session: a session holds its backend to its end; transaction: only while it runs something' },
-  poolSize: { flag: 'pool-size', env: 'EDGEPG_POOL_SIZE', arg: 'n', kind: 'count', default: '20', help: 'transaction mode: backends per user, database and password, idle or lent' },
+  poolSize: { flag: 'pool-size', env: 'EDGEPG_POOL_SIZE', arg: 'n', kind: 'count', default: '20', help: 'backends per user, database and password: in transaction mode all, idle or lent; in session mode those kept idle (and /sql requests at once)' },
   poolTimeout: { flag: 'pool-timeout', env: 'EDGEPG_POOL_TIMEOUT', arg: 'ms', kind: 'ms', default: '5000', help: 'transaction mode: longest wait for a backend, then SQLSTATE 53300' },
   poolStatements: { flag: 'pool-statements', env: 'EDGEPG_POOL_STATEMENTS', arg: 'n', kind: 'count', default: '100', help: "transaction mode: named statements each backend keeps for its sessions" },
   poolIdleTimeout: { flag: 'pool-idle-timeout', env: 'EDGEPG_POOL_IDLE_TIMEOUT', arg: 'ms', kind: 'ms', default: '60000', help: 'close a pooled backend idle this long' },
@@ -90,14 +88,16 @@ export interface CliConfig {
   shutdownGraceMs: number
   /** Rereads the certificate files (for SIGHUP); undefined without --cert. */
   readTls?: () => { cert: Buffer; key: Buffer }
-  /** Settings that work but work against each other: logged at start. */
-  warnings: string[]
 }
 
 /** Parses flags, then environment variables, then defaults; throws ConfigError naming the culprit. */
 export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig | 'help' {
   const flags = parseFlags(argv)
   if (flags.help) return 'help'
+  for (const gone of Object.keys(REPLACED)) {
+    const variable = `EDGEPG_${gone.toUpperCase().replace(/-/g, '_')}`
+    if (env[variable]) throw new ConfigError(`${variable} was replaced by ${REPLACED[gone]}`)
+  }
   const raw = (key: Key): { text?: string; texts?: string[]; source: string } => {
     const s: Setting = SETTINGS[key]
     const given = flags[s.flag]
@@ -163,21 +163,11 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
   const ca = value('upstreamCa', file)
   if ((sslmode === 'verify-ca' || sslmode === 'verify-full') && !ca) throw new ConfigError(`--upstream-sslmode ${sslmode} needs --upstream-ca (the CA that signed Postgres's certificate)`)
 
-  const warnings: string[] = []
-  const sqlPoolMax = value('sqlPoolMax', number(1))!
-  const maxIdlePerKey = value('poolMaxIdlePerKey', number(0))!
-  if (!on('noPool') && !on('noSql') && sqlPoolMax > maxIdlePerKey) {
-    warnings.push(
-      `--sql-pool-max (${sqlPoolMax}) is above --pool-max-idle-per-key (${maxIdlePerKey}): backends /sql gives back beyond ` +
-        `${maxIdlePerKey} idle are closed, and later requests log in again; raise --pool-max-idle-per-key to ${sqlPoolMax}`
-    )
-  }
   return {
     listen,
     adminListen,
     shutdownGraceMs: value('shutdownGrace', number(0))!,
     readTls,
-    warnings,
     options: {
       upstream: upstreamText,
       allow,
@@ -197,7 +187,6 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
       authOffload: !on('noAuthOffload'),
       pool: {
         enabled: !on('noPool'),
-        maxIdlePerKey,
         maxBackends: value('poolMaxBackends', number(0)),
         idleTimeoutMs: value('poolIdleTimeout', number(1)),
         maxLifetimeMs: value('poolMaxLifetime', number(1)),
@@ -218,17 +207,26 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
             maxRequests: value('sqlMaxRequests', number(1)),
             maxRequestsPerIp: value('sqlMaxRequestsPerIp', number(1)),
             readTimeoutMs: value('sqlReadTimeout', number(1)),
-            pool: { max: sqlPoolMax },
           },
       allowInsecurePasswords: on('allowInsecurePasswords'),
     },
   }
 }
 
+/** Settings that are gone, and what took their place. */
+const REPLACED: Record<string, string> = {
+  'sql-pool-max': '--pool-size (EDGEPG_POOL_SIZE), which now bounds the backends /sql requests use per key',
+  'pool-max-idle-per-key': '--pool-size (EDGEPG_POOL_SIZE), which now bounds the idle backends kept per key',
+}
+
 function parseFlags(argv: string[]): Record<string, string | string[] | boolean | undefined> {
   const options: Record<string, { type: 'string' | 'boolean'; multiple?: boolean; short?: string }> = { help: { type: 'boolean', short: 'h' } }
   for (const s of Object.values(SETTINGS) as Setting[]) {
     options[s.flag] = { type: s.kind === 'switch' ? 'boolean' : 'string', multiple: s.kind === 'addresses' || s.kind === 'list' }
+  }
+  for (const arg of argv) {
+    const gone = /^--([a-z-]+)/.exec(arg)?.[1]
+    if (gone && REPLACED[gone]) throw new ConfigError(`--${gone} was replaced by ${REPLACED[gone]}`)
   }
   try {
     return parseArgs({ args: argv, options, strict: true }).values as Record<string, string | string[] | boolean | undefined>

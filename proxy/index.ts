@@ -50,7 +50,7 @@ export interface ProxyOptions {
   upstreamTls?: UpstreamTls
   /** Browser Origins allowed to open sessions (`*`: any). Requests without Origin are allowed. Default: none. */
   allowedOrigins?: string[]
-  /** Concurrent sessions in all (default 1000); more are refused with HTTP 503. */
+  /** Concurrent sessions in all (default 10,000); more are refused with HTTP 503. */
   maxSessions?: number
   /** Concurrent sessions from one client address (default 100); more are refused with HTTP 429. */
   maxSessionsPerIp?: number
@@ -61,7 +61,7 @@ export interface ProxyOptions {
   /** Resolves a host name to its addresses (default: the system resolver). */
   lookup?: (host: string) => Promise<string[]>
   /** POST /sql: Neon's SQL-over-HTTP protocol, on the warm backends sessions use too (default on); false: off. */
-  sql?: false | Pick<SqlOptions, 'maxBodyBytes' | 'maxResponseBytes' | 'statementTimeoutMs' | 'maxRequests' | 'maxRequestsPerIp' | 'readTimeoutMs' | 'authToken'> & { pool?: SqlPoolOptions }
+  sql?: false | Pick<SqlOptions, 'maxBodyBytes' | 'maxResponseBytes' | 'statementTimeoutMs' | 'maxRequests' | 'maxRequestsPerIp' | 'readTimeoutMs' | 'authToken' | 'applicationName'> & { pool?: SqlPoolOptions }
   /** Called once per /sql request; never given passwords, queries or parameters. */
   sqlLog?: (entry: SqlLog) => void
   /**
@@ -106,17 +106,19 @@ function pathOf(url = '/'): string {
 export function createProxy(options: ProxyOptions): Proxy {
   const upstreams = new Upstreams(options.upstream, options.allow, options.lookup)
   const { upstream } = upstreams
-  // In transaction mode a key's backends are all idle at times: the pool keeps as many.
-  const poolOptions = options.pool?.mode === 'transaction' ? { ...options.pool, maxIdlePerKey: Math.max(options.pool.maxIdlePerKey ?? 10, options.pool.size ?? 20) } : options.pool
+  // --pool-size bounds a key's backends: all of them in transaction mode, where they are all idle at
+  // times; in session mode those kept idle, and /sql's at once (so that none it gives back is closed).
+  const size = options.pool?.size ?? 20
+  const poolOptions = { ...options.pool, maxIdlePerKey: options.pool?.maxIdlePerKey ?? size }
   const pool = new BackendPool(poolOptions, (event) => metrics.poolEvent(event))
   const budget = new BufferBudget(options.maxClientBufferBytes ?? 256 << 20, options.maxMessageBytes ?? 64 << 20)
   const logins = new LoginGate(options.maxLogins ?? 64, options.maxLoginsPerIp ?? 8)
   const metrics = createMetrics(() => ({ pool: pool.size, logins: logins.counts, buffered: budget.total, lent: lenders?.lent ?? 0 }))
   const handshakeTimeoutMs = options.handshakeTimeoutMs ?? 10_000
-  const { pool: p } = options
+  const lending = options.pool
   const lenders =
-    p?.mode === 'transaction' && p.enabled !== false
-      ? new Lenders(pool, { size: p.size ?? 20, timeoutMs: p.timeoutMs ?? 5000, statements: p.statements ?? 100, lifetimeMs: p.maxLifetimeMs ?? 30 * 60_000 }, metrics.lending)
+    lending?.mode === 'transaction' && lending.enabled !== false
+      ? new Lenders(pool, { size, timeoutMs: lending.timeoutMs ?? 5000, statements: lending.statements ?? 100, lifetimeMs: lending.maxLifetimeMs ?? 30 * 60_000 }, metrics.lending)
       : undefined
   const routes = new WebSocketRoutes({
     ...options,
@@ -146,6 +148,7 @@ export function createProxy(options: ProxyOptions): Proxy {
           budget,
           log: options.sqlLog,
           ...options.sql,
+          pool: { max: size, ...options.sql?.pool },
         })
   const onAdmin = (req: http.IncomingMessage, res: http.ServerResponse, path = pathOf(req.url)): boolean => {
     if (path === '/healthz') return health(req, res), true

@@ -253,6 +253,47 @@ test('Postgres restarted mid-session: clear errors, the proxy stays up, new sess
   }
 })
 
+test('transaction mode, Postgres restarted: a session on a backend ends with its FATAL, as over TCP; one holding none goes on, on a new one', async () => {
+  const proxy = await proxyTo(`${own.host}:${own.port}`, { pool: { mode: 'transaction', size: 2, timeoutMs: 2000 } })
+  const idle = new Client(configVia(proxy.port, { application_name: 'edgepg-txrestart-idle' }, own))
+  const busy = new Client(configVia(proxy.port, { application_name: 'edgepg-txrestart-busy' }, own))
+  const idleErrors: Error[] = []
+  idle.on('error', (e) => idleErrors.push(e))
+  const busyErrors: Error[] = []
+  busy.on('error', (e) => busyErrors.push(e))
+  let restarted = false
+  try {
+    // (The idle session's login was answered by its key's lender: it holds no backend until it runs something.)
+    await Promise.all([idle.connect(), busy.connect()])
+    const running = busy.query('SELECT pg_sleep(30)').then(
+      () => assert.fail('pg_sleep(30) cannot finish here'),
+      (err: Error) => err
+    )
+    await eventually(async () => (await activity('edgepg-txrestart-busy', own)).some((r) => r.state === 'active' && r.query.startsWith('SELECT pg_sleep')), 'the busy backend to be running', 3000)
+    await own.shutdown()
+    assert.equal(((await running) as pg.DatabaseError).code, '57P01')
+    await eventually(() => busyErrors.length > 0, 'the busy session to end', 3000)
+
+    // While Postgres is down, the idle session's statement fails clearly, and the session stays.
+    const down = await idle.query('SELECT 1').then(() => assert.fail('no Postgres to answer'), (e: pg.DatabaseError) => e)
+    assert.equal(down.code, '08006', down.message)
+    assert.match(down.message, /edgepg-proxy: upstream 127\.0\.0\.1:\d+ unreachable: ECONNREFUSED/)
+
+    await own.start()
+    restarted = true
+    assert.deepEqual((await idle.query('SELECT 1 AS x')).rows, [{ x: 1 }], 'on a backend of the restarted Postgres')
+    assert.deepEqual(idleErrors, [], 'the idle session never saw the restart but for its one statement')
+    const fresh = new Client(configVia(proxy.port, { application_name: 'edgepg-txrestart-busy' }, own))
+    await fresh.connect()
+    assert.deepEqual((await fresh.query('SELECT 1 AS x')).rows, [{ x: 1 }], 'a new session works')
+    await fresh.end()
+  } finally {
+    if (!restarted) await own.start().catch(() => {})
+    await Promise.all([idle.end().catch(() => {}), busy.end().catch(() => {})])
+    await proxy.close()
+  }
+})
+
 test('Postgres unreachable: Client and Pool get a clear error naming the upstream, promptly', async () => {
   const closedPort = await freePort()
   const proxy = await proxyTo(`127.0.0.1:${closedPort}`)

@@ -389,8 +389,8 @@ test('cancel: a session on a pooled backend cancels its query; a stale key from 
   }
 })
 
-test('bounded: idle backends per key and in all, idle timeout; off (or end-to-end auth) means a backend per session', async () => {
-  const proxy = await startProxy({ maxIdlePerKey: 2, maxBackends: 3, idleTimeoutMs: 800 })
+test('bounded: idle backends per key (--pool-size) and in all, /sql per key, idle timeout; off (or end-to-end auth) means a backend per session', async () => {
+  const proxy = await startProxy({ size: 2, maxBackends: 3, idleTimeoutMs: 800 })
   try {
     const app = 'edgepg-pool-bounds'
     const pool = new Pool({ ...config(proxy, 'scram_user', { application_name: app }), max: 4 })
@@ -398,11 +398,21 @@ test('bounded: idle backends per key and in all, idle timeout; off (or end-to-en
     assert.equal((await proxy.stats()).pooled, 3, 'the pool owns three of the four backends (maxBackends)')
     clients.forEach((c) => c.release(true)) // ends each
     await pool.end()
-    await eventually(async () => (await proxy.stats()).idle === 2, 'two kept idle (maxIdlePerKey)')
+    await eventually(async () => (await proxy.stats()).idle === 2, 'two kept idle (--pool-size)')
     assert.equal((await backendsOf(app)).length, 2, 'the others closed')
     await eventually(async () => (await backendsOf(app)).length === 0, 'the idle ones closed after the idle timeout', 3000)
   } finally {
     await proxy.close()
+  }
+  // /sql holds as many backends per key at once as the pool keeps idle: none it gives back is closed.
+  const sized = await startProxy({ size: 2 })
+  try {
+    const sql = sqlVia(sized, `${own.host}:${own.port}`)
+    const pids = await Promise.all(Array.from({ length: 6 }, () => sql('SELECT pg_backend_pid() AS pid, pg_sleep(0.1)')))
+    assert.equal(new Set(pids.map((r) => r.pid)).size, 2, '/sql on two backends')
+    assert.equal((await sized.stats()).discards, 0, 'none closed for want of room')
+  } finally {
+    await sized.close()
   }
   // Without the pool, and for sessions whose login the proxy does not run (end-to-end authentication).
   for (const [what, unpooled] of [['--no-pool', await startProxy({ enabled: false })], ['end-to-end auth', await startProxy({}, { authOffload: false })]] as const) {
@@ -451,24 +461,21 @@ test('the pool’s flags and environment variables reach the proxy’s options; 
   const { parseConfig } = await import('../proxy/config')
   const options = (argv: string[], env: Record<string, string> = {}) => (parseConfig(['--upstream', '127.0.0.1:5432', ...argv], env) as any).options.pool
   const lending = { mode: 'session', size: 20, timeoutMs: 5000, statements: 100 }
-  assert.deepEqual(options([]), { enabled: true, maxIdlePerKey: 10, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, ...lending })
-  assert.deepEqual(options(['--no-pool', '--pool-max-idle-per-key', '3', '--pool-max-backends', '7', '--pool-idle-timeout', '500', '--pool-max-lifetime', '9000']), {
-    enabled: false, maxIdlePerKey: 3, maxBackends: 7, idleTimeoutMs: 500, maxLifetimeMs: 9000, ...lending,
+  assert.deepEqual(options([]), { enabled: true, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, ...lending })
+  assert.deepEqual(options(['--no-pool', '--pool-size', '3', '--pool-max-backends', '7', '--pool-idle-timeout', '500', '--pool-max-lifetime', '9000']), {
+    enabled: false, maxBackends: 7, idleTimeoutMs: 500, maxLifetimeMs: 9000, ...lending, size: 3,
   })
-  assert.deepEqual(options([], { EDGEPG_NO_POOL: 'true', EDGEPG_POOL_MAX_IDLE_PER_KEY: '2', EDGEPG_POOL_MAX_LIFETIME: '1000' }), {
-    enabled: false, maxIdlePerKey: 2, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1000, ...lending,
+  assert.deepEqual(options([], { EDGEPG_NO_POOL: 'true', EDGEPG_POOL_SIZE: '2', EDGEPG_POOL_MAX_LIFETIME: '1000' }), {
+    enabled: false, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1000, ...lending, size: 2,
   })
   assert.deepEqual(options(['--pool-mode', 'transaction', '--pool-size', '5', '--pool-timeout', '300', '--pool-statements', '9']), {
-    enabled: true, maxIdlePerKey: 10, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, mode: 'transaction', size: 5, timeoutMs: 300, statements: 9,
+    enabled: true, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, mode: 'transaction', size: 5, timeoutMs: 300, statements: 9,
   })
   assert.equal(options([], { EDGEPG_POOL_MODE: 'transaction' }).mode, 'transaction')
   assert.throws(() => options(['--pool-mode', 'statement']), /--pool-mode must be session or transaction, not "statement"/)
   assert.throws(() => options(['--pool-idle-timeout', '0']), /--pool-idle-timeout must be an integer ≥ 1, got "0"/)
-  // /sql holding more backends per key than the pool keeps idle would make them churn: said at start.
-  const warnings = (argv: string[]) => (parseConfig(['--upstream', '127.0.0.1:5432', ...argv], {}) as any).warnings
-  assert.deepEqual(warnings([]), [])
-  assert.match(warnings(['--sql-pool-max', '32'])[0], /--sql-pool-max \(32\) is above --pool-max-idle-per-key \(10\).*raise --pool-max-idle-per-key to 32/)
-  assert.deepEqual(warnings(['--sql-pool-max', '32', '--pool-max-idle-per-key', '32']), [])
-  assert.deepEqual(warnings(['--sql-pool-max', '32', '--no-pool']), [])
+  // The two caps --pool-size replaced (their mismatch made backends churn) say so.
+  assert.throws(() => options(['--sql-pool-max', '32']), /--sql-pool-max was replaced by --pool-size \(EDGEPG_POOL_SIZE\)/)
+  assert.throws(() => options([], { EDGEPG_POOL_MAX_IDLE_PER_KEY: '4' }), /EDGEPG_POOL_MAX_IDLE_PER_KEY was replaced by --pool-size/)
   assert.throws(() => options([], { EDGEPG_POOL_MAX_BACKENDS: 'many' }), /EDGEPG_POOL_MAX_BACKENDS must be an integer ≥ 0, got "many"/)
 })

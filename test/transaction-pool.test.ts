@@ -7,9 +7,10 @@
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import type { Client } from '../src/index'
-import { startProxy, edgeClient, eventually, within, scratchTable, testPostgres } from './support/helpers'
+import { Client } from '../src/index'
+import { startProxy, edgeClient, edgeConfig, eventually, within, scratchTable, testPostgres } from './support/helpers'
 import { PASSWORD } from './support/stack'
+import { startDelayRelay } from './support/delay-relay'
 
 const PG = testPostgres()
 
@@ -131,6 +132,32 @@ test("after DDL, the database is asked again on the next reader's own backend: r
     await Promise.all([ddl, ...readers].map((c) => c.end()))
     await p.close()
     await scratch.tcp.query('DROP TABLE IF EXISTS txpool_ddl')
+  }
+})
+
+test("a session that ends while the proxy asks the database on its backend: the next session's answers are its own", async () => {
+  const { default: QueryStream } = await import('pg-query-stream')
+  const p = await txProxy(1, 3000)
+  try {
+    const ddl = await session(p.port)
+    await ddl.query(`CREATE TABLE IF NOT EXISTS ${scratch.name}_asked (x int)`) // pins ddl's backend until it ends
+    await ddl.end()
+    // Its transaction read after DDL: the proxy asks the database on its backend, and it ends meanwhile.
+    const reader = await session(p.port)
+    await reader.query(`INSERT INTO ${scratch.name} VALUES ('asked')`)
+    await reader.end()
+    const next = await session(p.port)
+    try {
+      const rows: unknown[] = []
+      for await (const row of next.query(new QueryStream('SELECT n FROM generate_series(1, 3) n'))) rows.push(row)
+      assert.deepEqual(rows, [{ n: 1 }, { n: 2 }, { n: 3 }])
+      assert.deepEqual((await next.query('SELECT 4 AS n')).rows, [{ n: 4 }])
+    } finally {
+      await next.end()
+    }
+  } finally {
+    await p.close()
+    await scratch.tcp.query(`DROP TABLE IF EXISTS ${scratch.name}_asked`)
   }
 })
 
@@ -273,18 +300,65 @@ test('an exhausted pool: 53300 past --pool-timeout, naming the flags; the sessio
   }
 })
 
-test('a backend that dies while lent fails only what ran on it; the session goes on, on another', async () => {
-  const p = await txProxy(1, 3000)
-  const a = await session(p.port)
+test("a login Postgres refuses (the role's connection limit): the session gets Postgres's own error, not a wait for the pool", async () => {
+  const role = `txpool_limited_${process.pid}`
+  await scratch.tcp.query(`CREATE ROLE ${role} LOGIN PASSWORD '${PASSWORD}' CONNECTION LIMIT 1`)
+  const p = await txProxy(2, 3000)
+  const as = async () => {
+    const c = new Client({ ...edgeConfig(p.port, 'scram_user', { application_name: APP }), user: role, password: PASSWORD })
+    await c.connect()
+    return c
+  }
+  const [a, b] = [await as(), await as()]
   try {
+    await a.query('BEGIN') // the role's one connection
+    const err = await b.query('SELECT 1').then(() => assert.fail('over the limit'), (e) => e)
+    assert.equal(err.code, '53300')
+    assert.match(err.message, /too many connections for role/)
+    await a.query('COMMIT')
+    assert.equal((await b.query('SELECT 1 AS one')).rows[0].one, 1, 'the session goes on')
+  } finally {
+    await Promise.all([a.end(), b.end()])
+    await p.close()
+    await eventually(async () => (await scratch.tcp.query(`DROP ROLE ${role}`).then(() => true, () => false)), 'the role dropped')
+  }
+})
+
+test("a backend Postgres terminates while lent: its FATAL reaches the session, which then ends as a TCP connection would; the others go on", async () => {
+  const p = await txProxy(2, 3000)
+  const [a, b] = [await session(p.port), await session(p.port)]
+  try {
+    const errored = new Promise<Error>((resolve) => a.once('error', resolve))
     const running = a.query('SELECT pg_sleep(30)').then(() => assert.fail('terminated'), (e) => e)
+    const queued = a.query('SELECT 1').then(() => assert.fail('terminated'), (e) => e)
     await sleeping()
     await scratch.tcp.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'SELECT pg_sleep%'", [APP])
     assert.equal((await within(5000, 'the statement to fail', running)).code, '57P01', "Postgres's own word for it")
+    assert.equal((await within(5000, 'the queued statement to fail', queued)).message, 'Connection terminated unexpectedly')
+    assert.equal((await within(5000, "the client's error event", errored)).message, 'Connection terminated unexpectedly')
+    assert.equal((await b.query('SELECT 1 AS one')).rows[0].one, 1, 'another session goes on')
+  } finally {
+    await Promise.all([a.end().catch(() => {}), b.end()])
+    await p.close()
+  }
+})
+
+test('a backend lost without a word while lent (the network): what ran there fails with 08006, and the session goes on, on another', async () => {
+  const relay = await startDelayRelay({ host: PG.host, port: PG.port }, 0)
+  const p = await startProxy({ upstream: `127.0.0.1:${relay.port}`, pool: { mode: 'transaction', size: 2, timeoutMs: 3000 } })
+  const a = await session(p.port)
+  try {
+    const running = a.query('SELECT pg_sleep(2)').then(() => assert.fail('lost'), (e) => e)
+    await sleeping()
+    relay.cut()
+    const err = await within(5000, 'the statement to fail', running)
+    assert.equal(err.code, '08006')
+    assert.match(err.message, /connection to Postgres was lost while this ran; nothing of its transaction was kept/)
     assert.equal((await within(5000, 'the next statement', a.query('SELECT 1 AS one'))).rows[0].one, 1, 'the session goes on')
   } finally {
     await a.end()
     await p.close()
+    await relay.close()
   }
 })
 

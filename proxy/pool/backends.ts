@@ -28,7 +28,7 @@ import { ServerMessage, TxStatus } from '../wire/codes'
 export interface PoolOptions {
   /** Keep backends for later sessions (default true); false: each session forks its own. */
   enabled?: boolean
-  /** Idle backends kept per key (upstream, TLS, startup parameters, password). Default 10. */
+  /** Idle backends kept per key (upstream, TLS, startup parameters, password). Default 10 here; the proxy's: `size`. */
   maxIdlePerKey?: number
   /** Backends the pool owns in all, idle or lent; sessions beyond it get backends of their own. Default 100. */
   maxBackends?: number
@@ -41,7 +41,7 @@ export interface PoolOptions {
    * something (proxy/ws/lent-session.ts). Default 'session': from its login to its end.
    */
   mode?: 'session' | 'transaction'
-  /** Transaction mode: backends per key, idle or lent. Default 20. */
+  /** Backends per key: in transaction mode all, idle or lent; in session mode those kept idle, and /sql requests at once. Default 20. */
   size?: number
   /** Transaction mode: longest wait for a backend before SQLSTATE 53300 (ms). Default 5000. */
   timeoutMs?: number

@@ -56,6 +56,13 @@ export class PoolTimeout extends Error {
   readonly code = '53300'
 }
 
+/** Postgres refused one of the key's logins: its SQLSTATE and message. */
+export class LoginRefused extends Error {
+  constructor(message: string, readonly code: string) {
+    super(message)
+  }
+}
+
 interface Waiter {
   resolve(backend: Backend): void
   reject(err: Error): void
@@ -229,13 +236,21 @@ export class Lender {
   /** The next waiter's turn, if a backend can be had. */
   private serve() {
     if (!this.waiting.length) return
-    void this.take().then((backend) => {
-      if (!backend) return
-      const waiter = this.waiting.shift()
-      if (!waiter) return this.giveBack(backend)
-      clearTimeout(waiter.timer)
-      waiter.resolve(backend)
-    })
+    void this.take().then(
+      (backend) => {
+        if (!backend) return
+        const waiter = this.waiting.shift()
+        if (!waiter) return this.giveBack(backend)
+        clearTimeout(waiter.timer)
+        waiter.resolve(backend)
+      },
+      (err: Error) => {
+        const waiter = this.waiting.shift()
+        if (!waiter) return
+        clearTimeout(waiter.timer)
+        waiter.reject(err)
+      }
+    )
   }
 
   private async take(): Promise<Backend | undefined> {
@@ -249,8 +264,15 @@ export class Lender {
     try {
       const { upstream, outcome } = await this.login()
       const backend = outcome.kind === 'ready' ? this.pool.adopt(this.key, upstream, outcome.answer) : undefined
-      if (!backend) return void upstream.close()
-      return this.lend(backend)
+      if (!backend) upstream.close()
+      // Postgres refused a login it took before (too many connections, shutting down): a parked
+      // backend then, or else Postgres's word, not a wait.
+      if (outcome.kind === 'refused') {
+        const parked = this.reclaim()
+        if (!parked) throw new LoginRefused(outcome.message, outcome.code)
+        return parked
+      }
+      return backend && this.lend(backend)
     } finally {
       this.opening--
     }

@@ -87,6 +87,11 @@ export class StatementRelay {
     this.awaited.push({ kind: 'sync', own: true, swallow: true, onRow, done })
   }
 
+  /** ReadyForQuery messages Postgres still owes the proxy's own Queries and Syncs. */
+  get ownReadiesDue(): number {
+    return this.awaited.filter((a) => a.kind === 'sync' && a.own).length
+  }
+
   /**
    * The unnamed statement and portal on the backend are another session's until this one makes its
    * own: one that names them before that finds none, as on a connection of its own.

@@ -70,7 +70,8 @@ export class Upstream {
     this.tcp.on('error', (err) => (this.error ??= err))
     this.tcp.on('close', () => {
       this.gone = this.closed = true
-      this.queue.fail(new Error('upstream closed'))
+      const refused = !this.connected && this.error
+      this.queue.fail(new Error(refused ? `upstream ${this.name} unreachable: ${refused.code ?? refused.message}` : 'upstream closed'))
     })
   }
 

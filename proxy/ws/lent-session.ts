@@ -274,19 +274,30 @@ class LentSession implements RunningSession {
     this.lend = undefined
   }
 
-  /** Postgres went away under a lend: what was running fails, and the session goes on (unless it had state there). */
+  /**
+   * Postgres went away under a lend (parked ones included: the session ran its last transaction
+   * there). If it said why (a FATAL: the backend was terminated, or the server is shutting down),
+   * the session ends after that word, as a TCP connection to it would:
+   * what pg, and code written for it, expect. If it left without a word (the network, a crash),
+   * what ran there fails with a clear error and the session goes on, on another backend, unless it
+   * had state on that one.
+   */
   private readonly onBackendClose = () => {
     const lend = this.lend
     if (!lend) return
     this.detach(lend)
     this.o.lender.lost(lend.backend)
-    const lost = errorResponse('08006', 'edgepg-proxy: the connection to Postgres was lost while this ran; nothing of its transaction was kept', 'ERROR')
-    // Each statement still due an answer gets an error (Postgres's own, if it said why: a FATAL) and ReadyForQuery.
-    for (let i = 0; i < lend.watch.pending; i++) this.toClient(i === 0 && lend.watch.last === ServerMessage.ErrorResponse ? READY_IDLE : Buffer.concat([lost, READY_IDLE]))
+    this.parked = false
+    if (lend.watch.last === ServerMessage.ErrorResponse) {
+      this.end('ok', 'closed by upstream')
+      return closeWebSocket(this.ws, 1000)
+    }
     if (this.pinned) {
       this.end('upstream_error', 'upstream error: a pinned backend was lost')
-      closeWebSocket(this.ws, 1011, 'edgepg-proxy: the connection to Postgres was lost, and the session state on it')
+      return closeWebSocket(this.ws, 1011, 'edgepg-proxy: the connection to Postgres was lost, and the session state on it')
     }
+    const lost = errorResponse('08006', 'edgepg-proxy: the connection to Postgres was lost while this ran; nothing of its transaction was kept', 'ERROR')
+    for (let i = 0; i < lend.watch.pending; i++) this.toClient(Buffer.concat([lost, READY_IDLE]))
   }
 
   /** The session is over: its backend, if it holds one, goes back (reset, or closed if busy). */
@@ -297,8 +308,10 @@ class LentSession implements RunningSession {
     const lend = this.lend
     if (!lend) return
     this.detach(lend)
-    if (this.parked) this.o.lender.giveBack(lend.backend)
-    else this.o.lender.endSession(lend.backend, lend.watch.ending)
+    if (this.parked) return this.o.lender.giveBack(lend.backend)
+    // (The reset waits out what Postgres still owes: the session's answers, and the proxy's own.)
+    const ending = lend.watch.ending
+    this.o.lender.endSession(lend.backend, ending && { ...ending, pending: ending.pending + lend.relay.ownReadiesDue })
   }
 }
 

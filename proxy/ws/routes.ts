@@ -88,7 +88,7 @@ export class WebSocketRoutes {
     socket.on('error', () => socket.destroy())
     const url = new URL(req.url ?? '/', 'http://proxy')
     const peer = req.socket.remoteAddress ?? '?'
-    const maxSessions = this.o.maxSessions ?? 1000
+    const maxSessions = this.o.maxSessions ?? 10_000
     const maxPerIp = this.o.maxSessionsPerIp ?? 100
     if (this.closing) return refuse(503, SHUTDOWN_REASON, 'shutting_down')
     if (url.pathname !== '/v1' && url.pathname !== '/v2') return refuse(404, `no WebSocket route at ${url.pathname}; use /v1 or /v2`, 'not_found')

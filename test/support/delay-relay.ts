@@ -24,6 +24,10 @@ export async function startDelayRelay(target: { host: string; port: number }, on
   return {
     port: (server.address() as net.AddressInfo).port,
     rttMs: 2 * oneWayMs,
+    /** Drops every connection under way, without a word to either side's application; new ones are relayed. */
+    cut: () => {
+      for (const s of sockets) s.destroy()
+    },
     close: () =>
       new Promise<void>((resolve) => {
         for (const s of sockets) s.destroy()
