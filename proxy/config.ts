@@ -44,7 +44,7 @@ export const SETTINGS = {
   sqlReadTimeout: { flag: 'sql-read-timeout', env: 'EDGEPG_SQL_READ_TIMEOUT', arg: 'ms', kind: 'ms', default: '10000', help: 'POST /sql: time a client has to send its whole request body (HTTP 408)' },
   noPool: { flag: 'no-pool', env: 'EDGEPG_NO_POOL', kind: 'switch', help: 'no warm backends: every session and /sql request logs in on a connection of its own' },
   poolMaxBackends: { flag: 'pool-max-backends', env: 'EDGEPG_POOL_MAX_BACKENDS', arg: 'n', kind: 'count', default: '100', help: 'backends the pool owns in all (idle or lent); sessions beyond get their own' },
-  poolMode: { flag: 'pool-mode', env: 'EDGEPG_POOL_MODE', arg: 'mode', kind: 'choice', default: 'session', help: 'session: a session holds its backend to its end; transaction: only while it runs something' },
+  poolMode: { flag: 'pool-mode', env: 'EDGEPG_POOL_MODE', arg: 'mode', kind: 'choice', default: 'transaction', help: 'session: a session holds its backend to its end; transaction: only while it runs something' },
   poolSize: { flag: 'pool-size', env: 'EDGEPG_POOL_SIZE', arg: 'n', kind: 'count', default: '20', help: 'backends per user, database and password: in transaction mode all, idle or lent; in session mode those kept idle (and /sql requests at once)' },
   poolTimeout: { flag: 'pool-timeout', env: 'EDGEPG_POOL_TIMEOUT', arg: 'ms', kind: 'ms', default: '5000', help: 'transaction mode: longest wait for a backend, then SQLSTATE 53300' },
   poolStatements: { flag: 'pool-statements', env: 'EDGEPG_POOL_STATEMENTS', arg: 'n', kind: 'count', default: '100', help: "transaction mode: named statements each backend keeps for its sessions" },

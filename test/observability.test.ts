@@ -382,7 +382,7 @@ describe('proxy: /healthz and /metrics (need the wiring in proxy/index.ts)', () 
   })
 
   test('sessions through the edgepg Client: sessions_total, sessions_active, bytes equal the log\'s sums, upstream connect latency', async () => {
-    await withProxy({}, async (p) => {
+    await withProxy({ pool: { mode: 'session' } }, async (p) => { // (one upstream connect per session)
       const held = edgeClient(p.port)
       await within(10000, 'connect', held.connect())
       try {

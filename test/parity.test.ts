@@ -35,7 +35,9 @@ async function endAll(...xs: Array<{ end(): Promise<void> }>) {
 }
 
 before(async () => {
-  proxy = await startProxy()
+  // Session mode: pg-exact down to processID, which transaction mode shares among a key's sessions
+  // (README, "Transaction pooling"; test/transaction-pool.test.ts shows it).
+  proxy = await startProxy({ pool: { mode: 'session' } })
   admin = new pg.Client(pgConfig('trust_user'))
   await admin.connect()
   await admin.query(setupSql(schema))

@@ -24,8 +24,9 @@ after(async () => {
 })
 
 type TestProxy = Awaited<ReturnType<typeof startProxy>>
+/** A proxy in session mode (unless `pool` says otherwise): warm backends as sessions hold them, login to end. */
 async function startProxy(pool: ProxyOptions['pool'] = {}, options: Partial<ProxyOptions> = {}) {
-  const proxy = createProxy({ upstream: `${own.host}:${own.port}`, pool, ...options })
+  const proxy = createProxy({ upstream: `${own.host}:${own.port}`, pool: { mode: 'session', ...pool }, ...options })
   const { port } = await proxy.listen(0, '127.0.0.1')
   const metric = async (name: string) => (await proxy.metrics.registry.getSingleMetric(`edgepg_proxy_${name}`)!.get()).values[0]?.value ?? 0
   const stats = async () => ({
@@ -460,7 +461,7 @@ test('through PgBouncer (session mode) and over upstream TLS, warm backends work
 test('the pool’s flags and environment variables reach the proxy’s options; bad values are refused', async () => {
   const { parseConfig } = await import('../proxy/config')
   const options = (argv: string[], env: Record<string, string> = {}) => (parseConfig(['--upstream', '127.0.0.1:5432', ...argv], env) as any).options.pool
-  const lending = { mode: 'session', size: 20, timeoutMs: 5000, statements: 100 }
+  const lending = { mode: 'transaction', size: 20, timeoutMs: 5000, statements: 100 }
   assert.deepEqual(options([]), { enabled: true, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, ...lending })
   assert.deepEqual(options(['--no-pool', '--pool-size', '3', '--pool-max-backends', '7', '--pool-idle-timeout', '500', '--pool-max-lifetime', '9000']), {
     enabled: false, maxBackends: 7, idleTimeoutMs: 500, maxLifetimeMs: 9000, ...lending, size: 3,
@@ -471,7 +472,7 @@ test('the pool’s flags and environment variables reach the proxy’s options; 
   assert.deepEqual(options(['--pool-mode', 'transaction', '--pool-size', '5', '--pool-timeout', '300', '--pool-statements', '9']), {
     enabled: true, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, mode: 'transaction', size: 5, timeoutMs: 300, statements: 9,
   })
-  assert.equal(options([], { EDGEPG_POOL_MODE: 'transaction' }).mode, 'transaction')
+  assert.equal(options([], { EDGEPG_POOL_MODE: 'session' }).mode, 'session')
   assert.throws(() => options(['--pool-mode', 'statement']), /--pool-mode must be session or transaction, not "statement"/)
   assert.throws(() => options(['--pool-idle-timeout', '0']), /--pool-idle-timeout must be an integer ≥ 1, got "0"/)
   // The two caps --pool-size replaced (their mismatch made backends churn) say so.

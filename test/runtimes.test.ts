@@ -29,7 +29,8 @@ const CHECKS = fileURLToPath(new URL('./runtimes/checks.js', import.meta.url))
 const TIMEOUT_MS = 20_000
 
 let proxy: Awaited<ReturnType<typeof startProxy>>
-before(async () => (proxy = await startProxy()))
+// Session mode: the checks compare processID with pg_backend_pid(), which transaction mode shares among a key's sessions.
+before(async () => (proxy = await startProxy({ pool: { mode: 'session' } })))
 after(() => proxy.close())
 
 const smokeOptions = () => ({ proxyPort: proxy.port, ...testPostgres(), password: PASSWORD })

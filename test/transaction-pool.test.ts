@@ -228,6 +228,26 @@ test('a busy session keeps its backend between transactions while no other needs
   }
 })
 
+test("what transaction mode does not keep: processID is the key's, not the backend's, and a notification's processId names the backend that ran the NOTIFY", async () => {
+  const p = await txProxy(2)
+  const [a, b] = [await session(p.port), await session(p.port)]
+  try {
+    assert.equal((a as any).processID, (b as any).processID, "both sessions were told their key's first backend's pid")
+    await a.query('BEGIN')
+    const [pidA, pidB] = [(await a.query('SELECT pg_backend_pid() AS pid')).rows[0].pid, (await b.query('SELECT pg_backend_pid() AS pid')).rows[0].pid]
+    assert.notEqual(pidA, pidB, 'while a holds one backend, b runs on the other')
+    assert.ok([pidA, pidB].includes((a as any).processID) && [pidA, pidB].includes((b as any).processID))
+    await a.query('COMMIT')
+    await a.query('LISTEN txpool_pid') // pins a to its backend
+    const heard = new Promise<any>((resolve) => a.once('notification', resolve))
+    await b.query("NOTIFY txpool_pid, 'hi'")
+    assert.equal((await within(3000, 'the notification', heard)).processId, pidB, "the notifying backend's pid, whichever session ran it")
+  } finally {
+    await Promise.all([a.end(), b.end()])
+    await p.close()
+  }
+})
+
 test('notifications reach a session that LISTENs while it runs nothing', async () => {
   const p = await txProxy(2)
   const a = await session(p.port)
@@ -292,6 +312,8 @@ test('an exhausted pool: 53300 past --pool-timeout, naming the flags; the sessio
     assert.ok(performance.now() - started >= 250, 'after the timeout')
     assert.equal(await metric(p, 'lend_timeouts_total'), 1)
     assert.ok((await metric(p, 'lends_total')) >= 1)
+    const key = { user: 'scram_user', database: PG.database }
+    assert.deepEqual([await metric(p, 'key_backends', { ...key, state: 'lent' }), await metric(p, 'key_backends', { ...key, state: 'idle' })], [1, 0], 'the key’s one backend, lent')
     await a.query('COMMIT')
     assert.equal((await b.query('SELECT 1 AS one')).rows[0].one, 1, 'the session goes on')
   } finally {
@@ -359,6 +381,8 @@ test('a backend lost without a word while lent (the network): what ran there fai
     await a.end()
     await p.close()
     await relay.close()
+    // Postgres still runs the statement whose connection was cut: not to be taken for a later test's.
+    await scratch.tcp.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'SELECT pg_sleep%'", [APP])
   }
 })
 

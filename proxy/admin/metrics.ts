@@ -49,6 +49,7 @@ export interface SessionRecord {
 }
 import type { PoolEvent } from '../pool/backends'
 import type { LendingMetrics } from '../pool/lender'
+import type { KeyBackends } from '../pool/lenders'
 
 /**
  * Why an HTTP upgrade (a would-be session) was refused before any WebSocket opened:
@@ -104,11 +105,12 @@ export interface Load {
   logins: { running: number; waiting: number }
   /** Bytes held (or declared) by clients' unfinished messages and /sql bodies. */
   buffered: number
-  /** Transaction pooling: backends lent now. */
+  /** Transaction pooling: backends lent now, and per upstream, user and database. */
   lent: number
+  keys: KeyBackends[]
 }
 
-const NO_LOAD: Load = { pool: { pooled: 0, idle: 0 }, logins: { running: 0, waiting: 0 }, buffered: 0, lent: 0 }
+const NO_LOAD: Load = { pool: { pooled: 0, idle: 0 }, logins: { running: 0, waiting: 0 }, buffered: 0, lent: 0, keys: [] }
 
 export function createMetrics(load: () => Load = () => NO_LOAD): Metrics {
   const registry = new Registry()
@@ -158,6 +160,19 @@ export function createMetrics(load: () => Load = () => NO_LOAD): Metrics {
   const pins = new Counter({ name: `${PREFIX}pinned_sessions_total`, help: 'Transaction pooling: sessions that keep their backend to their end, by why', labelNames: ['reason'] as const, registers })
   const preparedAgain = new Counter({ name: `${PREFIX}statements_prepared_again_total`, help: 'Transaction pooling: named statements prepared again on another backend', registers })
   new Gauge({ name: `${PREFIX}lent_backends`, help: 'Transaction pooling: backends lent to sessions now (pinned ones included)', registers, collect() { this.set(load().lent) } })
+  new Gauge({
+    name: `${PREFIX}key_backends`,
+    help: 'Transaction pooling: backends per upstream, user and database, idle or lent',
+    labelNames: ['upstream', 'user', 'database', 'state'] as const,
+    registers,
+    collect() {
+      this.reset()
+      for (const { upstream, user, database, idle, lent } of load().keys) {
+        this.inc({ upstream, user, database, state: 'idle' }, idle)
+        this.inc({ upstream, user, database, state: 'lent' }, lent)
+      }
+    },
+  })
   for (const reason of ['state', 'code']) pins.inc({ reason }, 0)
   // Every series exists from the start, at 0, so rate() and alerts work before the first event.
   for (const kind of OUTCOME_KINDS) sessions.inc({ outcome_kind: kind }, 0)

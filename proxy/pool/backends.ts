@@ -37,8 +37,9 @@ export interface PoolOptions {
   /** Close a backend this old (ms) rather than pool it again: a changed password stops being honoured within it. Default 30 min. */
   maxLifetimeMs?: number
   /**
-   * 'transaction': a WebSocket session whose login the proxy runs holds a backend only while it runs
-   * something (proxy/ws/lent-session.ts). Default 'session': from its login to its end.
+   * 'transaction' (the default): a WebSocket session whose login the proxy runs, and a /sql request,
+   * holds a backend only while it runs something (proxy/ws/lent-session.ts). 'session': a session
+   * holds one from its login to its end.
    */
   mode?: 'session' | 'transaction'
   /** Backends per key: in transaction mode all, idle or lent; in session mode those kept idle, and /sql requests at once. Default 20. */

@@ -8,6 +8,7 @@ import type { Upstream } from '../upstream/connection'
 import type { LoginOutcome } from '../login/in-upgrade'
 import type { Backend, BackendPool } from './backends'
 import { Lender, type LendingMetrics } from './lender'
+import { parseStartupPacket } from '../wire/startup'
 
 export interface LendingOptions {
   /** Backends per key, idle or lent (--pool-size). */
@@ -18,6 +19,15 @@ export interface LendingOptions {
   statements: number
   /** How long a lender answers logins with its first backend's answer. */
   lifetimeMs: number
+}
+
+/** Transaction pooling: the backends of one upstream, user and database (in the metrics, keys that differ otherwise are summed). */
+export interface KeyBackends {
+  upstream: string
+  user: string
+  database: string
+  idle: number
+  lent: number
 }
 
 type Login = () => Promise<{ upstream: Upstream; outcome: LoginOutcome }>
@@ -55,6 +65,16 @@ export class Lenders {
     const lender = new Lender(this.pool, key, opened.backend, this.o.size, this.o.timeoutMs, relogin, this.events)
     this.byKey.set(key, lender)
     return lender
+  }
+
+  /** Each key's backends, idle and lent, by what its key says of the login (never the password). */
+  get keys(): KeyBackends[] {
+    return [...this.byKey.values()].map((lender) => {
+      const [upstream, , startup] = JSON.parse(lender.key) as [string, unknown, string]
+      const login = parseStartupPacket(Buffer.from(startup, 'base64'))
+      const { user, database } = login.kind === 'startup' ? login : { user: '', database: '' }
+      return { upstream, user, database, idle: this.pool.idleCount(lender.key), lent: lender.lentCount }
+    })
   }
 
   /** Backends lent now, over all keys. */

@@ -21,6 +21,7 @@ import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse, type BackendKey } from '../wire/startup'
 import type { BufferBudget } from './budget'
 import { closeWebSocket, type OutcomeKind, type RunningSession, type SessionLog } from './session'
+import { SUBPROTOCOL_CANCEL } from '../../src/config'
 
 export interface LentSessionOptions {
   lender: Lender
@@ -78,12 +79,17 @@ class LentSession implements RunningSession {
   /** The unnamed statement's effects, as last parsed. */
   private unnamed: StatementEffects = NOTHING
   private ended = false
+  /** ReadyForQuery messages the client has been sent since its login (Postgres's and the proxy's own): names its statements to a cancel. */
+  private readies = 0
+  /** The statement a cancel was sent for (by readies), so that it is sent once. */
+  private cancelled = -1
   private readonly unfollow: () => void
 
   constructor(private readonly ws: WebSocket, private readonly o: LentSessionOptions) {
     this.bytesIn = o.loginBytes
     o.budget?.watch(ws, () => this.end('over_budget', 'closed: over the memory budget (--max-client-buffer)')).loggedIn()
-    this.unfollow = o.follow(() => (this.lend && this.lend.watch.pending > 0 ? this.lend.backend.key : undefined))
+    // (A lend not parked may be running something: a portal's Execute awaits no Sync. Postgres ignores a cancel while idle.)
+    this.unfollow = o.follow(() => (this.lend && !this.parked ? this.lend.backend.key : undefined))
     this.toClient(o.answer)
     ws.on('message', this.onClientMessage)
     ws.on('close', () => {
@@ -109,6 +115,7 @@ class LentSession implements RunningSession {
   private readonly onClientMessage = (data: RawData, isBinary: boolean) => {
     if (this.ended) return
     if (!isBinary) {
+      if (this.cancelFrame(data as Buffer)) return
       this.end('client_error', 'refused a text frame')
       return closeWebSocket(this.ws, 1003, 'edgepg-proxy: expected binary frames')
     }
@@ -136,6 +143,22 @@ class LentSession implements RunningSession {
       this.finish()
       closeWebSocket(this.ws, 1000)
     }
+  }
+
+  /**
+   * `cancel <n>` (SUBPROTOCOL_CANCEL): the client has read n ReadyForQuery and wants the statement
+   * after them stopped, wherever it runs now. Acted on only while that statement is the one
+   * running, once (as in proxy/ws/session.ts).
+   */
+  private cancelFrame(data: Buffer): boolean {
+    const named = this.ws.protocol === SUBPROTOCOL_CANCEL && data.length <= 24 && /^cancel (\d{1,10})$/.exec(data.toString('latin1'))
+    if (!named) return false
+    const lend = this.lend
+    if (lend && !this.parked && Number(named[1]) === this.readies && this.cancelled !== this.readies) {
+      this.cancelled = this.readies
+      lend.backend.upstream.cancel(lend.backend.key)
+    }
+    return true
   }
 
   private send(msgs: Buffer[]) {
@@ -180,6 +203,7 @@ class LentSession implements RunningSession {
         const answers = this.waiting.filter((m) => m[0] === ClientMessage.Query || m[0] === ClientMessage.Sync).length
         this.waiting = []
         for (let i = 0; i < answers; i++) this.toClient(Buffer.concat([errorResponse(err.code ?? '08006', `edgepg-proxy: ${err.message}`, 'ERROR'), READY_IDLE]))
+        this.readies += answers
       }
     )
   }
@@ -205,7 +229,9 @@ class LentSession implements RunningSession {
     const lend = this.lend
     if (!lend) return
     const visible = lend.relay.fromBackend(chunk)
+    const readies = lend.watch.readies
     lend.watch.fromBackend(visible)
+    this.readies += lend.watch.readies - readies
     if (visible.length) this.toClient(visible)
     const ending = lend.watch.ending
     if (this.lend === lend && ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) this.transactionEnded(lend)
@@ -298,6 +324,7 @@ class LentSession implements RunningSession {
     }
     const lost = errorResponse('08006', 'edgepg-proxy: the connection to Postgres was lost while this ran; nothing of its transaction was kept', 'ERROR')
     for (let i = 0; i < lend.watch.pending; i++) this.toClient(Buffer.concat([lost, READY_IDLE]))
+    this.readies += Math.max(0, lend.watch.pending)
   }
 
   /** The session is over: its backend, if it holds one, goes back (reset, or closed if busy). */

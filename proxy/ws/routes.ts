@@ -188,7 +188,7 @@ export class WebSocketRoutes {
       if (socket.destroyed) return void drop()
       // The 101 response and Postgres's answer (sent as the session starts) leave in one write.
       socket.cork()
-      if (backend) this.cancelsInBand.add(req)
+      if (backend || lent) this.cancelsInBand.add(req)
       this.wss.handleUpgrade(req, socket, head, (session) => {
         ws = session
         this.upgrading.delete(socket)

@@ -11,7 +11,7 @@ import { freePort } from './stack'
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url))
 
-/** For sessions that all come from 127.0.0.1: lift the proxy's default limits (1,000 in all, 100 per address). */
+/** For sessions that all come from 127.0.0.1: lift the proxy's default limits (10,000 in all, 100 per address). */
 export const LIFTED_LIMITS = ['--max-sessions', '5000', '--max-sessions-per-ip', '5000', '--shutdown-grace', '0']
 
 export interface ChildProxyOptions {
