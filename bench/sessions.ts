@@ -174,7 +174,7 @@ export const sessions: Section = {
             `each way, close; no Postgres, no pg. No WebSocket session can be faster here.`,
         ]
       )
-      const poolSize = 10 // --pool-max-idle-per-key's default: the most one key keeps
+      const poolSize = 20 // --pool-size's default: the most one key keeps
       printGrid('sessions: backends Postgres forked for sequential cold sessions through warm backends', ['sessions', 'backends forked', 'target', 'result'], [
         [`${FORK_SESSIONS}`, `${forks}`, `<= ${poolSize} (the pool's size per key)`, forks <= poolSize ? 'pass' : 'MISS'],
       ], ['Each session (new Client, connect, SELECT pg_backend_pid(), end) reports its backend; counted: distinct pids.'])
