@@ -63,8 +63,14 @@ export class Lenders {
     const existing = this.get(key)
     if (existing) return existing.spare(opened.backend), existing
     const lender = new Lender(this.pool, key, opened.backend, this.o.size, this.o.timeoutMs, relogin, this.events)
+    this.forgetExpired()
     this.byKey.set(key, lender)
     return lender
+  }
+
+  /** Lenders past their lifetime with nothing lent are forgotten (their idle backends stay the pool's): keys come and go. */
+  private forgetExpired() {
+    for (const [key, lender] of this.byKey) if (!this.get(key) && !lender.lentCount) this.byKey.delete(key)
   }
 
   /** Each key's backends, idle and lent, by what its key says of the login (never the password). */

@@ -1,5 +1,17 @@
+import type { WebSocket } from 'ws'
 import type { BackendPool } from '../pool/backends'
 import { cancelRequest, type BackendKey } from '../wire/startup'
+import { SUBPROTOCOL_CANCEL } from '../../src/config'
+
+/**
+ * The statement a `cancel <n>` text frame names (SUBPROTOCOL_CANCEL): the one after the client's
+ * n-th ReadyForQuery since its login. Undefined for any other frame, or a session without it.
+ */
+export function cancelNamed(ws: WebSocket, data: Buffer): number | undefined {
+  if (ws.protocol !== SUBPROTOCOL_CANCEL || data.length > 24) return undefined
+  const named = /^cancel (\d{1,10})$/.exec(data.toString('latin1'))
+  return named ? Number(named[1]) : undefined
+}
 
 /**
  * CancelRequests from clients. One goes on to Postgres only when it names a key the proxy handed

@@ -20,8 +20,8 @@ import { Framer } from '../wire/bytes'
 import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse, type BackendKey } from '../wire/startup'
 import type { BufferBudget } from './budget'
+import { cancelNamed } from './cancels'
 import { closeWebSocket, type OutcomeKind, type RunningSession, type SessionLog } from './session'
-import { SUBPROTOCOL_CANCEL } from '../../src/config'
 
 export interface LentSessionOptions {
   lender: Lender
@@ -151,10 +151,10 @@ class LentSession implements RunningSession {
    * running, once (as in proxy/ws/session.ts).
    */
   private cancelFrame(data: Buffer): boolean {
-    const named = this.ws.protocol === SUBPROTOCOL_CANCEL && data.length <= 24 && /^cancel (\d{1,10})$/.exec(data.toString('latin1'))
-    if (!named) return false
+    const readies = cancelNamed(this.ws, data)
+    if (readies === undefined) return false
     const lend = this.lend
-    if (lend && !this.parked && Number(named[1]) === this.readies && this.cancelled !== this.readies) {
+    if (lend && !this.parked && readies === this.readies && this.cancelled !== readies) {
       this.cancelled = this.readies
       lend.backend.upstream.cancel(lend.backend.key)
     }
@@ -324,7 +324,7 @@ class LentSession implements RunningSession {
     }
     const lost = errorResponse('08006', 'edgepg-proxy: the connection to Postgres was lost while this ran; nothing of its transaction was kept', 'ERROR')
     for (let i = 0; i < lend.watch.pending; i++) this.toClient(Buffer.concat([lost, READY_IDLE]))
-    this.readies += Math.max(0, lend.watch.pending)
+    this.readies += lend.watch.pending
   }
 
   /** The session is over: its backend, if it holds one, goes back (reset, or closed if busy). */

@@ -4,9 +4,9 @@ import type { LoginOutcome } from '../login/in-upgrade'
 import { errorResponse, LoginWatch, UpstreamError, type BackendKey } from '../wire/startup'
 import { runStartup, type StartupIO } from '../login/in-band'
 import { FIRST_FLIGHT_BYTES, type BufferBudget } from './budget'
+import { cancelNamed } from './cancels'
 import { TlsError, type Upstream } from '../upstream/connection'
 import { IdleWatch, type Ending } from '../pool/idle-watch'
-import { SUBPROTOCOL_CANCEL } from '../../src/config'
 import type { OutcomeKind } from '../admin/metrics'
 
 export type { OutcomeKind }
@@ -302,10 +302,8 @@ class Session implements RunningSession {
    */
   private cancelFrame(data: Buffer): boolean {
     const { cancel } = this.o
-    if (!cancel || !this.watch || this.ws.protocol !== SUBPROTOCOL_CANCEL || data.length > 24) return false
-    const named = /^cancel (\d{1,10})$/.exec(data.toString('latin1'))
-    if (!named) return false
-    const readies = Number(named[1])
+    const readies = cancelNamed(this.ws, data)
+    if (!cancel || !this.watch || readies === undefined) return false
     if (this.relaying && !this.abandoned && readies === this.watch.readies && readies !== this.cancelled) {
       this.cancelled = readies
       cancel()
