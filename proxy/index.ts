@@ -113,7 +113,7 @@ export function createProxy(options: ProxyOptions): Proxy {
   const pool = new BackendPool(poolOptions, (event) => metrics.poolEvent(event))
   const budget = new BufferBudget(options.maxClientBufferBytes ?? 256 << 20, options.maxMessageBytes ?? 64 << 20)
   const logins = new LoginGate(options.maxLogins ?? 64, options.maxLoginsPerIp ?? 8)
-  const metrics = createMetrics(() => ({ pool: pool.size, logins: logins.counts, buffered: budget.total, lent: lenders?.lent ?? 0, keys: lenders?.keys ?? [] }))
+  const metrics = createMetrics(() => ({ pool: pool.size, logins: logins.counts, buffered: budget.total, lending: lenders?.counts ?? { lent: 0, waiting: 0 }, keys: lenders?.keys ?? [] }))
   const handshakeTimeoutMs = options.handshakeTimeoutMs ?? 10_000
   const { mode = 'transaction', enabled = true, timeoutMs = 5000, statements = 100, maxLifetimeMs: lifetimeMs = 30 * 60_000 } = options.pool ?? {}
   const lenders = mode === 'transaction' && enabled ? new Lenders(pool, { size, timeoutMs, statements, lifetimeMs }, metrics.lending) : undefined

@@ -485,6 +485,61 @@ test('/sql: an exhausted pool answers 503 with SQLSTATE 53300 past --pool-timeou
   }
 })
 
+test('/sql and WebSocket sessions waiting for a backend leave the line when their client goes away', async () => {
+  const p = await startProxy({ pool: { mode: 'transaction', size: 1, timeoutMs: 400 } })
+  const holder = edgeClient(p.port, 'scram_user')
+  await holder.connect()
+  try {
+    await holder.query('BEGIN') // the key's one backend
+    const request = new AbortController()
+    const posted = fetch(`http://127.0.0.1:${p.port}/sql`, {
+      method: 'POST',
+      headers: { 'Neon-Connection-String': `postgresql://scram_user:${encodeURIComponent(PASSWORD)}@${PG.host}:${PG.port}/${PG.database}` },
+      body: JSON.stringify({ query: 'SELECT 1', params: [] }),
+      signal: request.signal,
+    }).catch((e) => e)
+    const waiter = edgeClient(p.port, 'scram_user')
+    waiter.on('error', () => {})
+    await waiter.connect()
+    const waited = waiter.query('SELECT 1').catch((e) => e)
+    await eventually(async () => (await metric(p, 'lend_waiting')) === 2, 'both to wait in line')
+    request.abort()
+    ;((waiter as any).connection.stream.ws._socket as import('node:net').Socket).destroy()
+    await posted
+    await waited
+    await new Promise((r) => setTimeout(r, 600)) // past --pool-timeout: a waiter still in line would time out now
+    assert.equal(await metric(p, 'lend_timeouts_total'), 0, 'neither waited out its time')
+    assert.equal(await metric(p, 'lend_waiting'), 0)
+    await holder.query('COMMIT')
+  } finally {
+    await holder.end()
+    await p.close()
+  }
+})
+
+test('/sql: a login Postgres refuses for a key it served (the role\'s connection limit) is a 503 with its SQLSTATE', async () => {
+  const role = `txpool_sqllimit_${process.pid}`
+  await scratch.tcp.query(`CREATE ROLE ${role} LOGIN PASSWORD '${PASSWORD}' CONNECTION LIMIT 1`)
+  const p = await sqlProxy(2)
+  const as = (query: string) =>
+    fetch(`http://127.0.0.1:${p.port}/sql`, {
+      method: 'POST',
+      headers: { 'Neon-Connection-String': `postgresql://${role}:${encodeURIComponent(PASSWORD)}@${PG.host}:${PG.port}/${PG.database}` },
+      body: JSON.stringify({ query, params: [] }),
+    }).then(async (r) => ({ status: r.status, json: await r.json() }))
+  try {
+    const long = as('SELECT pg_sleep(0.5)') // the role's one connection
+    await eventually(async () => (await scratch.tcp.query('SELECT count(*)::int AS n FROM pg_stat_activity WHERE usename = $1', [role])).rows[0].n === 1, 'the first request to run')
+    const { status, json } = await as('SELECT 1')
+    assert.deepEqual([status, json.code], [503, '53300'])
+    assert.match(json.message, /too many connections for role/)
+    assert.equal((await long).status, 200)
+  } finally {
+    await p.close()
+    await eventually(async () => (await scratch.tcp.query(`DROP ROLE ${role}`).then(() => true, () => false)), 'the role dropped')
+  }
+})
+
 test('/sql and WebSocket sessions share one lender per user, database and password', async () => {
   const p = await startProxy({ pool: { mode: 'transaction', size: 1, timeoutMs: 300 } })
   const client = edgeClient(p.port, 'scram_user')

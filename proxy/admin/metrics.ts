@@ -105,12 +105,12 @@ export interface Load {
   logins: { running: number; waiting: number }
   /** Bytes held (or declared) by clients' unfinished messages and /sql bodies. */
   buffered: number
-  /** Transaction pooling: backends lent now, and per upstream, user and database. */
-  lent: number
+  /** Transaction pooling: backends lent now and sessions waiting for one, and backends per upstream, user and database. */
+  lending: { lent: number; waiting: number }
   keys: KeyBackends[]
 }
 
-const NO_LOAD: Load = { pool: { pooled: 0, idle: 0 }, logins: { running: 0, waiting: 0 }, buffered: 0, lent: 0, keys: [] }
+const NO_LOAD: Load = { pool: { pooled: 0, idle: 0 }, logins: { running: 0, waiting: 0 }, buffered: 0, lending: { lent: 0, waiting: 0 }, keys: [] }
 
 export function createMetrics(load: () => Load = () => NO_LOAD): Metrics {
   const registry = new Registry()
@@ -159,7 +159,8 @@ export function createMetrics(load: () => Load = () => NO_LOAD): Metrics {
   const timeouts = new Counter({ name: `${PREFIX}lend_timeouts_total`, help: 'Transaction pooling: sessions that waited past --pool-timeout (SQLSTATE 53300)', registers })
   const pins = new Counter({ name: `${PREFIX}pinned_sessions_total`, help: 'Transaction pooling: sessions that keep their backend to their end, by why', labelNames: ['reason'] as const, registers })
   const preparedAgain = new Counter({ name: `${PREFIX}statements_prepared_again_total`, help: 'Transaction pooling: named statements prepared again on another backend', registers })
-  new Gauge({ name: `${PREFIX}lent_backends`, help: 'Transaction pooling: backends lent to sessions now (pinned ones included)', registers, collect() { this.set(load().lent) } })
+  new Gauge({ name: `${PREFIX}lent_backends`, help: 'Transaction pooling: backends lent to sessions now (pinned ones included)', registers, collect() { this.set(load().lending.lent) } })
+  new Gauge({ name: `${PREFIX}lend_waiting`, help: 'Transaction pooling: sessions and /sql requests waiting for a backend now', registers, collect() { this.set(load().lending.waiting) } })
   new Gauge({
     name: `${PREFIX}key_backends`,
     help: 'Transaction pooling: backends per upstream, user and database, idle or lent',

@@ -111,8 +111,11 @@ export class Lender {
     return { outcome: { kind: 'ready', answer: this.answer.answerWith(secret) }, told: { pid: this.answer.key.pid, secret } }
   }
 
-  /** A backend to run on: an idle one, a new one while there are fewer than `size`, or the next one given back. */
-  async acquire(): Promise<Backend> {
+  /**
+   * A backend to run on: an idle one, a new one while there are fewer than `size`, or the next one
+   * given back. `signal`: the caller gave up; it leaves the line (rejected with the signal's reason).
+   */
+  async acquire(signal?: AbortSignal): Promise<Backend> {
     const started = performance.now()
     if (!this.waiting.length) {
       const backend = await this.take()
@@ -128,9 +131,21 @@ export class Lender {
           reject(new PoolTimeout(`no backend for this user and database within ${this.timeoutMs} ms: all ${this.size} are busy (raise --pool-size, or --pool-timeout)`))
         }, this.timeoutMs),
       }
+      signal?.addEventListener('abort', () => {
+        const at = this.waiting.indexOf(waiter)
+        if (at < 0) return
+        this.waiting.splice(at, 1)
+        clearTimeout(waiter.timer)
+        reject(signal.reason)
+      }, { once: true })
       this.waiting.push(waiter)
       this.serve() // (a parked backend may be taken back for it)
     })
+  }
+
+  /** Sessions and requests waiting for a backend now. */
+  get waitingCount(): number {
+    return this.waiting.length
   }
 
   /** Lent now. */

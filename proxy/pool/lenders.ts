@@ -83,10 +83,11 @@ export class Lenders {
     })
   }
 
-  /** Backends lent now, over all keys. */
-  get lent(): number {
-    let n = 0
-    for (const lender of this.byKey.values()) n += lender.lentCount
-    return n
+  /** Backends lent now, and sessions and requests waiting for one, over all keys. */
+  get counts(): { lent: number; waiting: number } {
+    let lent = 0
+    let waiting = 0
+    for (const lender of this.byKey.values()) (lent += lender.lentCount), (waiting += lender.waitingCount)
+    return { lent, waiting }
   }
 }

@@ -7,7 +7,7 @@ import { DatabaseError, serialize } from 'pg-protocol'
 import { Parser } from 'pg-protocol/dist/parser'
 import { formatHostPort, type HostPort } from '../upstream/address'
 import type { Backend, BackendPool } from '../pool/backends'
-import { Lender, PoolTimeout } from '../pool/lender'
+import { Lender, LoginRefused, PoolTimeout } from '../pool/lender'
 import type { Lenders } from '../pool/lenders'
 import { NOTHING, type StatementEffects } from '../pool/state'
 import { Upstream, type UpstreamTls } from '../upstream/connection'
@@ -133,7 +133,7 @@ export class Leases {
     if (!lenders) await this.waitTurn(key, ctl)
     try {
       for (;;) {
-        const lease = (ctl.lease = await (lenders ? this.borrow(lenders, target, credentials, key) : this.lease(target, credentials, key)))
+        const lease = (ctl.lease = await (lenders ? this.borrow(lenders, target, credentials, key, ctl) : this.lease(target, credentials, key)))
         try {
           if (ctl.aborted) throw new HttpError(499, 'client went away')
           return await use(lease)
@@ -209,16 +209,24 @@ export class Leases {
    * SQLSTATE 53300 past --pool-timeout). Nothing is SET on it (the proxy's own timer enforces the
    * statement timeout), so a request that leaves nothing behind needs no reset.
    */
-  private async borrow(lenders: Lenders, target: HostPort, credentials: Credentials, key: string): Promise<Lease> {
+  private async borrow(lenders: Lenders, target: HostPort, credentials: Credentials, key: string, ctl: Control): Promise<Lease> {
     const relogin = () => loginAs(target, this.o.upstreamTls, loginOf(credentials))
     const got = await this.login(target, credentials, (login) => lenders.lenderFor(key, () => this.o.backends.open(key, login, false), relogin))
     if (!(got instanceof Lender)) {
       got.upstream.close()
       throw loginRefusal(got.outcome, credentials.conn.user)
     }
-    const backend = await got.acquire().catch((err: Error) => {
-      throw err instanceof PoolTimeout ? new HttpError(503, err.message, err.code) : err
-    })
+    // Waiting its turn: a client that goes away leaves the line. A login Postgres refuses the key
+    // now (too many connections, shutting down) is, like the wait, no backend to be had: 503.
+    const gone = new AbortController()
+    ctl.onAbort = () => gone.abort(new HttpError(499, 'client went away'))
+    const backend = await got
+      .acquire(gone.signal)
+      .catch((err: Error) => {
+        if (err instanceof PoolTimeout || err instanceof LoginRefused) throw new HttpError(503, err.message, err.code)
+        throw err
+      })
+      .finally(() => (ctl.onAbort = undefined))
     const { upstream } = backend
     return { upstream, backend, key: backend.key, statements: new Statements(upstream), unpinged: true, customSetting: false, timeoutSet: false, lender: got, effects: NOTHING }
   }
