@@ -113,9 +113,10 @@ export class Lender {
 
   /**
    * A backend to run on: an idle one, a new one while there are fewer than `size`, or the next one
-   * given back. `signal`: the caller gave up; it leaves the line (rejected with the signal's reason).
+   * given back. If it has to wait in line, `waits` gets how to leave it (the wait then rejects with
+   * the reason given), for a caller that gives up.
    */
-  async acquire(signal?: AbortSignal): Promise<Backend> {
+  async acquire(waits?: (leave: (reason: Error) => void) => void): Promise<Backend> {
     const started = performance.now()
     if (!this.waiting.length) {
       const backend = await this.take()
@@ -131,13 +132,13 @@ export class Lender {
           reject(new PoolTimeout(`no backend for this user and database within ${this.timeoutMs} ms: all ${this.size} are busy (raise --pool-size, or --pool-timeout)`))
         }, this.timeoutMs),
       }
-      signal?.addEventListener('abort', () => {
+      waits?.((reason) => {
         const at = this.waiting.indexOf(waiter)
         if (at < 0) return
         this.waiting.splice(at, 1)
         clearTimeout(waiter.timer)
-        reject(signal.reason)
-      }, { once: true })
+        reject(reason)
+      })
       this.waiting.push(waiter)
       this.serve() // (a parked backend may be taken back for it)
     })

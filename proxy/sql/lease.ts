@@ -218,10 +218,8 @@ export class Leases {
     }
     // Waiting its turn: a client that goes away leaves the line. A login Postgres refuses the key
     // now (too many connections, shutting down) is, like the wait, no backend to be had: 503.
-    const gone = new AbortController()
-    ctl.onAbort = () => gone.abort(new HttpError(499, 'client went away'))
     const backend = await got
-      .acquire(gone.signal)
+      .acquire((leave) => (ctl.onAbort = () => leave(new HttpError(499, 'client went away'))))
       .catch((err: Error) => {
         if (err instanceof PoolTimeout || err instanceof LoginRefused) throw new HttpError(503, err.message, err.code)
         throw err

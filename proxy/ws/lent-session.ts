@@ -79,8 +79,8 @@ class LentSession implements RunningSession {
   /** The unnamed statement's effects, as last parsed. */
   private unnamed: StatementEffects = NOTHING
   private ended = false
-  /** Aborted when the session ends: a wait for a backend is given up. */
-  private readonly gone = new AbortController()
+  /** While it waits in line for a backend: how to leave it (when the session ends). */
+  private leaveLine?: (reason: Error) => void
   /** ReadyForQuery messages the client has been sent since its login (Postgres's and the proxy's own): names its statements to a cancel. */
   private readies = 0
   /** The statement a cancel was sent for (by readies), so that it is sent once. */
@@ -190,9 +190,10 @@ class LentSession implements RunningSession {
 
   private acquire() {
     this.acquiring = true
-    this.o.lender.acquire(this.gone.signal).then(
+    this.o.lender.acquire((leave) => (this.leaveLine = leave)).then(
       (backend) => {
         this.acquiring = false
+        this.leaveLine = undefined
         if (this.ended) return this.o.lender.giveBack(backend)
         this.startLend(backend)
         const msgs = this.waiting
@@ -201,6 +202,7 @@ class LentSession implements RunningSession {
       },
       (err: Error & { code?: string }) => {
         this.acquiring = false
+        this.leaveLine = undefined
         if (this.ended) return
         // Each Query and Sync waiting gets Postgres's way of saying no: an error, then ReadyForQuery.
         const answers = this.waiting.filter((m) => m[0] === ClientMessage.Query || m[0] === ClientMessage.Sync).length
@@ -334,7 +336,7 @@ class LentSession implements RunningSession {
   private finish() {
     if (this.ended) return
     this.ended = true
-    this.gone.abort()
+    this.leaveLine?.(new Error('the session ended'))
     this.unfollow()
     const lend = this.lend
     if (!lend) return
