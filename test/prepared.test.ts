@@ -201,6 +201,29 @@ test('a statement whose table is gone fails on the new backend as on the old', a
   assert.deepEqual(brief(await B.readUntilReady(1, (c) => relay.fromBackend(c))), ['E 26000', 'Z I'], 'one error, and the session goes on')
 })
 
+test("DDL that changes a statement's result type: Postgres's 0A000 on every backend, as on one connection; a statement prepared after the DDL runs everywhere", async () => {
+  const admin = await connection()
+  admin.socket.write(query('DROP TABLE IF EXISTS prepared_shape; CREATE TABLE prepared_shape (x int); INSERT INTO prepared_shape VALUES (1)'))
+  await admin.readUntilReady(1)
+  const backends = { A: new BackendStatements(), B: new BackendStatements() }
+  const before = await session(backends)
+  const stale = await session(backends) // its copy on B is made before the DDL too
+  await compare([[[parse('shape', 'SELECT * FROM prepared_shape'), sync], 'A']], before)
+  await compare([[[parse('shape2', 'SELECT * FROM prepared_shape'), sync], 'A'], [run('shape2'), 'B']], stale)
+  admin.socket.write(query('ALTER TABLE prepared_shape ADD COLUMN y int'))
+  await admin.readUntilReady(1)
+  // Prepared again on B with the new type, the session's statement still has the old one: 0A000 there too, each time.
+  const seen = await compare([[run('shape'), 'B'], [run('shape'), 'A'], [run('shape'), 'B']], before)
+  assert.deepEqual(seen.filter((m) => m.startsWith('E')), ['E 0A000', 'E 0A000', 'E 0A000'])
+  // Prepared after the DDL, on a backend whose copy is older: prepared again there, and it runs.
+  const after = await session(backends)
+  const ran = await compare([[[parse('shape2', 'SELECT * FROM prepared_shape'), sync], 'A'], [run('shape2'), 'B']], after)
+  assert.deepEqual(ran.filter((m) => m.startsWith('E')), [])
+  admin.socket.write(query('DROP TABLE prepared_shape'))
+  await admin.readUntilReady(1)
+  admin.end()
+})
+
 test('SQL EXECUTE and DEALLOCATE of a statement the protocol prepared, on another backend', async () => {
   await compare([
     [[parse('x1', "SELECT 'x'"), sync], 'A'],

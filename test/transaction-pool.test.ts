@@ -214,6 +214,33 @@ test('named prepared statements follow a session to another backend', async () =
   }
 })
 
+test("DDL that changes a named statement's result type gives Postgres's 0A000 on the backend it is prepared again on, as pg over TCP gets", async () => {
+  const table = `${scratch.name}_shape`
+  await scratch.tcp.query(`CREATE TABLE ${table} (x int); INSERT INTO ${table} VALUES (1)`)
+  const p = await txProxy(2, 3000)
+  const [a, c, d] = [await session(p.port), await session(p.port), await session(p.port)]
+  const shape = { name: 'shape', text: `SELECT * FROM ${table}` }
+  try {
+    const pid = async (s: Client) => (await s.query('SELECT pg_backend_pid() AS pid')).rows[0].pid
+    assert.deepEqual((await a.query(shape)).rows, [{ x: 1 }])
+    const first = await pid(a) // a's statement is prepared here; the backend stays with a
+    await c.query('BEGIN') // the second backend
+    await d.query('BEGIN') // takes a's
+    assert.equal(await pid(d), first)
+    await c.query('COMMIT')
+    await scratch.tcp.query(`ALTER TABLE ${table} ADD COLUMN y int`)
+    const err = await a.query(shape).then(() => assert.fail('the result type changed'), (e) => e)
+    assert.equal(err.code, '0A000')
+    assert.equal(err.message, 'cached plan must not change result type')
+    assert.notEqual(await pid(a), first, 'it ran on the other backend, where the proxy prepared it again')
+    await d.query('COMMIT')
+  } finally {
+    await Promise.all([a.end(), c.end(), d.end()])
+    await p.close()
+    await scratch.tcp.query(`DROP TABLE ${table}`)
+  }
+})
+
 test('a busy session keeps its backend between transactions while no other needs it', async () => {
   const p = await txProxy(2)
   const a = await session(p.port)

@@ -141,10 +141,13 @@ test('LoginWatch: the cancel key and the ReadyForQuery that ends the login, wher
 test('StatementRelay: the same bytes to Postgres and to the client wherever they are cut', () => {
   const named = (name: string, text: string) => message('P', Buffer.concat([cstrings([name, text]), Buffer.from([0, 0])]))
   const bindNamed = (name: string) => message('B', Buffer.concat([cstrings(['', name]), Buffer.from([0, 0, 0, 0, 0, 0])]))
+  const describeNamed = (name: string) => message('D', Buffer.concat([Buffer.from('S'), cstrings([name])]))
+  const described = Buffer.concat([message('t', Buffer.from([0, 0])), message('n', none)]) // ParameterDescription, NoData
   const session = () => new Map([['s1', named('s1', 'SELECT 1')]])
-  // s1 is the session's but not this backend's: the relay prepares it first; its answer is the proxy's.
+  // s1 is the session's but not this backend's: the relay prepares it first, and describes it, and
+  // describes s2 behind the session's Parse; those answers are the proxy's.
   const client = Buffer.concat([bindNamed('s1'), execute, named('s2', 'SELECT 2'), sync])
-  const backend = Buffer.concat([message('1', none), message('2', none), complete('SELECT 1'), message('1', none), z('I')])
+  const backend = Buffer.concat([message('1', none), described, message('2', none), complete('SELECT 1'), message('1', none), described, z('I')])
   const run = (clientChunks: Buffer[], backendChunks: Buffer[]) => {
     const sent: Buffer[] = []
     const relay = new StatementRelay(session(), new BackendStatements(), (b) => sent.push(b))
@@ -152,8 +155,9 @@ test('StatementRelay: the same bytes to Postgres and to the client wherever they
     return { sent: Buffer.concat(sent), seen: Buffer.concat(backendChunks.map((c) => relay.fromBackend(c))) }
   }
   const whole = run([client], [backend])
-  assert.ok(whole.sent.equals(Buffer.concat([named('s1', 'SELECT 1'), client])), 'the statement prepared ahead of the Bind')
-  assert.ok(whole.seen.equals(backend.subarray(5)), "the proxy's ParseComplete is not the client's")
+  const [bind, , parse2] = [bindNamed('s1'), execute, named('s2', 'SELECT 2')]
+  assert.ok(whole.sent.equals(Buffer.concat([named('s1', 'SELECT 1'), describeNamed('s1'), bind, execute, parse2, describeNamed('s2'), sync])), 'the statement prepared (and described) ahead of the Bind')
+  assert.ok(whole.seen.equals(Buffer.concat([message('2', none), complete('SELECT 1'), message('1', none), z('I')])), "the proxy's ParseComplete and descriptions are not the client's")
   for (const clientChunks of cuts(client)) assert.ok(run(clientChunks, [backend]).sent.equals(whole.sent), `client cut ${clientChunks.map((c) => c.length)}`)
   for (const backendChunks of cuts(backend)) assert.ok(run([client], backendChunks).seen.equals(whole.seen), `backend cut ${backendChunks.map((c) => c.length)}`)
 })

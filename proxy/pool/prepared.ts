@@ -8,11 +8,16 @@
  * it would on one connection: 42P05 for a name parsed twice, 26000 for one never parsed, and its
  * own error for a statement that DDL has since broken (the proxy's Parse fails, in the client's
  * message's place). The backend keeps at most `limit` of them, the least recently used closed first.
+ *
+ * A statement's result type is fixed when the session first prepares it, as Postgres fixes it: the
+ * proxy describes every statement it or the session prepares (answers unseen). Where DDL has changed
+ * the type since, a Bind fails with Postgres's 0A000 ("cached plan must not change result type"),
+ * as on one connection, rather than run on a copy prepared again with the new type.
  */
 import { serialize } from 'pg-protocol'
 import { Framer } from '../wire/bytes'
 import { ClientMessage, DescribeTarget, ServerMessage, TxStatus } from '../wire/codes'
-import { cString } from '../wire/startup'
+import { cString, errorResponse } from '../wire/startup'
 
 /** A session's named statements: name → its Parse message. */
 export type SessionStatements = Map<string, Buffer>
@@ -20,6 +25,8 @@ export type SessionStatements = Map<string, Buffer>
 /** What one backend holds, least recently used first. */
 export class BackendStatements {
   readonly held = new Map<string, Buffer>()
+  /** Each held statement's result type, once Postgres has described it (see resultType). */
+  readonly types = new Map<string, string>()
   /** The statement behind each open portal: closing it would close the portal. */
   readonly portals = new Map<string, string>()
   constructor(readonly limit = 100) {}
@@ -36,9 +43,9 @@ export class BackendStatements {
   }
 }
 
-/** An answer the relay waits for: ParseComplete, CloseComplete, or a ReadyForQuery (`sync`). */
+/** An answer the relay waits for: ParseComplete, CloseComplete, a ReadyForQuery (`sync`), or a statement's description. */
 interface Awaited {
-  kind: 'parse' | 'close' | 'sync'
+  kind: 'parse' | 'close' | 'sync' | 'describe'
   /** Sent by the proxy: its answer is not the client's. */
   own?: boolean
   /** Sent by the proxy ahead of a simple Query, in a Sync group of its own: an error is not the client's either. */
@@ -48,6 +55,8 @@ interface Awaited {
   onRow?: (value: string) => void
   /** Postgres answered it. */
   done?: () => void
+  /** A Describe of the proxy's own: the statement's result type, from its RowDescription or NoData. */
+  described?: (type: string) => void
   /** An error earlier in its Sync group made Postgres skip it. */
   skipped?: () => void
   /** For a simple Query: the statements its DEALLOCATEs name, in order. */
@@ -55,6 +64,35 @@ interface Awaited {
 }
 
 const SYNC = serialize.sync()
+const FLUSH = serialize.flush()
+/** The statement a Bind names instead, when the session's statement no longer has its result type: Postgres's 26000 for it becomes 0A000. */
+const TYPE_CHANGED = 'edgepg: result type changed'
+const TYPE_CHANGED_ERROR = errorResponse('0A000', 'cached plan must not change result type', 'ERROR')
+
+/** The result type each session statement (its Parse message) had when the session first prepared it. */
+const firstTypes = new WeakMap<Buffer, string>()
+
+/** A result type as Postgres compares them for a prepared statement: each column's type and typmod ('' for NoData). */
+function resultType(msg: Buffer): string {
+  if (msg[0] === ServerMessage.NoData) return ''
+  const columns: string[] = []
+  for (let i = 0, at = 7, n = msg.readInt16BE(5); i < n; i++, at += 18) {
+    at = msg.indexOf(0, at) + 1
+    columns.push(`${msg.readInt32BE(at + 6)}:${msg.readInt32BE(at + 12)}`)
+  }
+  return columns.join(',')
+}
+
+/** Bind `msg` with the statement it names replaced by `name`. */
+function bindNaming(msg: Buffer, name: string): Buffer {
+  const portalEnd = msg.indexOf(0, 5)
+  const rest = msg.subarray(msg.indexOf(0, portalEnd + 1) + 1)
+  const named = Buffer.from(`${name}\0`, 'utf8')
+  const head = Buffer.alloc(5)
+  head[0] = ClientMessage.Bind
+  head.writeInt32BE(4 + (portalEnd + 1 - 5) + named.length + rest.length, 1)
+  return Buffer.concat([head, msg.subarray(5, portalEnd + 1), named, rest])
+}
 const DATA_ROW = 0x44
 const DEALLOCATE = /\bdeallocate\s+(?:prepare\s+)?(?!all\b)("(?:[^"]|"")+"|[a-z_][\w$]*)/gi
 const EXECUTE = /\bexecute\s+("(?:[^"]|"")+"|[a-z_][\w$]*)/gi
@@ -66,8 +104,12 @@ export class StatementRelay {
   private readonly client = new Framer()
   private readonly server = new Framer()
   private readonly awaited: Awaited[] = []
-  /** Client messages held behind a Query that may drop statements, until its ReadyForQuery. */
+  /** Client messages held behind a Query that may drop statements, until its ReadyForQuery; or behind a statement being described. */
   private held?: Buffer[]
+  /** The statement being described that `held` waits for (undefined: a Query's ReadyForQuery). */
+  private heldFor?: string
+  /** Statements prepared again during this lend to learn their result type. */
+  private readonly checked = new Set<string>()
 
   constructor(
     private readonly session: SessionStatements,
@@ -109,6 +151,10 @@ export class StatementRelay {
     for (const msg of this.server.push(chunk)) {
       const type = msg[0]
       const own = this.awaited[0]
+      if (own?.kind === 'describe' && (type === ServerMessage.ParameterDescription || type === ServerMessage.RowDescription || type === ServerMessage.NoData)) {
+        if (type !== ServerMessage.ParameterDescription) this.awaited.shift(), own.described?.(resultType(msg))
+        continue
+      }
       if (own?.swallow) {
         if (type === DATA_ROW && msg.readInt16BE(5) > 0 && msg.readInt32BE(7) >= 0) own.onRow?.(msg.toString('utf8', 11, 11 + msg.readInt32BE(7)))
         if (type === ServerMessage.ReadyForQuery) this.awaited.shift(), own.done?.()
@@ -123,11 +169,15 @@ export class StatementRelay {
         const ahead = this.awaited[0]?.ahead
         while (this.awaited.length && this.awaited[0].kind !== 'sync') this.awaited.shift()!.skipped?.()
         if (ahead) continue // (the Query behind says what is wrong, in its own words)
+        if (msg.includes(TYPE_CHANGED)) {
+          out.push(TYPE_CHANGED_ERROR)
+          continue
+        }
       } else if (type === ServerMessage.ReadyForQuery) {
         const answered = this.awaited.shift()
         if (answered?.own) continue
         if (msg[5] === TxStatus.Idle) this.backend.portals.clear()
-        if (answered?.deallocates && this.held) {
+        if (answered?.deallocates && this.held && this.heldFor === undefined) {
           const held = this.held
           this.held = undefined
           this.forward(held)
@@ -138,13 +188,21 @@ export class StatementRelay {
     return out.length === 1 ? out[0] : Buffer.concat(out)
   }
 
-  /** Client → backend, as whole messages already framed (fromClient for bytes). */
-  forward(msgs: Buffer[]) {
+  /**
+   * Client → backend, as whole messages already framed (fromClient for bytes). `skipped`: Postgres
+   * is skipping messages until the next Sync (an error came while they were held): they go as they are.
+   */
+  forward(msgs: Buffer[], skipped = false) {
     if (this.held) return void this.held.push(...msgs)
     const out: Buffer[] = []
     const { session, backend } = this
     for (const [i, msg] of msgs.entries()) {
       const type = msg[0]
+      if (skipped) {
+        out.push(msg)
+        if (type === ClientMessage.Sync) (skipped = false), this.awaited.push({ kind: 'sync' })
+        continue
+      }
       if (type === ClientMessage.Parse) {
         const name = cString(msg.subarray(5))
         // (an unnamed statement lasts until the next Parse: nothing to keep)
@@ -155,16 +213,30 @@ export class StatementRelay {
           this.makeRoom(out, false)
           session.set(name, msg)
           backend.use(name, msg)
+          backend.types.delete(name)
           this.awaited.push({ kind: 'parse', skipped: () => (session.delete(name), backend.held.delete(name)) })
+          this.awaited.push({ kind: 'describe', own: true, described: (type) => (firstTypes.set(msg, type), backend.types.set(name, type)) })
+          out.push(msg, serialize.describe({ type: 'S', name }))
+          continue
         } else this.awaited.push({ kind: 'parse' })
       } else if (type === ClientMessage.Bind) {
         const portalEnd = msg.indexOf(0, 5)
         const portal = msg.toString('utf8', 5, portalEnd)
         const name = cString(msg.subarray(portalEnd + 1))
-        if (name) this.reconcile(name, out, portal === '')
-        else this.ownUnnamed('statement', out)
+        if (name && this.reconcile(name, out, portal === '')) {
+          // Prepared again here: its result type is known once Postgres has described it.
+          out.push(FLUSH)
+          this.held = msgs.slice(i)
+          this.heldFor = name
+          break
+        }
+        if (!name) this.ownUnnamed('statement', out)
         if (!portal) this.unnamed.portal = true
         backend.portals.set(portal, name)
+        if (name && this.typeChanged(name)) {
+          out.push(bindNaming(msg, TYPE_CHANGED))
+          continue
+        }
       } else if (type === ClientMessage.Describe || type === ClientMessage.Close) {
         const name = msg[5] === DescribeTarget.Statement ? cString(msg.subarray(6)) : ''
         if (name) this.reconcile(name, out, false)
@@ -203,21 +275,41 @@ export class StatementRelay {
 
   /**
    * Makes the backend hold the session's statement `name`, or none, before a message naming it
-   * (`replacing` the unnamed portal: its statement may be closed).
+   * (`replacing` the unnamed portal: its statement may be closed). A copy with the same text but
+   * another result type than the session's is prepared again (once per lend: it may have been
+   * prepared before DDL the session's was prepared after). True when it was prepared again and the
+   * session's result type is known: Postgres is describing it, and what names it waits (see `forward`).
    */
-  private reconcile(name: string, out: Buffer[], replacing: boolean) {
-    const { held } = this.backend
+  private reconcile(name: string, out: Buffer[], replacing: boolean): boolean {
+    const { held, types } = this.backend
     const wanted = this.session.get(name)
     const holds = held.get(name)
-    if (wanted && holds?.equals(wanted)) return this.backend.use(name, wanted)
+    if (wanted && holds?.equals(wanted) && (this.checked.has(name) || !this.typeChanged(name))) return this.backend.use(name, wanted), false
     if (holds) this.close(name, holds, out)
-    if (!wanted) return
+    if (!wanted) return false
     this.makeRoom(out, replacing)
-    out.push(wanted)
+    out.push(wanted, serialize.describe({ type: 'S', name }))
     this.preparedAgain?.()
     // Held from now on for the messages behind it; unless an error makes Postgres skip it.
     this.backend.use(name, wanted)
+    types.delete(name)
+    this.checked.add(name)
+    const release = (skipped: boolean) => {
+      if (this.heldFor !== name) return
+      const waiting = this.held!
+      this.held = this.heldFor = undefined
+      this.forward(waiting, skipped)
+    }
     this.awaited.push({ kind: 'parse', own: true, skipped: () => held.delete(name) })
+    this.awaited.push({ kind: 'describe', own: true, described: (type) => (types.set(name, type), release(false)), skipped: () => release(true) })
+    return firstTypes.has(wanted)
+  }
+
+  /** Whether the backend's copy of the session's statement `name` returns another type than the session's did at first. */
+  private typeChanged(name: string): boolean {
+    const first = firstTypes.get(this.session.get(name)!)
+    const now = this.backend.types.get(name)
+    return first !== undefined && now !== undefined && first !== now
   }
 
   /** Before a message names the unnamed statement or portal the session never made here: closed, so that Postgres says there is none. */

@@ -31,6 +31,9 @@ export const ServerMessage = {
   /** Also the answer to an SSLRequest that says yes. */
   ParameterStatus: 0x53, // S
   ReadyForQuery: 0x5a, // Z
+  RowDescription: 0x54, // T
+  NoData: 0x6e, // n
+  ParameterDescription: 0x74, // t
 } as const
 
 /** What a Describe or Close names. */
