@@ -10,7 +10,7 @@
  */
 import { readFileSync } from 'node:fs'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
-import { tmpdir } from 'node:os'
+import { availableParallelism, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import pg from 'pg'
@@ -21,7 +21,7 @@ import { giveToRunner } from '../test/support/pg-server'
 import { pgbouncerBinary, startPgBouncer } from '../test/support/pgbouncer'
 import { PASSWORD, startPostgres, type PgInfo } from '../test/support/stack'
 import { gc, interleave, median, percentile, printGrid, type BenchContext, type Row, type Section } from './lib'
-import { startHttpPg } from './proxy'
+import { startHttpPg, startWsRelay } from './proxy'
 import { leanPoster } from './http'
 
 const NOFILE = Number(/^Max open files\s+(\d+)/m.exec(readFileSync('/proc/self/limits', 'utf8'))?.[1] ?? 1024)
@@ -32,6 +32,8 @@ if (!Number.isInteger(WANTED_SESSIONS) || WANTED_SESSIONS < 1) throw new Error(`
 /** Case 1's sessions. The proxy child inherits this process's limit and holds two sockets a session while it logs in. */
 const SESSIONS = Math.min(WANTED_SESSIONS, Math.floor((NOFILE - FD_SPARE) / 2))
 const IDLE_SESSIONS = 1000
+/** The cases to run (EDGEPG_BENCH_POOL_CASES, comma-separated; all by default). */
+const CASES = new Set((process.env.EDGEPG_BENCH_POOL_CASES ?? '1,1b,2,3,4').split(','))
 
 /** The flags that put edgepg-proxy in transaction mode, with PgBouncer's pool size. */
 export const TRANSACTION_MODE_FLAGS: string[] = ['--pool-mode', 'transaction', '--pool-size', '20']
@@ -84,10 +86,11 @@ export const pool: Section = {
     const rows: Row[] = []
     try {
       await createRole(admin)
-      await manySessions(ctx, admin)
-      rows.push(...(await busySessions(ctx)))
-      await sqlInFlight(ctx)
-      await idleMemory()
+      if (CASES.has('1')) await manySessions(ctx, admin)
+      if (CASES.has('1b')) await latencyFloors(ctx, admin)
+      if (CASES.has('2')) rows.push(...(await busySessions(ctx)))
+      if (CASES.has('3')) await sqlInFlight(ctx)
+      if (CASES.has('4')) await idleMemory()
     } finally {
       await dropRole(admin).catch((err) => console.error(`pool: could not drop ${ROLE}:`, err))
       await admin.end().catch(() => {})
@@ -139,7 +142,7 @@ interface Load {
 
 async function manySessions(ctx: BenchContext, admin: pg.Client) {
   const role = { host: ctx.pg.host, port: ctx.pg.port, database: ctx.pg.database, user: ROLE, password: ROLE_PASSWORD, query_timeout: QUERY_TIMEOUT_MS }
-  const proxy = await startChildProxy(`${ctx.pg.host}:${ctx.pg.port}`, { flags: POOL_PROXY_FLAGS })
+  const proxy = await startChildProxy(`${ctx.pg.host}:${ctx.pg.port}`, { built: true, flags: POOL_PROXY_FLAGS })
   let edge: Load
   try {
     edge = await sessionLoad(admin, () => new Client({ ...role, webSocketConstructor: WebSocket as any, wsProxy: () => proxy.url } as ClientConfig))
@@ -287,6 +290,65 @@ async function startBouncer(db: PgInfo, admin: pg.Client): Promise<{ port: numbe
   }
 }
 
+// ---- 1b. what one statement's latency is made of ----
+
+const FLOOR_SESSIONS = 200
+const FLOOR_TICK_MS = 100
+const FLOOR_MS = 8000
+
+/**
+ * Case 1's statement at about its rate (2,000/s), from FLOOR_SESSIONS sessions of a role with no
+ * connection limit, so that paths holding a backend per session can run it too: edgepg-proxy, the
+ * bare WebSocket relay (the least any WebSocket path costs), PgBouncer, and pg straight to Postgres.
+ */
+async function latencyFloors(ctx: BenchContext, admin: pg.Client) {
+  const upstream = `${ctx.pg.host}:${ctx.pg.port}`
+  await admin.query(`GRANT SELECT ON bench_pool_items TO ${ctx.pgConfig().user}`)
+  const overWs = (url: string) => () => new Client({ ...ctx.pgConfig(), webSocketConstructor: WebSocket as any, wsProxy: () => url } as ClientConfig)
+  type Path = { name: string; start(): Promise<{ open(): pg.Client; stop(): Promise<void> }> }
+  const paths: Path[] = [
+    { name: `edgepg-proxy (${MODE})`, start: async () => ((p) => ({ open: overWs(p.url), stop: p.stop }))(await startChildProxy(upstream, { built: true, flags: POOL_PROXY_FLAGS })) },
+    { name: 'edgepg Client via bare WebSocket relay', start: async () => ((r) => ({ open: overWs(`ws://127.0.0.1:${r.port}/`), stop: r.stop }))(await startWsRelay(upstream)) },
+    ...(pgbouncerBinary() ? [{ name: 'pg via PgBouncer 1.18 (transaction)', start: async () => ((b) => ({ open: () => new pg.Client({ ...ctx.pgConfig(), port: b.port }), stop: b.stop }))(await startPgBouncer(ctx.pg, { default_pool_size: BOUNCER_POOL, max_client_conn: FLOOR_SESSIONS + 100 })) }] : []),
+    { name: 'pg straight to Postgres', start: async () => ({ open: () => new pg.Client(ctx.pgConfig()), stop: async () => {} }) },
+  ]
+  const results: Array<{ name: string; latencies: number[] }> = []
+  for (const path of paths) {
+    const { open, stop } = await path.start()
+    const clients: pg.Client[] = []
+    const latencies: number[] = []
+    try {
+      const connecting = slots(CONNECTING)
+      await Promise.all(Array.from({ length: FLOOR_SESSIONS }, () => connecting(async () => { const c = open(); clients.push(c); await c.connect() })))
+      const end = performance.now() + FLOOR_MS
+      await Promise.all(clients.map(async (c, s) => {
+        await sleep(Math.random() * FLOOR_TICK_MS)
+        for (let i = s; performance.now() < end; i += FLOOR_SESSIONS) {
+          const t0 = performance.now()
+          await c.query(READ, [(i % ITEMS) + 1])
+          latencies.push(performance.now() - t0)
+          await sleep(FLOOR_TICK_MS)
+        }
+      }))
+    } finally {
+      await Promise.all(clients.map((c) => bounded(c.end(), 5000).catch(() => {})))
+      await stop()
+    }
+    results.push({ name: path.name, latencies })
+  }
+  const bouncer = results.find((r) => r.name.includes('PgBouncer'))
+  printGrid(
+    `pool 1b: one statement's latency, ${FLOOR_SESSIONS} sessions, one statement each every ${FLOOR_TICK_MS} ms`,
+    ['path', 'statements', 'p50', 'p99', 'p50 over PgBouncer'],
+    results.map((r) => [r.name, String(r.latencies.length), `${median(r.latencies).toFixed(2)} ms`, `${percentile(r.latencies, 99).toFixed(2)} ms`, bouncer ? `${(median(r.latencies) / median(bouncer.latencies)).toFixed(2)}x` : '']),
+    [
+      `"${READ}" (unnamed), role ${ctx.pgConfig().user} (no connection limit: the relay and pg hold a backend per session). One path after another, ${FLOOR_MS / 1000} s each. ` +
+        `The bare WebSocket relay (bench/ws-relay.ts) passes bytes between a ws server and a Postgres socket and does nothing else: no Node WebSocket path can be faster. ` +
+        `Client, relays and Postgres share this machine's ${availableParallelism()} cores.`,
+    ]
+  )
+}
+
 // ---- 2. busy sessions ----
 
 async function busySessions(ctx: BenchContext): Promise<Row[]> {
@@ -300,8 +362,8 @@ async function busySessions(ctx: BenchContext): Promise<Row[]> {
     transaction: { queries: 0, seconds: 0, latencies: [] },
   }
   try {
-    proxies.session = await startChildProxy(upstream, { flags: SESSION_MODE_FLAGS })
-    proxies.transaction = await startChildProxy(upstream, { flags: POOL_PROXY_FLAGS })
+    proxies.session = await startChildProxy(upstream, { built: true, flags: SESSION_MODE_FLAGS })
+    proxies.transaction = await startChildProxy(upstream, { built: true, flags: POOL_PROXY_FLAGS })
     for (const m of MODES) {
       const url = proxies[m]!.url
       clients[m] = Array.from({ length: BUSY_SESSIONS }, () => new Client({ ...ctx.pgConfig(), webSocketConstructor: WebSocket as any, wsProxy: () => url } as ClientConfig))
@@ -351,7 +413,7 @@ async function sqlInFlight(ctx: BenchContext) {
   const cfg = ctx.pgConfig()
   const connectionString = `postgresql://${cfg.user}:${encodeURIComponent(String(cfg.password))}@${cfg.host}:${cfg.port}/${cfg.database}`
   const headers = { 'neon-connection-string': connectionString, 'neon-raw-text-output': 'true', 'neon-array-mode': 'true', 'content-type': 'application/json' }
-  const proxy = await startChildProxy(`${ctx.pg.host}:${ctx.pg.port}`, { flags: POOL_PROXY_FLAGS })
+  const proxy = await startChildProxy(`${ctx.pg.host}:${ctx.pg.port}`, { built: true, flags: POOL_PROXY_FLAGS })
   const floor = await startHttpPg(connectionString).catch(async (err) => (await proxy.stop(), Promise.reject(err)))
   type Side = 'sql' | 'floor'
   const SIDES = ['sql', 'floor'] as const

@@ -21,6 +21,8 @@ export interface ChildProxyOptions {
   env?: Record<string, string>
   /** edgepg-proxy flags, after --upstream and --listen. */
   flags?: string[]
+  /** Run the built CLI (dist/cli.mjs, as the package ships it) rather than the TypeScript under tsx: for benchmarks. */
+  built?: boolean
   /** Sees each line the child writes to stderr first; returning true keeps it out of the error text. */
   onStderrLine?: (line: string) => boolean
 }
@@ -47,7 +49,8 @@ process.on('exit', () => {
 
 export async function startChildProxy(upstream: string, options: ChildProxyOptions = {}): Promise<ChildProxy> {
   const listen = `127.0.0.1:${await freePort()}`
-  const child = spawn(process.execPath, [...(options.nodeArgs ?? []), '--import', 'tsx', 'proxy/cli.ts', '--upstream', upstream, '--listen', listen, ...(options.flags ?? [])], {
+  const entry = options.built ? ['dist/cli.mjs'] : ['--import', 'tsx', 'proxy/cli.ts']
+  const child = spawn(process.execPath, [...(options.nodeArgs ?? []), ...entry, '--upstream', upstream, '--listen', listen, ...(options.flags ?? [])], {
     cwd: ROOT,
     env: { ...process.env, ...options.env },
     stdio: ['ignore', 'pipe', 'pipe'],
