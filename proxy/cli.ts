@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 import { ConfigError, HELP, parseConfig } from './config'
 import { createProxy } from './index'
+import { setupAuth } from './auth/setup'
 import { formatHostPort } from './upstream/address'
 
 /** Log lines, a JSON object each; those of one event-loop turn leave in one write. */
@@ -20,6 +21,20 @@ process.stdout.on('error', () => {})
 function fail(message: string): never {
   process.stderr.write(`edgepg-proxy: ${message}\nRun edgepg-proxy --help for usage.\n`)
   process.exit(2)
+}
+
+// `edgepg-proxy setup-auth <database-url> [--neon-compat]`: what a database needs for tokens.
+if (process.argv[2] === 'setup-auth') {
+  const args = process.argv.slice(3)
+  const url = args.find((a) => !a.startsWith('--'))
+  const unknown = args.filter((a) => a.startsWith('--') && a !== '--neon-compat')
+  if (!url || unknown.length) fail(`usage: edgepg-proxy setup-auth <database-url> [--neon-compat]${unknown.length ? ` (unknown: ${unknown.join(' ')})` : ''}`)
+  try {
+    process.stdout.write(`${await setupAuth(url, { neonCompat: args.includes('--neon-compat') })}\n`)
+    process.exit(0)
+  } catch (err) {
+    fail(`setup-auth failed: ${(err as Error).message}`)
+  }
 }
 
 let config

@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs'
 import { parseArgs } from 'node:util'
 import { parseHostPort, type HostPort } from './upstream/address'
 import type { ProxyOptions } from './index'
+import type { TokenLoginOptions } from './auth/token-login'
 
 /**
  * edgepg-proxy's settings: one table gives each its flag, environment variable, default and help,
@@ -11,7 +12,7 @@ interface Setting {
   flag: string
   env: string
   arg?: string
-  kind: 'address' | 'listen' | 'addresses' | 'list' | 'count' | 'ms' | 'bytes' | 'file' | 'sslmode' | 'choice' | 'switch'
+  kind: 'address' | 'listen' | 'addresses' | 'list' | 'count' | 'ms' | 'bytes' | 'file' | 'path' | 'text' | 'sslmode' | 'choice' | 'switch'
   default?: string
   help: string
 }
@@ -52,6 +53,13 @@ export const SETTINGS = {
   poolMaxLifetime: { flag: 'pool-max-lifetime', env: 'EDGEPG_POOL_MAX_LIFETIME', arg: 'ms', kind: 'ms', default: '1800000', help: 'close a pooled backend this old (a changed password stops being honoured within it)' },
   noSql: { flag: 'no-sql', env: 'EDGEPG_NO_SQL', kind: 'switch', help: 'turn off POST /sql' },
   noAuthOffload: { flag: 'no-auth-offload', env: 'EDGEPG_NO_AUTH_OFFLOAD', kind: 'switch', help: 'relay the startup untouched: clients authenticate with Postgres end to end' },
+  jwksUrl: { flag: 'jwks-url', env: 'EDGEPG_JWKS_URL', arg: 'url', kind: 'text', help: "tokens: the issuer's JWKS (RS/PS/ES/EdDSA keys), refetched for an unknown kid" },
+  jwtSecretFile: { flag: 'jwt-secret-file', env: 'EDGEPG_JWT_SECRET_FILE', arg: 'file', kind: 'file', help: 'tokens: or an HS256/384/512 secret (at least 32 bytes), instead of --jwks-url' },
+  jwtAudience: { flag: 'jwt-audience', env: 'EDGEPG_JWT_AUDIENCE', arg: 'aud', kind: 'text', help: "tokens: the audience (aud) a token must be for (required with tokens)" },
+  jwtIssuer: { flag: 'jwt-issuer', env: 'EDGEPG_JWT_ISSUER', arg: 'iss', kind: 'text', help: 'tokens: the issuer (iss) a token must come from' },
+  jwtRoles: { flag: 'jwt-roles', env: 'EDGEPG_JWT_ROLES', arg: 'role,...', kind: 'list', help: 'tokens: the Postgres roles a token may name (each a login role with a password in --passfile)' },
+  jwtRoleClaim: { flag: 'jwt-role-claim', env: 'EDGEPG_JWT_ROLE_CLAIM', arg: 'name', kind: 'text', default: 'role', help: 'tokens: the claim that names the role' },
+  passfile: { flag: 'passfile', env: 'EDGEPG_PASSFILE', arg: 'file', kind: 'path', help: "tokens: pgpass-format file with the roles' passwords (default PGPASSFILE, else ~/.pgpass)" },
   allowInsecurePasswords: { flag: 'allow-insecure-passwords', env: 'EDGEPG_ALLOW_INSECURE_PASSWORDS', kind: 'switch', help: 'accept passwords over plain ws:// from non-loopback clients (TLS ends in front)' },
 } satisfies Record<string, Setting>
 
@@ -60,6 +68,7 @@ type Key = keyof typeof SETTINGS
 export const HELP = `edgepg-proxy: relays WebSocket connections from edgepg (or @neondatabase/serverless) to Postgres.
 
 Usage: edgepg-proxy --upstream host:port [--listen [host:]port] [options]
+       edgepg-proxy setup-auth <database-url> [--neon-compat]   (what a database needs for tokens; see the README)
 
 Options (each also settable by the environment variable shown; switches take true/false there):
 ${(Object.values(SETTINGS) as Setting[])
@@ -163,6 +172,21 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
   const ca = value('upstreamCa', file)
   if ((sslmode === 'verify-ca' || sslmode === 'verify-full') && !ca) throw new ConfigError(`--upstream-sslmode ${sslmode} needs --upstream-ca (the CA that signed Postgres's certificate)`)
 
+  const jwksUrl = raw('jwksUrl').text
+  const secret = value('jwtSecretFile', file)
+  if (jwksUrl && secret) throw new ConfigError('--jwks-url and --jwt-secret-file: give one of them')
+  let tokens: TokenLoginOptions | undefined
+  if (jwksUrl || secret) {
+    if (jwksUrl && !/^https?:\/\//.test(jwksUrl)) throw new ConfigError(`--jwks-url must be an http(s):// URL, got "${jwksUrl}"`)
+    const key = secret && Buffer.from(secret.toString('utf8').trim())
+    if (key && key.length < 32) throw new ConfigError(`--jwt-secret-file: the secret must be at least 32 bytes, got ${key.length}`)
+    const roles = list('jwtRoles')
+    if (!roles.length) throw new ConfigError('tokens need --jwt-roles: the Postgres roles a token may name')
+    const audience = raw('jwtAudience').text
+    if (!audience) throw new ConfigError('tokens need --jwt-audience: the audience (aud) tokens for this proxy carry')
+    tokens = { jwksUrl, secret: key || undefined, audience, issuer: raw('jwtIssuer').text, roles, roleClaim: raw('jwtRoleClaim').text, passfile: raw('passfile').text ?? env.PGPASSFILE }
+  }
+
   return {
     listen,
     adminListen,
@@ -209,6 +233,7 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
             readTimeoutMs: value('sqlReadTimeout', number(1)),
           },
       allowInsecurePasswords: on('allowInsecurePasswords'),
+      tokens,
     },
   }
 }

@@ -14,6 +14,7 @@ import { WebSocketRoutes } from './ws/routes'
 import { BufferBudget } from './ws/budget'
 import { LoginGate } from './login/gate'
 import { Cancels } from './ws/cancels'
+import { TokenLogins, type TokenLoginOptions } from './auth/token-login'
 
 export interface ProxyOptions {
   /** The Postgres this proxy relays to: `host:port`. */
@@ -74,6 +75,12 @@ export interface ProxyOptions {
   log?: (entry: SessionLog) => void
   /** Warm backends for sessions whose login the proxy runs, and for /sql (default on; see proxy/pool/backends.ts). */
   pool?: PoolOptions
+  /**
+   * Logins by signed token instead of password (WebSocket sessions and /sql): verified with the
+   * issuer's JWKS or a secret, as one of `roles`, whose passwords come from `passfile`. Needs
+   * `edgepg-proxy setup-auth` on the database (proxy/auth/setup.ts). Default: none.
+   */
+  tokens?: TokenLoginOptions
 }
 
 export type { SessionLog, UpstreamTls, SqlLog }
@@ -117,6 +124,7 @@ export function createProxy(options: ProxyOptions): Proxy {
   const handshakeTimeoutMs = options.handshakeTimeoutMs ?? 10_000
   const { mode = 'transaction', enabled = true, timeoutMs = 5000, statements = 100, maxLifetimeMs: lifetimeMs = 30 * 60_000 } = options.pool ?? {}
   const lenders = mode === 'transaction' && enabled ? new Lenders(pool, { size, timeoutMs, statements, lifetimeMs }, metrics.lending) : undefined
+  const tokens = options.tokens && new TokenLogins(options.tokens)
   const routes = new WebSocketRoutes({
     ...options,
     upstreams,
@@ -126,6 +134,7 @@ export function createProxy(options: ProxyOptions): Proxy {
     logins,
     cancels: new Cancels(pool, options.maxCancelsPerIp ?? 20),
     lenders,
+    tokens,
     offload: options.authOffload !== false,
     handshakeTimeoutMs,
   })
@@ -141,6 +150,7 @@ export function createProxy(options: ProxyOptions): Proxy {
           upstreamTls: options.upstreamTls,
           backends: pool,
           lenders,
+          tokens,
           allowInsecurePasswords: options.allowInsecurePasswords,
           budget,
           log: options.sqlLog,

@@ -3,7 +3,7 @@ import './install-buffer'
 import pg from 'pg'
 import { isIP } from 'net'
 import { serialize } from 'pg-protocol'
-import { configKeys, setting, IN_WORKERS, type EdgeConfig } from './config'
+import { configKeys, setting, IN_WORKERS, TOKEN_MESSAGE, type EdgeConfig } from './config'
 import { WebSocketSocket } from './socket'
 import { TlsSocket } from './tls'
 import { poolQueryViaHttp, type HttpPoolConfig } from './http'
@@ -14,8 +14,10 @@ import sasl from 'pg/lib/crypto/sasl.js'
 export const { types, defaults, DatabaseError, Query, escapeIdentifier, escapeLiteral } = pg
 export { parseIntoClientConfig } from 'pg-connection-string'
 
-export type ClientConfig = pg.ClientConfig & EdgeConfig
-export type PoolConfig = pg.PoolConfig & EdgeConfig & HttpPoolConfig
+/** A signed token (JWT) for edgepg-proxy's logins by token, instead of a password: a string, or a function returning one (or a promise of one), called for each connection. */
+export type AuthToken = string | (() => string | Promise<string>)
+export type ClientConfig = pg.ClientConfig & EdgeConfig & { authToken?: AuthToken }
+export type PoolConfig = pg.PoolConfig & EdgeConfig & HttpPoolConfig & { authToken?: AuthToken }
 
 /**
  * Split a user's config into pg's part and edgepg's own keys, so pg never sees ours. Copies
@@ -35,6 +37,18 @@ function splitConfig(input?: string | ClientConfig): { options: pg.ClientConfig;
 }
 
 const NEON_HOST = /\.neon\.(tech|build)$/
+
+/** The first flight carries the token (resolved now), in the upgrade: edgepg-proxy logs in as the role it names. */
+async function sendToken(socket: WebSocketSocket | TlsSocket, given: AuthToken) {
+  try {
+    // (TLS inside the WebSocket hides the login from the proxy: no token goes then, and Postgres refuses a login naming no user.)
+    ;((socket as WebSocketSocket).token = serialize.password(typeof given == 'function' ? await given() : given))[0] = TOKEN_MESSAGE
+  } catch (err) {
+    socket.destroy(new Error(`edgepg: authToken: ${(err as Error)?.message ?? err}`))
+  } finally {
+    socket.uncork()
+  }
+}
 const PgQuery = (pg as any).Query
 
 /** A query that is answered in one go (no portal kept open), so it can share the pipeline. */
@@ -59,7 +73,7 @@ function openSocket(own: EdgeConfig, { ssl, sslNegotiation }: StreamConfig): Web
   if (!ssl || setting(own, 'forceDisablePgSSL')) return socket
   const options: SslOptions = typeof ssl === 'object' ? ssl : {}
   if (options.key || options.cert || options.pfx) {
-    socket.refusal = new Error('edgepg: client certificates (ssl.key, ssl.cert, ssl.pfx) are not supported: the proxy cannot present them for you. Authenticate with a password instead.')
+    socket.refusal = new Error('edgepg: client certificates (ssl.key, ssl.cert, ssl.pfx) are not supported (the proxy cannot present them): use a password or authToken')
   }
   const rootCerts = setting(own, 'rootCerts') ?? (typeof options.ca === 'string' ? options.ca : undefined)
   if (rootCerts) return new TlsSocket(socket, { host: options.servername, rootCerts, pipelineTLS: setting(own, 'pipelineTLS') })
@@ -160,6 +174,8 @@ export class Client extends pg.Client {
     // pgpass, as it would when asked); the flight waits for it.
     con.once('connect', () => {
       socket.cork()
+      const token = (this.given as ClientConfig | undefined)?.authToken
+      if (token !== undefined) return void sendToken(socket, token)
       self._getPassword(() => {
         const password = this.password
         if (typeof password === 'string' && password !== '') this.sendPassword(socket, password)

@@ -118,6 +118,12 @@ export const MAX_LOGIN_CHARS = 8192
  * verify-full), `sslnegotiation` (postgres, direct), `servername`. It never reaches Postgres.
  */
 export const UPSTREAM_TLS_REQUEST = (1234 << 16) | 5690
+/**
+ * In a login, in place of the PasswordMessage: a message of edgepg's own, shaped like one ('j',
+ * Int32 length, a C string), carrying the client's `authToken`. edgepg-proxy verifies it and logs in
+ * as the role it names; it never reaches Postgres.
+ */
+export const TOKEN_MESSAGE = 0x6a
 
 /** Global config overlaid with the keys a client was given explicitly. */
 export function resolveConfig(own: EdgeConfig) {

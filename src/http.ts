@@ -512,7 +512,8 @@ function sqlForPool(options: any, transport: HttpTransportOptions): HttpSql<bool
     { user: options.user ?? pgDefaults.user, host: options.host ?? pgDefaults.host, port: options.port, database: options.database, password: typeof password === 'string' ? password : undefined },
     false
   )
-  let endpoint = endpointFor(transport.fetchEndpoint, hostOf(url), portOf(url), transport.authToken)
+  const authToken = transport.authToken ?? options.authToken
+  let endpoint = endpointFor(transport.fetchEndpoint, hostOf(url), portOf(url), authToken)
   if (!endpoint) {
     // edgepg-proxy serves /sql next to /v2: the WebSocket address this Pool would use, as http(s)
     const own: EdgeConfig = { ...edgeConfig, ...definedOnly({ wsProxy: options.wsProxy, useSecureWebSocket: options.useSecureWebSocket }) }
@@ -522,6 +523,6 @@ function sqlForPool(options: any, transport: HttpTransportOptions): HttpSql<bool
     ws.search = ''
     endpoint = ws.href
   }
-  const { fetchOptions, authToken, fetch } = transport
+  const { fetchOptions, fetch } = transport
   return makeSql({ url: endpoint, connectionString: resolver(url, password), fetch: fetch ?? edgeConfig.fetchFunction }, { fullResults: true, types: options.types, fetchOptions, authToken })
 }

@@ -11,3 +11,14 @@ declare module 'pg/lib/crypto/utils.js' {
   const utils: { postgresMd5PasswordHash(user: string, password: string, salt: Buffer): Promise<string> }
   export default utils
 }
+// pg's pgpass package, with a file of the proxy's choosing (proxy/auth/passfile.ts).
+declare module 'pgpass/lib/helper.js' {
+  import type { Stats } from 'node:fs'
+  import type { Readable } from 'node:stream'
+  const helper: {
+    getFileName(env?: NodeJS.ProcessEnv): string
+    usePgPass(stats: Stats, file: string): boolean
+    getPassword(connInfo: { host: string; port: string; database: string; user: string }, stream: Readable, cb: (password: string | undefined) => void): void
+  }
+  export default helper
+}

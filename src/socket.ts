@@ -57,6 +57,8 @@ export class WebSocketSocket extends QueuedSocket {
   deferOpen = false
   /** The PasswordMessage to carry in the upgrade (where the link is private); set before the first flush. */
   secret?: Uint8Array
+  /** Or the `authToken` (a TOKEN_MESSAGE): only ever carried in the upgrade, to edgepg-proxy, over a private link. */
+  token?: Uint8Array
   /** The proxy took the login from the upgrade (it selected edgepg's subprotocol). */
   loginTaken = false
   /** The proxy takes a cancel on this WebSocket (it selected SUBPROTOCOL_CANCEL). */
@@ -107,10 +109,11 @@ export class WebSocketSocket extends QueuedSocket {
 
   /** Opens the WebSocket; `first`: the first flight, offered as the login. */
   private open(first?: Uint8Array, offer = !refusesSubprotocol.has(this.url)) {
-    const secret = this.secret && privateLink(this.url) ? [this.secret] : []
+    const secret = this.token ? [this.token] : this.secret && privateLink(this.url) ? [this.secret] : []
     const tls = this.upstreamTls && first ? [upstreamTlsRequest(this.upstreamTls)] : []
     const login = first && base64url(Buffer.concat([...tls, first, ...secret]))
     const fits = login !== undefined && login.length <= MAX_LOGIN_CHARS
+    if (this.token && first && !(privateLink(this.url) && fits && offer)) return this.failSoon(new Error('authToken needs edgepg-proxy over wss:// (or on this machine), and under 8 KB'))
     // In band, TLS to Postgres could not be asked for: better no connection than one without it.
     if (tls.length && offer && !fits) return this.failSoon(new Error(`the login is too large for the upgrade (${login!.length} characters, at most ${MAX_LOGIN_CHARS}), and \`ssl\` needs it there`))
     const protocols = !offer ? undefined : fits ? [SUBPROTOCOL_CANCEL, SUBPROTOCOL, LOGIN_PREFIX + login] : [SUBPROTOCOL_CANCEL, SUBPROTOCOL]

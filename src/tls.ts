@@ -215,7 +215,7 @@ export class TlsSocket extends QueuedSocket {
       const during = this.handshaking ? ' during the TLS handshake' : ''
       const hint =
         this.handshaking && this.pipelined
-          ? " (PostgreSQL ≤ 16 hangs on a ClientHello pipelined behind an SSLRequest unless the proxy handles SSLRequest, as edgepg-proxy does; or set pipelineTLS: false)"
+          ? " (PostgreSQL ≤ 16 hangs on a ClientHello pipelined behind an SSLRequest, unless edgepg-proxy answers it; or set pipelineTLS: false)"
           : ''
       this.emit('error', new Error(`edgepg: TLS to Postgres at ${this.where} (via ${this.url}) failed: ${err.message}${during}${hint}`, { cause: err }))
     }

@@ -496,6 +496,22 @@ test('/sql: where the database runs code of its own (a trigger), a request that 
   }
 })
 
+test('/sql: a row-level security policy that sets something counts as code the database runs: a request that reads is reset', async () => {
+  const table = `${scratch.name}_rls`
+  await scratch.tcp.query(`CREATE TABLE ${table} (x int); INSERT INTO ${table} VALUES (1)`)
+  await scratch.tcp.query(`ALTER TABLE ${table} ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY`)
+  await scratch.tcp.query(`CREATE POLICY p ON ${table} USING (set_config('statement_timeout', '4321', false) IS NOT NULL)`)
+  const p = await sqlProxy(1)
+  try {
+    const fresh = rowsOf(await post(p, "SELECT current_setting('statement_timeout') AS st"))[0]
+    assert.equal((await post(p, `SELECT x FROM ${table}`)).status, 200)
+    assert.deepEqual(rowsOf(await post(p, "SELECT current_setting('statement_timeout') AS st"))[0], fresh)
+  } finally {
+    await p.close()
+    await scratch.tcp.query(`DROP TABLE ${table}`)
+  }
+})
+
 test('/sql: an exhausted pool answers 503 with SQLSTATE 53300 past --pool-timeout, naming the flags', async () => {
   const p = await sqlProxy(1, 300)
   try {

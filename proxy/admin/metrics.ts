@@ -25,6 +25,7 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
  * - `over_budget`: closed with 1009, a message not fitting in `--max-client-buffer`
  * - `cancel_dropped`: a CancelRequest not sent on (a key the proxy never issued, or over `--max-cancels-per-ip`)
  * - `shutdown`: the proxy closed the session while shutting down
+ * - `token_expired`: the token the session logged in with expired (proxy/auth/tokens.ts)
  */
 export const OUTCOME_KINDS = [
   'ok',
@@ -37,6 +38,7 @@ export const OUTCOME_KINDS = [
   'over_budget',
   'cancel_dropped',
   'shutdown',
+  'token_expired',
 ] as const
 export type OutcomeKind = (typeof OUTCOME_KINDS)[number]
 

@@ -27,7 +27,7 @@ import {
 } from '../wire/startup'
 import { Upstream, type ClientTls, type UpstreamTls } from '../upstream/connection'
 import type { HostPort } from '../upstream/address'
-import { LOGIN_PREFIX, MAX_LOGIN_CHARS, UPSTREAM_TLS_REQUEST } from '../../src/config'
+import { LOGIN_PREFIX, MAX_LOGIN_CHARS, TOKEN_MESSAGE, UPSTREAM_TLS_REQUEST } from '../../src/config'
 import { ClientMessage, SslAnswer } from '../wire/codes'
 
 export interface Login {
@@ -36,6 +36,8 @@ export interface Login {
   first: StartupPacket
   /** The password from the PasswordMessage behind a StartupMessage, if the client sent one. */
   password?: string
+  /** Or a signed token (edgepg's TOKEN_MESSAGE), for proxy/auth/tokens.ts: the proxy logs in as the role it names. */
+  token?: string
   /** What followed an SSLRequest: the TLS ClientHello. */
   rest: Buffer
   /** TLS to Postgres the client asked the proxy for. */
@@ -77,17 +79,20 @@ function parseLogin(bytes: Buffer): Omit<Login, 'bytes'> {
     if (behind.tls || behind.first.kind === 'ssl') throw new ProtocolError('TLS asked for twice')
     return { ...behind, tls: parseTlsRequest(bytes.subarray(8, length)) }
   }
-  const first = parseStartupPacket(bytes.subarray(0, length))
   const rest = bytes.subarray(length)
+  const first = parseStartupPacket(bytes.subarray(0, length), rest[0] === TOKEN_MESSAGE)
   if (first.kind === 'gssenc') throw new ProtocolError('GSSAPI encryption is not supported')
   if (first.kind === 'ssl') return { first, rest }
   if (first.kind === 'cancel' || rest.length === 0) {
     if (rest.length) throw new ProtocolError('unexpected bytes after the CancelRequest')
     return { first, rest }
   }
-  // A PasswordMessage, and nothing after it.
-  if (rest[0] !== ClientMessage.Password || rest.length < 5 || rest.readInt32BE(1) !== rest.length - 1) throw new ProtocolError('expected one password message after the startup message')
-  return { first, rest: Buffer.alloc(0), password: cString(rest.subarray(5)) }
+  // A PasswordMessage (or a token), and nothing after it.
+  if ((rest[0] !== ClientMessage.Password && rest[0] !== TOKEN_MESSAGE) || rest.length < 5 || rest.readInt32BE(1) !== rest.length - 1) {
+    throw new ProtocolError('expected one password message after the startup message')
+  }
+  const secret = cString(rest.subarray(5))
+  return rest[0] === TOKEN_MESSAGE ? { first, rest: Buffer.alloc(0), token: secret } : { first, rest: Buffer.alloc(0), password: secret }
 }
 
 function parseTlsRequest(body: Buffer): ClientTls {

@@ -127,10 +127,13 @@ export class BackendPool {
     return this.idle.get(key)?.length ?? 0
   }
 
-  /** The pool key of a login: never the password itself. */
-  key(upstream: string, tls: unknown, startup: Buffer, password: string | undefined): string {
+  /**
+   * The pool key of a login: never the password itself. Logins by token (`forTokens`) have keys of
+   * their own: their backends carry claims (proxy/auth/claims.ts), set anew for each session.
+   */
+  key(upstream: string, tls: unknown, startup: Buffer, password: string | undefined, forTokens = false): string {
     const secret = password === undefined ? '' : createHmac('sha256', this.hmacKey).update(password).digest('base64')
-    return JSON.stringify([upstream, tls ?? null, startup.toString('base64'), secret])
+    return JSON.stringify([upstream, tls ?? null, startup.toString('base64'), secret, ...(forTokens ? ['tokens'] : [])])
   }
 
   /**

@@ -13,8 +13,8 @@ import type { BackendKey } from '../wire/startup'
 import type { Backend, BackendPool } from './backends'
 import type { LoginOutcome } from '../login/in-upgrade'
 import type { Upstream } from '../upstream/connection'
-import { messages } from '../wire/bytes'
-import { ServerMessage, TxStatus } from '../wire/codes'
+import { exchange } from '../upstream/exchange'
+import { TxStatus } from '../wire/codes'
 import type { Ending } from './idle-watch'
 
 
@@ -23,22 +23,24 @@ const CLEAN: Ending = { pending: 0, status: TxStatus.Idle, reusable: true, clean
 
 /**
  * Whether the database runs code of its own on reads and writes, which may set anything: triggers,
- * rules (on its own tables: OIDs from 16384), policies, user functions (not an extension's), or
- * state-setting calls in views, defaults and checks.
+ * rules (on its own tables: OIDs from 16384), user functions (not an extension's, nor setup-auth's:
+ * proxy/auth/setup.ts, which set no session state), or state-setting calls in policies, views,
+ * defaults and checks.
  */
 export const RUNS_CODE = serialize.query(`SELECT
   EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE NOT tgisinternal)
   OR EXISTS (SELECT 1 FROM pg_catalog.pg_rewrite WHERE rulename <> '_RETURN' AND ev_class >= 16384)
-  OR EXISTS (SELECT 1 FROM pg_catalog.pg_policy)
+  OR EXISTS (SELECT 1 FROM pg_catalog.pg_policy
+             WHERE coalesce(pg_catalog.pg_get_expr(polqual, polrelid), '') || coalesce(pg_catalog.pg_get_expr(polwithcheck, polrelid), '') ~* 'set_config|advisory_lock|dblink')
   OR EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger)
   OR EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-             WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
+             WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'edgepg')
+               AND NOT (n.nspname = 'auth' AND p.proname IN ('jwt', 'user_id') AND pg_catalog.pg_get_functiondef(p.oid) LIKE '%edgepg.claims()%')
                AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'))
   OR EXISTS (SELECT 1 FROM pg_catalog.pg_views WHERE schemaname NOT IN ('pg_catalog', 'information_schema') AND definition ~* 'set_config|advisory_lock|dblink')
   OR EXISTS (SELECT 1 FROM pg_catalog.pg_attrdef WHERE pg_catalog.pg_get_expr(adbin, adrelid) ~* 'set_config|advisory_lock|dblink')
   OR EXISTS (SELECT 1 FROM pg_catalog.pg_constraint WHERE contype = 'c' AND pg_catalog.pg_get_expr(conbin, conrelid) ~* 'set_config|advisory_lock|dblink')`)
 const DISCARD_SEQUENCES = serialize.query('DISCARD SEQUENCES')
-const DATA_ROW = 0x44
 
 /** Transaction pooling's events, for the metrics. */
 export interface LendingMetrics {
@@ -313,34 +315,8 @@ export class Lender {
     return backend
   }
 
-  /**
-   * Sends `query` (`readies` statements) on an idle backend and reads up to its last ReadyForQuery
-   * (the first column of the first row to `onRow`); true if it all went well.
-   */
+  /** Sends `query` (`readies` statements) on an idle backend; true if it all went well and left it idle. */
   private exchange(backend: Backend, query: Buffer, onRow?: (value: string) => void, readies = 1): Promise<boolean> {
-    return new Promise((resolve) => {
-      let got = Buffer.alloc(0)
-      let ok = true
-      const take = (chunk: Buffer) => {
-        got = Buffer.concat([got, chunk])
-        for (const m of messages(got)) {
-          got = got.subarray(m.length)
-          if (m[0] === ServerMessage.ErrorResponse) ok = false
-          if (m[0] === DATA_ROW && m.readInt16BE(5) > 0 && m.readInt32BE(7) >= 0) onRow?.(m.toString('utf8', 11, 11 + m.readInt32BE(7)))
-          if (m[0] === ServerMessage.ReadyForQuery && --readies === 0) return finish(ok && m[5] === TxStatus.Idle)
-        }
-      }
-      const onClose = () => finish(false)
-      const finish = (ok: boolean) => {
-        backend.upstream.off('close', onClose)
-        resolve(ok)
-      }
-      if (backend.upstream.gone) return finish(false)
-      backend.upstream.on('close', onClose)
-      const early = backend.upstream.relay(take)
-      if (early.length) take(early)
-      backend.upstream.resume()
-      backend.upstream.write(query)
-    })
+    return exchange(backend.upstream, query, readies, onRow).then((answer) => !!answer && !answer.error && answer.idle)
   }
 }

@@ -17,7 +17,8 @@
  * - `Neon-Batch-Isolation-Level` (ReadUncommitted | ReadCommitted | RepeatableRead | Serializable),
  *   `Neon-Batch-Read-Only: true`, `Neon-Batch-Deferrable: true`: how a batch's transaction starts
  *   (ignored for a single query, as Neon does); echoed on a batch's response.
- * - `Authorization: Bearer <token>`: ignored unless an `authToken` check is configured.
+ * - `Authorization: Bearer <token>`: with `tokens`, a signed token the request runs by (the role it
+ *   names, its claims for edgepg.claims()); else ignored unless an `authToken` check is configured.
  *
  * Response 200: `{"command", "rowCount", "rowAsArray", "fields": [{name, dataTypeID, tableID,
  * columnID, dataTypeSize, dataTypeModifier, format: "text"}], "rows"}` (command "" and rowCount null
@@ -57,6 +58,8 @@ import { formatHostPort, type HostPort } from '../upstream/address'
 import { BackendPool, type PoolOptions } from '../pool/backends'
 import type { Lenders } from '../pool/lenders'
 import type { UpstreamTls } from '../upstream/connection'
+import type { TokenLogins } from '../auth/token-login'
+import type { TokenRefused } from '../auth/tokens'
 import { Control, Leases } from './lease'
 import { runRequest, TooLarge, type Response } from './run'
 import { header, HttpError, parseFlags, parsePayload, readBody, singleHeader, type BodyBudget } from './request'
@@ -117,6 +120,12 @@ export interface SqlOptions {
    * header is accepted and ignored (neon()'s `authToken` option sends it).
    */
   authToken?: (token: string | undefined, req: IncomingMessage) => boolean | Promise<boolean>
+  /**
+   * Logins by signed token (proxy/auth/): a request with `Authorization: Bearer <JWT>` runs as the
+   * role the token names, whatever user and password its connection string gives (HTTP 401 for a
+   * token refused).
+   */
+  tokens?: TokenLogins
   /**
    * application_name of the logins this handler makes. Default: none, as a default pg Client's, so
    * that WebSocket sessions and /sql share backends.
@@ -214,21 +223,27 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
   /** `readBy`: when the body must have arrived (performance.now() time). */
   async function serve(req: IncomingMessage, ctl: Control, log: SqlLog, readBy: number): Promise<Response> {
     if (closing) throw new HttpError(503, 'edgepg-proxy is shutting down')
-    const credentials = leases.credentialsFor(singleHeader(req, 'neon-connection-string'))
+    const auth = header(req, 'authorization')
+    const token = auth === undefined ? undefined : /^Bearer\s+(.*)$/i.exec(auth)?.[1]
+    const byToken = token !== undefined && options.tokens !== undefined
+    let credentials = leases.credentialsFor(singleHeader(req, 'neon-connection-string'), byToken)
     const { conn } = credentials
-    if (conn.password !== undefined && !options.allowInsecurePasswords && !('encrypted' in req.socket) && !isLoopback(req.socket.remoteAddress ?? '')) {
-      throw new HttpError(403, 'a password over plain http:// from a non-loopback client is refused: use https:// (or --allow-insecure-passwords when TLS ends in front of the proxy)')
+    if ((conn.password !== undefined || byToken) && !options.allowInsecurePasswords && !('encrypted' in req.socket) && !isLoopback(req.socket.remoteAddress ?? '')) {
+      throw new HttpError(403, `a ${byToken ? 'token' : 'password'} over plain http:// from a non-loopback client is refused: use https:// (or --allow-insecure-passwords when TLS ends in front of the proxy)`)
     }
     const flags = parseFlags(req)
-    if (options.authToken) {
-      const auth = header(req, 'authorization')
-      const token = auth === undefined ? undefined : /^Bearer\s+(.*)$/i.exec(auth)?.[1]
-      if (!(await options.authToken(token, req))) throw new HttpError(401, 'authorization token refused')
-    }
+    if (options.authToken && !(await options.authToken(token, req))) throw new HttpError(401, 'authorization token refused')
     const verdict = await isAllowed(conn.named)
     if (!verdict) throw new HttpError(403, `host ${formatHostPort(conn.named)} is not an allowed upstream`)
     const target = verdict === true ? conn.named : verdict
     log.upstream = formatHostPort(target)
+    if (byToken) {
+      // (A URL naming neither user nor database: Postgres's default then, the role's name.)
+      const { identity, password, database } = await options.tokens!.identify(token!, target, conn.database || undefined).catch((err: TokenRefused) => {
+        throw new HttpError(err.code === '08001' ? 503 : 401, err.message, err.code)
+      })
+      credentials = leases.credentialsAs(conn, identity.role, password, identity.claims, database)
+    }
 
     const body = await readBody(req, maxBody, readBy - performance.now(), options.budget)
     log.bytesIn = body.length

@@ -14,6 +14,7 @@ import { Upstream, type UpstreamTls } from '../upstream/connection'
 import { loginAs, type LoginOutcome } from '../login/in-upgrade'
 import { LoginWatch, parseStartupPacket, UpstreamError, type BackendKey } from '../wire/startup'
 import { Statements } from './statements'
+import { ClaimsError, setClaims } from '../auth/claims'
 import { HttpError, parseConnectionString, type ConnInfo } from './request'
 
 export interface LeaseOptions {
@@ -87,6 +88,8 @@ export interface Credentials {
   conn: ConnInfo
   startup: Buffer
   keys: Map<string, string>
+  /** A request by token: its claims, set on the backend before its statements run (proxy/auth/claims.ts). */
+  claims?: string
 }
 
 /** Connection strings remembered parsed, at most. */
@@ -109,15 +112,28 @@ export class Leases {
    * A connection string, parsed once, with the StartupMessage a default pg Client sends for it:
    * most requests repeat the same few. (Held in memory, as the requests themselves are.)
    */
-  credentialsFor(text: string | undefined): Credentials {
+  credentialsFor(text: string | undefined, anyUser = false): Credentials {
     const known = text === undefined ? undefined : this.credentials.get(text)
     if (known) return known
-    const conn = parseConnectionString(text, this.o.upstream)
+    const conn = parseConnectionString(text, this.o.upstream, anyUser)
     const startup = serialize.startup({ user: conn.user, database: conn.database, ...(this.o.applicationName && { application_name: this.o.applicationName }) })
     if (this.credentials.size >= MAX_CREDENTIALS) this.credentials.delete(this.credentials.keys().next().value!)
     const parsed = { conn, startup, keys: new Map<string, string>() }
     this.credentials.set(text!, parsed)
     return parsed
+  }
+
+  /** A request by token: `conn`'s database as `role`, with the role's password and the token's claims. */
+  credentialsAs(conn: ConnInfo, role: string, password: string, claims: string, database: string): Credentials {
+    const text = JSON.stringify(['token', conn.named.host, conn.named.port, database, role, password])
+    const known = this.credentials.get(text)
+    if (known) return { ...known, claims }
+    const as = { ...conn, user: role, password, database }
+    const startup = serialize.startup({ user: role, database, ...(this.o.applicationName && { application_name: this.o.applicationName }) })
+    if (this.credentials.size >= MAX_CREDENTIALS) this.credentials.delete(this.credentials.keys().next().value!)
+    const parsed = { conn: as, startup, keys: new Map<string, string>() }
+    this.credentials.set(text, parsed)
+    return { ...parsed, claims }
   }
 
   /**
@@ -128,7 +144,7 @@ export class Leases {
   async with<T>(target: HostPort, credentials: Credentials, ctl: Control, use: (lease: Lease) => Promise<T>): Promise<T> {
     const name = formatHostPort(target)
     const { keys, conn, startup } = credentials
-    const key = keys.get(name) ?? keys.set(name, this.o.backends.key(name, undefined, startup, conn.password)).get(name)!
+    const key = keys.get(name) ?? keys.set(name, this.o.backends.key(name, undefined, startup, conn.password, credentials.claims !== undefined)).get(name)!
     const { lenders } = this.o
     if (!lenders) await this.waitTurn(key, ctl)
     try {
@@ -136,6 +152,7 @@ export class Leases {
         const lease = (ctl.lease = await (lenders ? this.borrow(lenders, target, credentials, key, ctl) : this.lease(target, credentials, key)))
         try {
           if (ctl.aborted) throw new HttpError(499, 'client went away')
+          if (credentials.claims !== undefined) await this.setClaims(lease, ctl, credentials.claims)
           return await use(lease)
         } catch (err) {
           if (!(lease.unpinged && lease.statements.broken && lease.statements.answered === 0 && !ctl.aborted)) throw err
@@ -148,6 +165,25 @@ export class Leases {
     } finally {
       if (!lenders) this.endTurn(key)
     }
+  }
+
+  /** The token's claims on the lease's backend before anything else runs there (it is pinged too, then). */
+  private async setClaims(lease: Lease, ctl: Control, claims: string) {
+    const { statements } = lease
+    const send = (bytes: Buffer) => statements.own(bytes).then(() => undefined, (err: DatabaseError) => {
+      if (statements.broken) throw err // (a warm backend that died while idle: tried again on another, see with())
+      return { code: err.code ?? '', message: err.message }
+    })
+    try {
+      await setClaims(lease.upstream, claims, send)
+    } catch (err) {
+      if (err instanceof ClaimsError) {
+        ctl.tainted = true
+        throw new HttpError(500, err.message, err.code)
+      }
+      throw err
+    }
+    lease.unpinged = false
   }
 
   /** Waits for one of the `perKey` turns at a backend for `key` (503 after connectTimeoutMs). */

@@ -58,7 +58,8 @@ export interface ConnInfo {
   password?: string
 }
 
-export function parseConnectionString(text: string | undefined, upstream: HostPort): ConnInfo {
+/** `anyUser`: the request is by token, which names the role: the URL may name no user. */
+export function parseConnectionString(text: string | undefined, upstream: HostPort, anyUser = false): ConnInfo {
   if (!text) throw new HttpError(400, 'missing Neon-Connection-String header (postgresql://user:password@host/database)')
   const scheme = /^([a-z][a-z0-9+.-]*):/i.exec(text)?.[1]?.toLowerCase()
   if (scheme !== 'postgres' && scheme !== 'postgresql') throw new HttpError(400, 'Neon-Connection-String must be a postgresql:// URL')
@@ -77,7 +78,7 @@ export function parseConnectionString(text: string | undefined, upstream: HostPo
     }
   }
   const user = decode(url.username, 'user name')
-  if (!user) throw new HttpError(400, 'Neon-Connection-String has no user name')
+  if (!user && !anyUser) throw new HttpError(400, 'Neon-Connection-String has no user name')
   if (!url.hostname) throw new HttpError(400, 'Neon-Connection-String has no host')
   const host = url.hostname.replace(/^\[(.*)\]$/, '$1').toLowerCase()
   const port = url.port ? Number(url.port) : host === upstream.host ? upstream.port : 5432

@@ -86,6 +86,11 @@ export class Statements {
     return this.send(SYNC)
   }
 
+  /** Messages of the proxy's own, ending in one Sync: answered as one statement. */
+  own(bytes: Buffer): Promise<Outcome> {
+    return this.send(bytes)
+  }
+
   /** The stream goes back to its owner: nothing of it is read here any more. */
   detach() {
     this.upstream.off('close', this.onClose)

@@ -21,8 +21,11 @@ export type StartupPacket =
   | { kind: 'cancel'; packet: Buffer }
   | { kind: 'gssenc'; packet: Buffer }
 
-/** Parses a whole startup-phase packet (length included); throws a ProtocolError for anything else. */
-export function parseStartupPacket(packet: Buffer): StartupPacket {
+/**
+ * Parses a whole startup-phase packet (length included); throws a ProtocolError for anything else.
+ * `anyUser`: a StartupMessage may name no user (a login by token: the token names the role).
+ */
+export function parseStartupPacket(packet: Buffer, anyUser = false): StartupPacket {
   const length = packet.length >= 8 ? packet.readInt32BE(0) : 0
   if (length < 8 || length > MAX_STARTUP_PACKET || length !== packet.length) throw new ProtocolError(`invalid startup packet length ${length}`)
   const code = packet.readInt32BE(4)
@@ -31,8 +34,8 @@ export function parseStartupPacket(packet: Buffer): StartupPacket {
   if (code === GSSENC_REQUEST) return { kind: 'gssenc', packet }
   if (code >> 16 !== 3) throw new ProtocolError(`unsupported frontend protocol ${code >> 16}.${code & 0xffff}`)
   const params = parseStartupParams(packet.subarray(8))
-  if (!params.user) throw new ProtocolError('no PostgreSQL user name specified in startup packet', '28000')
-  return { kind: 'startup', packet, user: params.user, database: params.database ?? params.user }
+  if (!params.user && !anyUser) throw new ProtocolError('no PostgreSQL user name specified in startup packet', '28000')
+  return { kind: 'startup', packet, user: params.user ?? '', database: params.database ?? params.user ?? '' }
 }
 
 /** What a CancelRequest for one backend needs: its BackendKeyData. */
@@ -104,6 +107,16 @@ export class UnexpectedMessage extends UpstreamError {
 export function cString(buf: Buffer): string {
   const end = buf.indexOf(0)
   return buf.toString('utf8', 0, end < 0 ? buf.length : end)
+}
+
+/** A StartupMessage like `packet` (protocol and parameters, in order) but for `user`. */
+export function startupAs(packet: Buffer, user: string): Buffer {
+  const params = { ...parseStartupParams(packet.subarray(8)), user }
+  const body = Buffer.from(Object.entries(params).map(([k, v]) => `${k}\0${v}\0`).join('') + '\0', 'utf8')
+  const head = Buffer.alloc(8)
+  head.writeInt32BE(8 + body.length, 0)
+  head.writeInt32BE(packet.readInt32BE(4), 4)
+  return Buffer.concat([head, body])
 }
 
 export function parseStartupParams(buf: Buffer): Record<string, string> {

@@ -21,6 +21,7 @@ import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse, type BackendKey } from '../wire/startup'
 import type { BufferBudget } from './budget'
 import { cancelNamed } from './cancels'
+import { setClaims, type ClaimsError } from '../auth/claims'
 import { closeWebSocket, type OutcomeKind, type RunningSession, type SessionLog } from './session'
 
 export interface LentSessionOptions {
@@ -37,6 +38,8 @@ export interface LentSessionOptions {
   follow(running: () => BackendKey | undefined): () => void
   /** Statements each backend keeps for the sessions it serves (--pool-statements). */
   statementsPerBackend: number
+  /** A login by token: its claims, set on each backend lent to the session before anything of its runs there (proxy/auth/claims.ts). */
+  claims?: string
 }
 
 /** What a session pinned to its backend holds that no other may see. */
@@ -102,8 +105,9 @@ class LentSession implements RunningSession {
     ws.on('error', (err) => this.end('client_error', `client error: ${err.message}`))
   }
 
-  close(kind: 'timeout' | 'shutdown', code: number, reason: string) {
+  close(kind: 'timeout' | 'shutdown' | 'token_expired', code: number, reason: string, last?: Buffer) {
     this.end(kind, reason.replace(/^edgepg-proxy: /, ''))
+    if (last) this.toClient(last)
     closeWebSocket(this.ws, code, reason)
   }
 
@@ -191,26 +195,40 @@ class LentSession implements RunningSession {
   private acquire() {
     this.acquiring = true
     this.o.lender.acquire((leave) => (this.leaveLine = leave)).then(
-      (backend) => {
-        this.acquiring = false
+      async (backend) => {
         this.leaveLine = undefined
-        if (this.ended) return this.o.lender.giveBack(backend)
+        if (this.ended) return (this.acquiring = false), this.o.lender.giveBack(backend)
+        if (this.o.claims !== undefined) {
+          try {
+            await setClaims(backend.upstream, this.o.claims)
+          } catch (err) {
+            this.o.lender.lost(backend) // (closed: it serves no one)
+            return this.refuseWaiting(err as ClaimsError)
+          }
+          if (this.ended) return (this.acquiring = false), this.o.lender.giveBack(backend)
+        }
+        this.acquiring = false
         this.startLend(backend)
         const msgs = this.waiting
         this.waiting = []
         this.send(msgs)
       },
       (err: Error & { code?: string }) => {
-        this.acquiring = false
         this.leaveLine = undefined
-        if (this.ended) return
-        // Each Query and Sync waiting gets Postgres's way of saying no: an error, then ReadyForQuery.
-        const answers = this.waiting.filter((m) => m[0] === ClientMessage.Query || m[0] === ClientMessage.Sync).length
-        this.waiting = []
-        for (let i = 0; i < answers; i++) this.toClient(Buffer.concat([errorResponse(err.code ?? '08006', `edgepg-proxy: ${err.message}`, 'ERROR'), READY_IDLE]))
-        this.readies += answers
+        if (!this.ended) this.refuseWaiting(err, `edgepg-proxy: ${err.message}`)
+        else this.acquiring = false
       }
     )
+  }
+
+  /** No backend for what waits: each Query and Sync gets Postgres's way of saying no, an error and ReadyForQuery. */
+  private refuseWaiting(err: Error & { code?: string }, message = err.message) {
+    this.acquiring = false
+    if (this.ended) return
+    const answers = this.waiting.filter((m) => m[0] === ClientMessage.Query || m[0] === ClientMessage.Sync).length
+    this.waiting = []
+    for (let i = 0; i < answers; i++) this.toClient(Buffer.concat([errorResponse(err.code ?? '08006', message, 'ERROR'), READY_IDLE]))
+    this.readies += answers
   }
 
   private startLend(backend: Backend) {

@@ -13,7 +13,10 @@ import type { Lenders } from '../pool/lenders'
 import { Upstream, type ClientTls, type UpstreamTls } from '../upstream/connection'
 import { loginAs, redactLogin, runLogin, takeLogin, type Login, type LoginOutcome } from '../login/in-upgrade'
 import { UNUSED, type Backend, type BackendPool } from '../pool/backends'
-import { UpstreamError, type BackendKey } from '../wire/startup'
+import { errorResponse, UpstreamError, type BackendKey } from '../wire/startup'
+import type { TokenLogins } from '../auth/token-login'
+import type { Identity } from '../auth/tokens'
+import { setClaims, type ClaimsError } from '../auth/claims'
 import { FIRST_FLIGHT_BYTES, type BufferBudget } from './budget'
 import type { LoginGate, LoginTicket } from '../login/gate'
 import type { Cancels } from './cancels'
@@ -35,6 +38,8 @@ export interface RouteOptions {
   cancels: Cancels
   /** Transaction pooling (proxy/pool/lenders.ts), for the logins the proxy runs with a password; else each session holds its backend. */
   lenders?: Lenders
+  /** Logins by signed token (proxy/auth/); without it a login carrying a token is refused. */
+  tokens?: TokenLogins
   maxSessions?: number
   maxSessionsPerIp?: number
   handshakeTimeoutMs: number
@@ -134,7 +139,7 @@ export class WebSocketRoutes {
       const n = (this.perIp.get(peer) ?? 1) - 1
       n ? this.perIp.set(peer, n) : this.perIp.delete(peer)
     }
-    const passwordsAllowed = 'encrypted' in req.socket || isLoopback(peer) || this.o.allowInsecurePasswords === true
+    let passwordsAllowed = 'encrypted' in req.socket || isLoopback(peer) || this.o.allowInsecurePasswords === true
     // The login leaves the headers here: ws negotiates the rest, and nothing logs it.
     const { protocols, login, problem } = takeLogin(req.headers['sec-websocket-protocol'])
     if (protocols === undefined) delete req.headers['sec-websocket-protocol']
@@ -150,6 +155,8 @@ export class WebSocketRoutes {
     let ticket: LoginTicket | undefined
     /** Transaction pooling: the lender whose answer the login got, and the cancel key it told. */
     let lent: { lender: Lender; told: BackendKey } | undefined
+    /** A login by token: who it proves (its claims go to Postgres before anything of the session's runs). */
+    let identity: Identity | undefined
     // Nothing connects to Postgres before the login is in, and admitted.
     const newUpstream = () => (up = new Upstream(target, this.o.upstreamTls))
     const connect = async (login: boolean) => {
@@ -183,6 +190,12 @@ export class WebSocketRoutes {
       if (!ws) drop()
       loginGone()
     })
+    let expiry: NodeJS.Timeout | undefined
+    // A session outlives no token: at its exp, Postgres's kind of goodbye (a FATAL), then the close.
+    const expireAt = (session: WebSocket, at: number) => {
+      const message = `edgepg-proxy: the session's token expired at ${new Date(at).toISOString()}; connect again with a fresh token`
+      expiry = setTimeout(() => this.sessions.get(session)?.close('token_expired', 1008, 'edgepg-proxy: token expired', errorResponse('28000', message)), Math.max(0, at - Date.now())).unref()
+    }
     const upgrade = (opened?: LoginOutcome | Error) => {
       if (ws) return
       if (socket.destroyed) return void drop()
@@ -199,6 +212,7 @@ export class WebSocketRoutes {
           release()
           loginGone()
           idle.stop()
+          clearTimeout(expiry)
         })
         const log = (entry: SessionLog) => {
           metrics.sessionClosed(entry)
@@ -210,6 +224,7 @@ export class WebSocketRoutes {
                 lender: lent.lender, answer: opened.answer, loginBytes: login?.bytes ?? 0, peer, upstream: name, budget: this.o.budget, log, onActivity: idle.touch,
                 follow: (running) => this.o.cancels.follow(name, lent!.told, running),
                 statementsPerBackend: this.o.lenders!.o.statements,
+                claims: identity?.claims,
               })
             : runSession(session, {
                 upstream: up ?? newUpstream(), opened, loginBytes: login?.bytes, peer, offload, passwordsAllowed, connect, routeCancel,
@@ -224,39 +239,71 @@ export class WebSocketRoutes {
               })
         if (lent) loginAccepted()
         this.sessions.set(session, running) // (its close event comes later, and takes it out)
+        if (identity) expireAt(session, identity.expiresAt)
       })
       socket.uncork()
     }
 
-    // A login the proxy runs in full, with a password it can compare, may get a warm backend.
-    const poolKey = login && offload && pool.enabled && login.first.kind === 'startup' ? pool.key(name, login.tls, login.first.packet, login.password) : undefined
+    const { lenders, upstreamTls } = this.o
+    const keyOf = (login: Login) =>
+      login.first.kind === 'startup' && pool.enabled ? pool.key(name, login.tls, login.first.packet, login.password, identity !== undefined) : undefined
     if (problem || !login) return upgrade(problem)
-    const fresh = () => {
-      const upstream = newUpstream()
-      const io = { upstream: upstream.queue, toUpstream: (b: Buffer) => void upstream.write(b), passwordsAllowed, offload, connect, routeCancel, secureUpstream: (asked?: ClientTls) => upstream.secure(asked) }
-      return runLogin(io, login).then((outcome) => ({ upstream, outcome }))
-    }
-    const { lenders } = this.o
-    // Transaction pooling: a key's logins are answered by its lender, once its first login has made one.
-    const welcome = (lender: Lender) => {
-      const { outcome, told } = lender.welcome()
-      lent = { lender, told }
-      upgrade(outcome)
-    }
-    const open = () => {
+    if (login.token === undefined || login.first.kind !== 'startup') return start(login)
+    // A token: the proxy logs in as the role it names (over a link a password could cross, too).
+    const { tokens } = this.o
+    if (!tokens) return upgrade(refusal('28000', 'edgepg-proxy: this proxy takes no tokens (it was started without --jwks-url or --jwt-secret-file); log in with a password'))
+    if (!passwordsAllowed) return upgrade(refusal('28000', 'edgepg-proxy: a token over plain ws:// from another machine is refused: use wss://'))
+    tokens.login(login as Login & { first: { kind: 'startup' } }, target).then(
+      (byToken) => {
+        identity = byToken.identity
+        passwordsAllowed = true // (the role's password comes from the proxy's passfile)
+        start(byToken.login)
+      },
+      (err: Error & { code?: string }) => upgrade(refusal(err.code ?? '28000', err.message))
+    )
+
+    function start(login: Login) {
+      // A login the proxy runs in full, with a password it can compare, may get a warm backend.
+      const poolKey = offload || identity ? keyOf(login) : undefined
+      const fresh = () => {
+        const upstream = newUpstream()
+        const io = { upstream: upstream.queue, toUpstream: (b: Buffer) => void upstream.write(b), passwordsAllowed, offload: offload || identity !== undefined, connect, routeCancel, secureUpstream: (asked?: ClientTls) => upstream.secure(asked) }
+        return runLogin(io, login).then((outcome) => ({ upstream, outcome }))
+      }
+      // Transaction pooling: a key's logins are answered by its lender, once its first login has made one.
+      const welcome = (lender: Lender) => {
+        const { outcome, told } = lender.welcome()
+        lent = { lender, told }
+        upgrade(outcome)
+      }
       const known = poolKey && lenders?.get(poolKey)
       if (known) return welcome(known)
-      const opening = poolKey && lenders ? lenders.lenderFor(poolKey, () => pool.open(poolKey, fresh), relogin(target, this.o.upstreamTls, login)) : pool.open(poolKey, fresh)
+      const opening = poolKey && lenders ? lenders.lenderFor(poolKey, () => pool.open(poolKey, fresh), relogin(target, upstreamTls, login)) : pool.open(poolKey, fresh)
       opening.then((opened) => {
         if (opened instanceof Lender) return welcome(opened)
         up = opened.upstream
         backend = opened.backend
         if (ws) return drop() // (a session already open was refused: the login timed out)
-        upgrade(opened.outcome)
+        if (!identity || opened.outcome.kind !== 'ready') return upgrade(opened.outcome)
+        // Session mode: the backend is the session's from here on; its claims first.
+        const answer = opened.outcome
+        setClaims(opened.upstream, identity.claims).then(
+          () => upgrade(answer),
+          (err: ClaimsError) => {
+            if (backend) pool.giveBack(backend, undefined)
+            else up?.close()
+            backend = up = undefined
+            upgrade(refusal(err.code, err.message))
+          }
+        )
       }, upgrade)
     }
-    open()
   }
+}
+
+/** A login refused as Postgres refuses one: its ErrorResponse. */
+function refusal(code: string, message: string): LoginOutcome {
+  return { kind: 'refused', answer: errorResponse(code, message), code, message }
 }
 
 /** A fresh login for a pool key, as its first was made (a function of its own: it keeps nothing of the upgrade alive). */

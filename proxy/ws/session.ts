@@ -101,8 +101,8 @@ export function runSession(ws: WebSocket, o: SessionOptions): RunningSession {
 }
 
 export interface RunningSession {
-  /** The proxy ends the session (a time limit, a shutdown): closed with `code`, the client told why. */
-  close(kind: 'timeout' | 'shutdown', code: number, reason: string): void
+  /** The proxy ends the session (a time limit, a shutdown, an expired token): closed with `code`, the client told why (`last`: a message sent first). */
+  close(kind: 'timeout' | 'shutdown' | 'token_expired', code: number, reason: string, last?: Buffer): void
 }
 
 class Session implements RunningSession {
@@ -165,8 +165,10 @@ class Session implements RunningSession {
     this.outcome = outcome
   }
 
-  close(kind: 'timeout' | 'shutdown', code: number, reason: string) {
+  close(kind: 'timeout' | 'shutdown' | 'token_expired', code: number, reason: string, last?: Buffer) {
     this.ended(kind, reason.replace(/^edgepg-proxy: /, ''))
+    // (Only between Postgres's messages: the relay passes its bytes on as they come.)
+    if (last && this.relaying && this.watch?.ending?.pending === 0) this.ws.send(last)
     this.closeClient(code, reason)
   }
 

@@ -1,0 +1,104 @@
+/**
+ * Signed tokens in place of database passwords: a JWT, verified with jose against the operator's
+ * JWKS (or an HS256 secret), names through its role claim one of the Postgres roles the operator
+ * listed. The proxy then logs in as that role with the password from its passfile, and hands
+ * Postgres the token's claims (proxy/auth/claims.ts). Nothing of the token itself reaches Postgres
+ * or a log.
+ */
+import { createRemoteJWKSet, errors, jwtVerify, type JWTPayload, type JWTVerifyGetKey } from 'jose'
+
+export interface TokenOptions {
+  /** An issuer's JWKS (asymmetric keys), fetched, cached, and fetched again for an unknown `kid`. */
+  jwksUrl?: string
+  /** Or a shared secret (HS256, HS384, HS512). */
+  secret?: Uint8Array
+  audience?: string
+  issuer?: string
+  /** The Postgres roles a token may name. */
+  roles: string[]
+  /** The claim that names the role (default `role`). */
+  roleClaim?: string
+  /** Leeway for exp and nbf, in seconds (default 5). */
+  leewaySeconds?: number
+  /** Least time between two fetches of the JWKS, for a kid it lacks (default 30 s): a flood of made-up kids costs the issuer nothing. */
+  jwksCooldownMs?: number
+}
+
+/** A verified token: the role it names, its claims as JSON text, and when it expires (ms since the epoch). */
+export interface Identity {
+  role: string
+  claims: string
+  expiresAt: number
+}
+
+/** A token refused: SQLSTATE 28000 (28P01 for one whose signature does not verify), and what failed. */
+export class TokenRefused extends Error {
+  constructor(message: string, readonly code = '28000') {
+    super(message)
+  }
+}
+
+const ASYMMETRIC = ['RS256', 'RS384', 'RS512', 'PS256', 'PS384', 'PS512', 'ES256', 'ES384', 'ES512', 'EdDSA', 'Ed25519']
+const SYMMETRIC = ['HS256', 'HS384', 'HS512']
+/** Longest token accepted, in characters (a JWT with a few claims is under 1 KiB). */
+export const MAX_TOKEN_CHARS = 8192
+
+export class Tokens {
+  private readonly key: JWTVerifyGetKey | Uint8Array
+  private readonly algorithms: string[]
+  private readonly roles: Set<string>
+  private readonly roleClaim: string
+
+  constructor(private readonly o: TokenOptions) {
+    if (!o.jwksUrl === !o.secret) throw new Error('tokens: give a JWKS URL or a secret, one of them')
+    if (!o.roles.length) throw new Error('tokens: no roles a token may name (--jwt-roles)')
+    // A JWKS is fetched again for a kid it lacks (key rotation), but not within the cooldown of the last fetch.
+    this.key = o.jwksUrl ? createRemoteJWKSet(new URL(o.jwksUrl), { cooldownDuration: o.jwksCooldownMs ?? 30_000, cacheMaxAge: 600_000, timeoutDuration: 5000 }) : o.secret!
+    this.algorithms = o.jwksUrl ? ASYMMETRIC : SYMMETRIC
+    this.roles = new Set(o.roles)
+    this.roleClaim = o.roleClaim ?? 'role'
+  }
+
+  /** The identity `token` proves, or TokenRefused saying which check failed (never quoting the token). */
+  async verify(token: string): Promise<Identity> {
+    if (token.length > MAX_TOKEN_CHARS) throw new TokenRefused(`token refused: longer than ${MAX_TOKEN_CHARS} characters`)
+    let payload: JWTPayload
+    try {
+      ;({ payload } = await jwtVerify(token, this.key as JWTVerifyGetKey, {
+        algorithms: this.algorithms,
+        audience: this.o.audience,
+        issuer: this.o.issuer,
+        clockTolerance: this.o.leewaySeconds ?? 5,
+        requiredClaims: ['exp'],
+      }))
+    } catch (err) {
+      throw refusal(err)
+    }
+    const role = payload[this.roleClaim]
+    if (role === undefined) throw new TokenRefused(`token refused: it has no "${this.roleClaim}" claim naming a database role`)
+    if (typeof role !== 'string' || !this.roles.has(role)) throw new TokenRefused(`token refused: role ${JSON.stringify(role)} is not one a token may use`)
+    return { role, claims: JSON.stringify(payload), expiresAt: payload.exp! * 1000 }
+  }
+}
+
+/** jose's error, as the check that failed. */
+function refusal(err: unknown): TokenRefused {
+  const e = err as errors.JOSEError
+  if (e instanceof errors.JWTExpired) return new TokenRefused(`token refused: expired at ${at(e.payload.exp)}`)
+  if (e instanceof errors.JWTClaimValidationFailed) {
+    if (e.claim === 'nbf') return new TokenRefused(`token refused: not valid before ${at(e.payload.nbf)}`)
+    if (e.claim === 'aud') return new TokenRefused('token refused: not for this audience (aud)')
+    if (e.claim === 'iss') return new TokenRefused('token refused: not from the expected issuer (iss)')
+    if (e.claim === 'exp') return new TokenRefused('token refused: it has no expiry (exp)')
+    return new TokenRefused(`token refused: claim ${e.claim} is invalid (${e.reason})`)
+  }
+  if (e instanceof errors.JWSSignatureVerificationFailed) return new TokenRefused('token refused: its signature does not verify', '28P01')
+  if (e instanceof errors.JOSEAlgNotAllowed) return new TokenRefused('token refused: its algorithm is not allowed')
+  if (e instanceof errors.JWKSNoMatchingKey) return new TokenRefused('token refused: signed with a key the issuer does not list (kid)', '28P01')
+  if (e instanceof errors.JWKSTimeout || e instanceof errors.JWKSInvalid || !(e instanceof errors.JOSEError)) {
+    return new TokenRefused(`token not checked: the issuer's keys (JWKS) could not be fetched (${(err as Error)?.message ?? err})`, '08001')
+  }
+  return new TokenRefused('token refused: malformed')
+}
+
+const at = (seconds: unknown) => (typeof seconds === 'number' ? new Date(seconds * 1000).toISOString() : 'an invalid time')

@@ -1,0 +1,72 @@
+/**
+ * What the token tests share: two login roles tokens may name, their passwords in a passfile, a
+ * table whose rows each belong to a `sub` (RLS by edgepg.claims()), `setup-auth` run on the test
+ * database, and tokens signed with an HS256 secret.
+ */
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import pg from 'pg'
+import { SignJWT, type JWTPayload } from 'jose'
+import { setupAuth } from '../../proxy/auth/setup'
+import type { TokenLoginOptions } from '../../proxy/auth/token-login'
+import { PASSWORD, testPostgres } from './stack'
+
+export const WEB_USER = 'edgepg_web_user'
+export const WEB_ADMIN = 'edgepg_web_admin'
+export const AUDIENCE = 'edgepg-tests'
+export const ISSUER = 'https://issuer.test/'
+export const SECRET = new TextEncoder().encode('a secret of the tests, at least 32 bytes long')
+const ROLE_PASSWORD = 'web-role-pw'
+
+/** The test database as its superuser sees it. */
+export const superuserUrl = (db = testPostgres()) => `postgres://postgres:${encodeURIComponent(PASSWORD)}@${db.host}:${db.port}/${db.database}`
+
+/** A token for `sub` as `role` (default WEB_USER), valid for `seconds`; `extra` claims, or `header` changes, on top. */
+export function token(sub: string, o: { role?: string | null; seconds?: number; extra?: JWTPayload; secret?: Uint8Array; audience?: string; issuer?: string; nbf?: number } = {}) {
+  const now = Math.floor(Date.now() / 1000)
+  const claims: JWTPayload = { sub, ...(o.role !== null && { role: o.role ?? WEB_USER }), ...o.extra }
+  const jwt = new SignJWT(claims)
+    .setProtectedHeader({ alg: 'HS256' })
+    .setIssuedAt(now)
+    .setExpirationTime(now + (o.seconds ?? 300))
+    .setAudience(o.audience ?? AUDIENCE)
+    .setIssuer(o.issuer ?? ISSUER)
+  if (o.nbf !== undefined) jwt.setNotBefore(o.nbf)
+  return jwt.sign(o.secret ?? SECRET)
+}
+
+/** The roles, the passfile, the table and setup-auth; `teardown` removes them. */
+export async function tokenFixture(table: string) {
+  const db = testPostgres()
+  const admin = new pg.Client({ connectionString: superuserUrl(db) })
+  await admin.connect()
+  await admin.query(`SET password_encryption = 'scram-sha-256'`)
+  for (const role of [WEB_USER, WEB_ADMIN]) {
+    await admin.query(`DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '${role}') THEN CREATE ROLE ${role} LOGIN NOSUPERUSER; END IF; END $$`)
+    await admin.query(`ALTER ROLE ${role} PASSWORD '${ROLE_PASSWORD}'`)
+  }
+  await setupAuth(superuserUrl(db))
+  await admin.query(`CREATE TABLE ${table} (id serial PRIMARY KEY, owner text NOT NULL DEFAULT edgepg.claims() ->> 'sub', body text)`)
+  await admin.query(`ALTER TABLE ${table} ENABLE ROW LEVEL SECURITY`)
+  await admin.query(`CREATE POLICY own ON ${table} USING (owner = edgepg.claims() ->> 'sub') WITH CHECK (owner = edgepg.claims() ->> 'sub')`)
+  await admin.query(`GRANT SELECT, INSERT, UPDATE, DELETE ON ${table} TO ${WEB_USER}, ${WEB_ADMIN}`)
+  await admin.query(`GRANT USAGE ON SEQUENCE ${table}_id_seq TO ${WEB_USER}, ${WEB_ADMIN}`)
+  await admin.query(`INSERT INTO ${table} (owner, body) VALUES ('alice', 'alice''s note'), ('bob', 'bob''s note')`)
+  const dir = await mkdtemp(join(tmpdir(), 'edgepg-passfile-'))
+  const passfile = join(dir, 'pgpass')
+  await writeFile(passfile, `${db.host}:${db.port}:*:${WEB_USER}:${ROLE_PASSWORD}\n${db.host}:${db.port}:*:${WEB_ADMIN}:${ROLE_PASSWORD}\n`)
+  await chmod(passfile, 0o600)
+  const options: TokenLoginOptions = { secret: SECRET, audience: AUDIENCE, issuer: ISSUER, roles: [WEB_USER, WEB_ADMIN], passfile }
+  return {
+    admin,
+    passfile,
+    options,
+    async teardown() {
+      await admin.query(`DROP TABLE IF EXISTS ${table}`).catch(() => {})
+      await admin.query(`ALTER ROLE ${WEB_USER} RESET ALL`).catch(() => {})
+      await admin.end()
+      await rm(dir, { recursive: true, force: true })
+    },
+  }
+}

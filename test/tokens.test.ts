@@ -1,0 +1,366 @@
+/**
+ * Logins by signed token (issue 22): a token names a role, the proxy logs in as it and hands
+ * Postgres the token's claims, which RLS policies read with edgepg.claims(). Against the real proxy
+ * and Postgres, in both pool modes, over WebSocket sessions and /sql.
+ */
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { WebSocket } from 'ws'
+import { Client, Pool, httpSql, type ClientConfig } from '../src/index'
+import http from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { exportJWK, exportSPKI, generateKeyPair, SignJWT, UnsecuredJWT } from 'jose'
+import { neon, neonConfig } from '@neondatabase/serverless'
+import { startProxy, eventually, within, testPostgres } from './support/helpers'
+import { AUDIENCE, ISSUER, SECRET, token, tokenFixture, WEB_ADMIN, WEB_USER } from './support/tokens'
+
+const TABLE = `notes_${process.pid}`
+let fx: Awaited<ReturnType<typeof tokenFixture>>
+before(async () => (fx = await tokenFixture(TABLE)))
+after(() => fx?.teardown())
+
+type Proxy = Awaited<ReturnType<typeof startProxy>>
+const tokenProxy = (mode: 'session' | 'transaction', size = 2) => startProxy({ tokens: fx.options, pool: { mode, size, timeoutMs: 2000 } })
+
+/** An edgepg Client logging in by `authToken`, with no password anywhere. */
+function tokenClient(p: Proxy, authToken: ClientConfig['authToken'], extra: ClientConfig = {}) {
+  const { host, port, database } = testPostgres()
+  const client = new Client({ host, port, database, authToken, webSocketConstructor: WebSocket as any, wsProxy: () => p.url, ...extra })
+  client.on('error', () => {})
+  return client
+}
+
+async function as(p: Proxy, sub: string, role?: string) {
+  const client = tokenClient(p, await token(sub, { role }))
+  await client.connect()
+  return client
+}
+
+/** Whose rows the session sees. */
+const owners = async (c: Client) => (await c.query(`SELECT DISTINCT owner FROM ${TABLE} ORDER BY owner`)).rows.map((r) => r.owner)
+const sub = async (c: Client) => (await c.query(`SELECT edgepg.claims() ->> 'sub' AS sub`)).rows[0].sub
+
+for (const mode of ['transaction', 'session'] as const) {
+  test(`${mode} mode: each user sees their own rows, and the role the token names`, async () => {
+    const p = await tokenProxy(mode, 1)
+    try {
+      const alice = await as(p, 'alice')
+      assert.deepEqual(await owners(alice), ['alice'])
+      assert.equal((await alice.query('SELECT current_user AS u')).rows[0].u, WEB_USER)
+      await alice.query(`INSERT INTO ${TABLE} (body) VALUES ('from alice')`)
+      await assert.rejects(alice.query(`INSERT INTO ${TABLE} (owner, body) VALUES ('bob', 'forged')`), { code: '42501' })
+      if (mode === 'session') await alice.end()
+      // One backend (pool size 1): bob runs where alice ran, and sees none of hers.
+      const bob = await as(p, 'bob', WEB_ADMIN)
+      assert.deepEqual(await owners(bob), ['bob'])
+      assert.equal((await bob.query('SELECT current_user AS u')).rows[0].u, WEB_ADMIN)
+      if (mode === 'transaction') {
+        // Interleaved on the one backend: each statement sees its own session's claims.
+        for (let i = 0; i < 3; i++) {
+          assert.equal(await sub(alice), 'alice')
+          assert.equal(await sub(bob), 'bob')
+        }
+        assert.equal((await alice.query(`SELECT count(*)::int AS n FROM ${TABLE} WHERE body = 'from alice'`)).rows[0].n > 0, true)
+        await alice.end()
+      }
+      await bob.end()
+    } finally {
+      await p.close()
+    }
+  })
+}
+
+/**
+ * What a holder of a valid token for alice may try, in her own session, to be someone else or to
+ * read someone else's claims. Each is run (its error, if any, ignored); after each, edgepg.claims()
+ * must still say alice and RLS show only her rows.
+ */
+const ATTACKS: string[] = [
+  `SET edgepg.claims = '{"sub":"bob"}'`,
+  `SELECT set_config('edgepg.claims', '{"sub":"bob"}', false)`,
+  `SELECT set_config('request.jwt.claims', '{"sub":"bob"}', false)`,
+  `BEGIN; SET LOCAL edgepg.claims = '{"sub":"bob"}'; SELECT 1`,
+  `ROLLBACK`,
+  `RESET ROLE`,
+  `SET ROLE ${WEB_ADMIN}`,
+  `SET ROLE postgres`,
+  `SET SESSION AUTHORIZATION postgres`,
+  `RESET SESSION AUTHORIZATION`,
+  `RESET ALL`,
+  `DISCARD ALL`,
+  `DISCARD SEQUENCES`,
+  `SELECT edgepg.init(decode(repeat('00', 32), 'hex'))`,
+  `SELECT edgepg.init(decode(repeat('ab', 64), 'hex'))`,
+  ...[1, 2, 3, 4, 100].map((n) => `SELECT edgepg.set_claims(${n}, '{"sub":"bob"}', decode(repeat('00', 32), 'hex'))`),
+  `SELECT edgepg.set_claims(NULL, '{"sub":"bob"}', NULL)`,
+  `SELECT edgepg.started()`,
+  `SELECT * FROM edgepg.backends`,
+  `UPDATE edgepg.backends SET claims = '{"sub":"bob"}'`,
+  `INSERT INTO edgepg.backends (pid, started, key) VALUES (pg_backend_pid(), now(), '\\x00')`,
+  `DELETE FROM edgepg.backends`,
+  `CREATE TEMP TABLE backends (pid int, started timestamptz, key bytea, n bigint, claims jsonb)`,
+  `INSERT INTO pg_temp.backends VALUES (pg_backend_pid(), now(), '\\x00', 0, '{"sub":"bob"}')`,
+  `SET search_path = pg_temp, edgepg, public`,
+  `CREATE FUNCTION pg_temp.claims() RETURNS jsonb LANGUAGE sql AS $$ SELECT '{"sub":"bob"}'::jsonb $$`,
+  `CREATE FUNCTION pg_temp.started() RETURNS timestamptz LANGUAGE sql AS $$ SELECT now() $$`,
+  `CREATE FUNCTION public.hmac(bytea, bytea, text) RETURNS bytea LANGUAGE sql AS $$ SELECT '\\x00'::bytea $$`,
+  `CREATE SCHEMA edgepg_fake`,
+  `DROP FUNCTION edgepg.claims()`,
+  `CREATE OR REPLACE FUNCTION edgepg.claims() RETURNS jsonb LANGUAGE sql AS $$ SELECT '{"sub":"bob"}'::jsonb $$`,
+  `ALTER TABLE edgepg.backends DISABLE ROW LEVEL SECURITY`,
+  `ALTER TABLE ${TABLE} DISABLE ROW LEVEL SECURITY`,
+  `LOCK TABLE edgepg.backends`,
+]
+
+async function checkAlice(c: Client, when: string) {
+  assert.equal(await sub(c), 'alice', `claims after: ${when}`)
+  assert.deepEqual(await owners(c), ['alice'], `rows after: ${when}`)
+}
+
+test("a token holder cannot change her claims, become someone else, or see another's rows (WebSocket, both modes)", async () => {
+  for (const mode of ['transaction', 'session'] as const) {
+    const p = await tokenProxy(mode, 2)
+    try {
+      const bob = await as(p, 'bob') // (holds claims of his own on a backend, meanwhile)
+      await bob.query('BEGIN')
+      assert.equal(await sub(bob), 'bob')
+      const alice = await as(p, 'alice')
+      for (const attack of ATTACKS) {
+        await alice.query(attack).catch(() => {})
+        await alice.query('ROLLBACK').catch(() => {})
+        await checkAlice(alice, `${mode}: ${attack}`)
+      }
+      // Nothing of bob's claims, or of any token, shows in what sessions may read.
+      const seen = await alice.query(`SELECT coalesce(query, '') || ' ' || coalesce(application_name, '') AS text FROM pg_stat_activity`)
+      for (const { text } of seen.rows) assert.ok(!/bob|eyJ/.test(text), `pg_stat_activity shows ${text}`)
+      const settings = await alice.query(`SELECT name, setting FROM pg_settings WHERE setting LIKE '%bob%' OR setting LIKE '%eyJ%'`)
+      assert.deepEqual(settings.rows, [])
+      assert.equal(await sub(bob), 'bob')
+      await bob.query('COMMIT')
+      await Promise.all([alice.end(), bob.end()])
+    } finally {
+      await p.close()
+    }
+  }
+})
+
+test('ALTER ROLE CURRENT_USER SET … does not reach the claims of later sessions of the role', async () => {
+  const p = await tokenProxy('transaction', 1)
+  try {
+    const alice = await as(p, 'alice')
+    await alice.query(`ALTER ROLE CURRENT_USER SET search_path = pg_temp, public`)
+    await alice.query(`ALTER ROLE CURRENT_USER SET edgepg.claims = '{"sub":"bob"}'`).catch(() => {})
+    await alice.query(`CREATE FUNCTION pg_temp.claims() RETURNS jsonb LANGUAGE sql AS $$ SELECT '{"sub":"bob"}'::jsonb $$`).catch(() => {})
+    await alice.end()
+    // Later sessions of the role (on a backend logged in anew, which takes the role's settings).
+    await fx.admin.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1`, [WEB_USER])
+    for (const who of ['alice', 'bob']) {
+      const c = await as(p, who)
+      assert.equal(await sub(c), who)
+      assert.deepEqual(await owners(c), [who])
+      await c.end()
+    }
+  } finally {
+    await fx.admin.query(`ALTER ROLE ${WEB_USER} RESET ALL`)
+    await p.close()
+  }
+})
+
+test('claims with quotes, $$ and backslashes reach edgepg.claims() as they are', async () => {
+  const p = await tokenProxy('transaction', 1)
+  try {
+    const odd = `o'hara $$ "x" \\ $q$ ); SELECT 1 --`
+    const c = tokenClient(p, await token(odd, { extra: { groups: ["a'b", '$$'] } }))
+    await c.connect()
+    assert.equal(await sub(c), odd)
+    assert.deepEqual((await c.query(`SELECT edgepg.claims() -> 'groups' AS g`)).rows[0].g, ["a'b", '$$'])
+    await c.end()
+  } finally {
+    await p.close()
+  }
+})
+
+/** Tokens refused, each with the check its error must name. */
+async function badTokens(): Promise<Array<{ what: string; jwt: string; says: RegExp; code?: string }>> {
+  const now = Math.floor(Date.now() / 1000)
+  return [
+    { what: 'expired', jwt: await token('alice', { seconds: -60 }), says: /expired at/ },
+    { what: 'not yet valid', jwt: await token('alice', { nbf: now + 600 }), says: /not valid before/ },
+    { what: 'wrong audience', jwt: await token('alice', { audience: 'another-app' }), says: /audience/ },
+    { what: 'wrong issuer', jwt: await token('alice', { issuer: 'https://evil.test/' }), says: /issuer/ },
+    { what: 'bad signature', jwt: await token('alice', { secret: new TextEncoder().encode('not the secret of the tests, but as long') }), says: /signature does not verify/, code: '28P01' },
+    { what: 'role not listed', jwt: await token('alice', { role: 'postgres' }), says: /role "postgres" is not one a token may use/ },
+    { what: 'no role claim', jwt: await token('alice', { role: null }), says: /no "role" claim/ },
+    { what: 'malformed', jwt: 'abc.def.ghi', says: /malformed/ },
+    { what: 'alg none', jwt: new UnsecuredJWT({ sub: 'alice', role: WEB_USER }).setAudience(AUDIENCE).setIssuer(ISSUER).setExpirationTime(now + 300).encode(), says: /algorithm is not allowed|malformed/ },
+    { what: 'no exp', jwt: await new SignJWT({ sub: 'alice', role: WEB_USER }).setProtectedHeader({ alg: 'HS256' }).setAudience(AUDIENCE).setIssuer(ISSUER).sign(SECRET), says: /no expiry/ },
+  ]
+}
+
+test('bad tokens get a DatabaseError naming the failed check (never the token); over /sql, 401 with the same message; nothing logs a token', async () => {
+  const logs: unknown[] = []
+  const p = await startProxy({ tokens: fx.options, log: (e) => logs.push(e), sqlLog: (e) => logs.push(e) })
+  try {
+    const cases = await badTokens()
+    for (const { what, jwt, says, code = '28000' } of cases) {
+      const c = tokenClient(p, jwt)
+      const err: any = await c.connect().then(() => assert.fail(`${what}: connected`), (e) => e)
+      assert.equal(err.code, code, `${what}: ${err.message}`)
+      assert.match(err.message, says, what)
+      assert.ok(!err.message.includes(jwt), `${what}: the message quotes the token`)
+      const sql = httpSql(`postgres://${testPostgres().host}:${testPostgres().port}/${testPostgres().database}`, { fetchEndpoint: `http://127.0.0.1:${p.port}/sql`, authToken: jwt })
+      const httpErr: any = await sql.query('SELECT 1').then(() => assert.fail(`${what}: /sql answered`), (e) => e)
+      assert.equal(httpErr.status, 401, `${what} over /sql: ${httpErr.message}`)
+      assert.match(httpErr.message, says, `${what} over /sql`)
+    }
+    // A good one, to have logged a session and a request by token too.
+    const good = await token('alice')
+    const c = tokenClient(p, () => Promise.resolve(good))
+    await c.connect()
+    await c.end()
+    await httpSql(`postgres://x@127.0.0.1/${testPostgres().database}`, { fetchEndpoint: `http://127.0.0.1:${p.port}/sql`, authToken: good }).query('SELECT 1')
+    await eventually(() => logs.length >= cases.length * 2 + 2, 'every session and request logged')
+    const text = JSON.stringify(logs)
+    for (const jwt of [...cases.map((t) => t.jwt), good]) assert.ok(!text.includes(jwt), 'a token in the logs')
+  } finally {
+    await p.close()
+  }
+})
+
+test('a proxy without tokens configured refuses a login by token, clearly', async () => {
+  const p = await startProxy()
+  try {
+    const err: any = await tokenClient(p, await token('alice')).connect().then(() => assert.fail('connected'), (e) => e)
+    assert.equal(err.code, '28000')
+    assert.match(err.message, /takes no tokens/)
+  } finally {
+    await p.close()
+  }
+})
+
+test('a WebSocket session ends at its token’s exp, with a clear error', async () => {
+  for (const mode of ['transaction', 'session'] as const) {
+    const p = await tokenProxy(mode)
+    try {
+      const c = tokenClient(p, await token('alice', { seconds: 2 }))
+      const ended = new Promise<any>((resolve) => c.on('error', resolve))
+      await c.connect()
+      assert.equal(await sub(c), 'alice')
+      const err = await within(6000, 'the session to end at exp', ended)
+      assert.equal(err.code, '28000', `${mode}: ${err.message}`)
+      assert.match(err.message, /token expired at/)
+      await assert.rejects(c.query('SELECT 1'))
+    } finally {
+      await p.close()
+    }
+  }
+})
+
+test('/sql by token: single queries, batches and Pool.query over HTTP run as the token says, and cannot change it', async () => {
+  for (const mode of ['transaction', 'session'] as const) {
+    const p = await tokenProxy(mode, 2)
+    try {
+      const { host, port, database } = testPostgres()
+      const conn = `postgres://${host}:${port}/${database}`
+      const endpoint = `http://127.0.0.1:${p.port}/sql`
+      const alice = httpSql(conn, { fetchEndpoint: endpoint, authToken: () => token('alice') })
+      const bob = httpSql(conn, { fetchEndpoint: endpoint, authToken: () => token('bob') })
+      const whose = async (sql: typeof alice) => (await sql.query(`SELECT DISTINCT owner FROM ${TABLE} ORDER BY owner`)).map((r: any) => r.owner)
+      assert.deepEqual(await whose(alice), ['alice'])
+      assert.deepEqual(await whose(bob), ['bob'])
+      const claimed = `SELECT edgepg.claims() ->> 'sub' AS sub, current_user AS u`
+      for (const attack of ATTACKS.filter((a) => !/^(BEGIN|ROLLBACK)/.test(a))) {
+        await alice.query(attack).catch(() => {})
+        // In a batch (one transaction), with the check right behind it.
+        const batch = await alice.transaction((sql) => [sql`SELECT 1`, sql.query(claimed)]).catch(() => undefined)
+        const after = await alice.transaction([alice.query(`SELECT set_config('edgepg.claims', '{"sub":"bob"}', true)`), alice.query(`RESET ROLE`), alice.query(claimed)])
+        assert.deepEqual(after[2], [{ sub: 'alice', u: WEB_USER }], `${mode}, after ${attack}`)
+        if (batch) assert.deepEqual(batch[1], [{ sub: 'alice', u: WEB_USER }])
+        assert.deepEqual(await whose(alice), ['alice'], `${mode}, rows after ${attack}`)
+        assert.deepEqual(await whose(bob), ['bob'])
+      }
+      // A Pool's query over HTTP carries the Pool's authToken too.
+      const pool = new Pool({ host, port, database, authToken: () => token('bob'), queryViaHttp: { fetchEndpoint: endpoint } })
+      assert.deepEqual((await pool.query(claimed)).rows, [{ sub: 'bob', u: WEB_USER }])
+      await pool.end()
+    } finally {
+      await p.close()
+    }
+  }
+})
+
+test("neon() from @neondatabase/serverless, with authToken, against the proxy's /sql", async () => {
+  const p = await tokenProxy('transaction')
+  try {
+    const { host, port, database } = testPostgres()
+    neonConfig.fetchEndpoint = `http://127.0.0.1:${p.port}/sql`
+    const sql = neon(`postgresql://authenticated@${host}:${port}/${database}`, { authToken: () => token('bob') })
+    assert.deepEqual(await sql`SELECT DISTINCT owner FROM ${sql.unsafe(TABLE)}`, [{ owner: 'bob' }])
+    assert.deepEqual(await sql`SELECT edgepg.claims() ->> 'sub' AS sub`, [{ sub: 'bob' }])
+  } finally {
+    await p.close()
+  }
+})
+
+test('a pool of edgepg Clients by token: each connection asks for its token, warm backends never carry claims across', async () => {
+  const p = await tokenProxy('session', 1)
+  try {
+    const { host, port, database } = testPostgres()
+    let n = 0
+    const users = ['alice', 'bob', 'alice', 'bob']
+    const pool = new Pool({ host, port, database, max: 1, idleTimeoutMillis: 1, authToken: () => token(users[n++ % users.length]), webSocketConstructor: WebSocket as any, wsProxy: () => p.url })
+    for (const who of users) {
+      const c = await pool.connect()
+      assert.equal(await sub(c as unknown as Client), who)
+      c.release(true) // (a new connection, and token, for the next)
+    }
+    await pool.end()
+  } finally {
+    await p.close()
+  }
+})
+
+test('JWKS: keys fetched and cached, a new kid fetched again once (rotation, no restart), not more often; HS256 with the public key refused', async () => {
+  const key1 = await generateKeyPair('RS256', { extractable: true })
+  const key2 = await generateKeyPair('ES256', { extractable: true })
+  const served: object[] = [{ ...(await exportJWK(key1.publicKey)), kid: 'k1', alg: 'RS256', use: 'sig' }]
+  let fetches = 0
+  const jwks = http.createServer((_req, res) => {
+    fetches++
+    res.writeHead(200, { 'content-type': 'application/json' })
+    res.end(JSON.stringify({ keys: served }))
+  })
+  await new Promise<void>((resolve) => jwks.listen(0, '127.0.0.1', resolve))
+  const jwksUrl = `http://127.0.0.1:${(jwks.address() as AddressInfo).port}/.well-known/jwks.json`
+  const p = await startProxy({ tokens: { ...fx.options, secret: undefined, jwksUrl, jwksCooldownMs: 1000 } })
+  const signed = (key: CryptoKey, alg: string, kid: string) =>
+    new SignJWT({ sub: 'alice', role: WEB_USER }).setProtectedHeader({ alg, kid }).setAudience(AUDIENCE).setIssuer(ISSUER).setExpirationTime('5m').sign(key)
+  const connects = async (jwt: string) => {
+    const c = tokenClient(p, jwt)
+    await c.connect()
+    const who = await sub(c)
+    await c.end()
+    return who
+  }
+  try {
+    assert.equal(await connects(await signed(key1.privateKey, 'RS256', 'k1')), 'alice')
+    assert.equal(await connects(await signed(key1.privateKey, 'RS256', 'k1')), 'alice')
+    assert.equal(fetches, 1, 'cached')
+    served.push({ ...(await exportJWK(key2.publicKey)), kid: 'k2', alg: 'ES256', use: 'sig' })
+    await new Promise((r) => setTimeout(r, 1100)) // (past the cooldown since the first fetch)
+    assert.equal(await connects(await signed(key2.privateKey, 'ES256', 'k2')), 'alice')
+    assert.equal(fetches, 2, 'an unknown kid: fetched again')
+    const key3 = await generateKeyPair('RS256')
+    const err: any = await connects(await signed(key3.privateKey, 'RS256', 'k3')).then(() => assert.fail('k3 accepted'), (e) => e)
+    assert.match(err.message, /key the issuer does not list/)
+    assert.equal(fetches, 2, 'not fetched again within the cooldown')
+    // HS/RS confusion: an HS256 token whose secret is the RSA public key, as text.
+    const pem = new TextEncoder().encode(await exportSPKI(key1.publicKey))
+    const confused = await new SignJWT({ sub: 'bob', role: WEB_USER }).setProtectedHeader({ alg: 'HS256', kid: 'k1' }).setAudience(AUDIENCE).setIssuer(ISSUER).setExpirationTime('5m').sign(pem)
+    const err2: any = await connects(confused).then(() => assert.fail('HS256 accepted'), (e) => e)
+    assert.match(err2.message, /algorithm is not allowed/)
+  } finally {
+    await p.close()
+    jwks.close()
+  }
+})
