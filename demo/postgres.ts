@@ -9,8 +9,8 @@ import pg from 'pg'
 import { initdb, placeData, startServer } from '../test/support/pg-server'
 import { DEMO_ROLE, SEED_SQL } from './seed'
 
-/** The superuser initdb creates; used only here, to create the demo role and database. */
-const SUPERUSER = { user: 'postgres', password: 'postgres' }
+/** The superuser initdb creates; used to create the demo roles and database, and by setup-auth (demo/auth.ts). */
+export const SUPERUSER = { user: 'postgres', password: 'postgres' }
 
 export interface DemoPostgres {
   port: number

@@ -1,7 +1,8 @@
 /**
  * The SQL console's own HTTP server: the page (demo/*.html|js|css), the built driver (dist/*.mjs),
  * the connection details (/config.json), and the network to edgepg-proxy with an optional delay:
- * `/net/<rtt>/v2` (WebSocket) and `/net/<rtt>/sql` (HTTP), RTT in ms. Serving all of it from one
+ * `/net/<rtt>/v2` (WebSocket) and `/net/<rtt>/sql` (HTTP), RTT in ms; and for the signed-in users
+ * page (users.html), /public.json and the demo's sign-in, /signin?user=…, which answers a token. Serving all of it from one
  * origin keeps fetch free of CORS preflights, which would add a round trip to every HTTP query.
  */
 import http from 'node:http'
@@ -11,6 +12,7 @@ import type { Duplex } from 'node:stream'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { closeRelays, relayRequest, relayUpgrade, type Target } from './relay'
+import { USERS, type DemoUser } from './auth'
 
 const DEMO_DIR = dirname(fileURLToPath(import.meta.url))
 const DIST_DIR = resolve(DEMO_DIR, '../dist')
@@ -24,6 +26,8 @@ export interface ConsoleInfo {
   /** What the page connects with: the demo role on the demo's Postgres. */
   connection: { host: string; port: number; user: string; password: string; database: string }
   proxy: Target
+  /** The demo's sign-in: a token for one of USERS (demo/auth.ts). */
+  signIn: (user: DemoUser) => Promise<string>
 }
 
 export function createConsoleServer(info: ConsoleInfo) {
@@ -40,6 +44,14 @@ export function createConsoleServer(info: ConsoleInfo) {
     if (route) return void relayRequest(req, res, info.proxy, route.path, route.oneWayMs)
     if (req.method !== 'GET' && req.method !== 'HEAD') return void res.writeHead(405, { allow: 'GET' }).end()
     if (path === '/config.json') return send(res, 200, '.json', JSON.stringify({ connection: info.connection, rtts: RTTS }))
+    // users.html's: where the database is, and who may sign in; no password.
+    const { host, port, database } = info.connection
+    if (path === '/public.json') return send(res, 200, '.json', JSON.stringify({ host, port, database, users: USERS }))
+    if (path === '/signin') {
+      const user = new URL(req.url ?? '/', 'http://console').searchParams.get('user')
+      if (!user || !Object.hasOwn(USERS, user)) return send(res, 404, '.txt', `no such user: ${user}\n`)
+      return send(res, 200, '.json', JSON.stringify({ token: await info.signIn(user as DemoUser) }))
+    }
     // Only the page's own files and the driver bundle; names are checked, never joined blindly.
     const file =
       path === '/' ? join(DEMO_DIR, 'index.html')

@@ -4,10 +4,11 @@
  * SIGTERM) stops all three and exits 0; the data stays for the next start.
  */
 import net from 'node:net'
-import { relative } from 'node:path'
+import { dirname, join, relative } from 'node:path'
 import { createProxy } from '../proxy/index'
 import { OptionsError, PORT_SETTINGS, USAGE, parseOptions, type DemoOptions } from './options'
-import { checkNotRunning, startDemoPostgres } from './postgres'
+import { checkNotRunning, startDemoPostgres, SUPERUSER } from './postgres'
+import { setupDemoAuth } from './auth'
 import { DEMO_ROLE } from './seed'
 import { createConsoleServer } from './server'
 
@@ -94,14 +95,17 @@ async function main() {
   console.log(`edgepg demo: starting PostgreSQL 18 on ${HOST}:${pgPort} (data: ${shownDir})…`)
   const pg = await start('PostgreSQL', startDemoPostgres(dataDir, pgPort, log), (db) => db.stop())
   const consoleOrigins = [`http://${HOST}:${port}`, `http://localhost:${port}`]
+  // Signed-in users (users.html): tokens the demo signs, for a role whose password only the proxy reads.
+  const { sign, ...tokens } = await setupDemoAuth({ host: HOST, port: pgPort, database: DEMO_ROLE.database, ...SUPERUSER }, join(dirname(dataDir), 'pgpass'))
   const proxy = createProxy({
     upstream: `${HOST}:${pgPort}`,
+    tokens,
     allowedOrigins: consoleOrigins, // the console's page opens WebSockets and POSTs /sql with its Origin
     log: verbose ? (entry) => console.log(`[proxy] ${JSON.stringify(entry)}`) : undefined,
   })
   await start('edgepg-proxy', proxy.listen(proxyPort, HOST), () => proxy.close(0))
   const { user, password, database } = DEMO_ROLE
-  const web = createConsoleServer({ connection: { host: HOST, port: pgPort, user, password, database }, proxy: { host: HOST, port: proxyPort } })
+  const web = createConsoleServer({ connection: { host: HOST, port: pgPort, user, password, database }, proxy: { host: HOST, port: proxyPort }, signIn: sign })
   await start('the SQL console', web.listen(port, HOST), () => web.close())
 
   const state = pg.initialised ? 'new, seeded with a sample shop' : pg.seeded ? 'reused, seeded now' : 'reused'
@@ -109,6 +113,7 @@ async function main() {
   PostgreSQL 18   postgres://${user}:${password}@${HOST}:${pgPort}/${database}   data: ${shownDir} (${state})
   edgepg-proxy    ws://${HOST}:${proxyPort}/v2   http://${HOST}:${proxyPort}/sql
   SQL console     http://${HOST}:${port}/
+  signed-in users http://${HOST}:${port}/users.html   (no database password in that page: tokens and Row-Level Security)
 
 Open the SQL console in a browser. Ctrl-C stops everything; the data stays for the next start.`)
   ready = true

@@ -24,6 +24,7 @@ import { startProxy, testPostgres, within } from './support/helpers'
 import { PASSWORD } from './support/stack'
 import type { SqlLog } from '../proxy/sql/handler'
 import { assertChecks } from './runtimes/assert-checks'
+import { token, tokenFixture } from './support/tokens'
 
 const DIST = fileURLToPath(new URL('../dist/', import.meta.url)) // ends with a separator
 const CHECKS = fileURLToPath(new URL('./runtimes/checks.js', import.meta.url))
@@ -114,17 +115,22 @@ let browser: Browser | undefined
 let site: ReturnType<typeof staticServer>
 let origin: string
 const proxies: Array<Awaited<ReturnType<typeof startProxy>>> = []
+/** Logins by token: the roles, the table of rows per user, setup-auth (test/support/tokens.ts). */
+let fixture: Awaited<ReturnType<typeof tokenFixture>>
+const TABLE = `browser_notes_${process.pid}`
 
 before(async () => {
   site = staticServer()
   await new Promise<void>((ok) => site.server.listen(0, '127.0.0.1', ok))
   origin = `http://127.0.0.1:${(site.server.address() as AddressInfo).port}`
+  fixture = await tokenFixture(TABLE)
   browser = await within(TIMEOUT_MS, 'Chromium to start', launchChromium())
 })
 
 after(async () => {
   await browser?.close()
   await Promise.all(proxies.map((p) => p.close()))
+  await fixture?.teardown()
   site?.server.closeAllConnections()
   await new Promise((ok) => (site?.server.listening ? site.server.close(ok) : ok(undefined)))
 })
@@ -166,8 +172,8 @@ const bounded = <T>(what: string, promise: Promise<T>, report: () => string) =>
     throw err
   })
 
-/** The checks' options for a proxy on `proxyPort`. */
-const checkOptions = (proxyPort: number) => ({ proxyPort, ...testPostgres(), password: PASSWORD })
+/** The checks' options for a proxy on `proxyPort` (and one taking tokens on `tokens.proxyPort`). */
+const checkOptions = (proxyPort: number, tokens?: object) => ({ proxyPort, ...testPostgres(), password: PASSWORD, tokens })
 
 test('Chromium runs dist/index.mjs with its own WebSocket and fetch: Client, Pool, the login in the upgrade, httpSql (CORS)', async () => {
   const { proxy, sqlLogs } = await proxyFor({ allowedOrigins: [origin] })
@@ -180,7 +186,9 @@ test('Chromium runs dist/index.mjs with its own WebSocket and fetch: Client, Poo
     assert.ok(env.WebSocket === 'function' && env.fetch === 'function', `the browser's own WebSocket and fetch: ${JSON.stringify(env)}`)
     assert.equal(env.checks, 'function', `checks.js loaded as a plain script; ${report()}`)
 
-    const run = inPage(page, RUN_CHECKS, { url: `${origin}/dist/index.mjs`, options: checkOptions(proxy.port) })
+    const { proxy: byToken } = await proxyFor({ allowedOrigins: [origin], tokens: fixture.options })
+    const tokens = { proxyPort: byToken.port, table: TABLE, alice: await token('alice', { seconds: 600 }), bob: await token('bob', { seconds: 600 }) }
+    const run = inPage(page, RUN_CHECKS, { url: `${origin}/dist/index.mjs`, options: checkOptions(proxy.port, tokens) })
     const result: any = await bounded('the checks in Chromium', run, report)
     assert.ok(result.ok === true, `the checks passed in Chromium: ${result.error}\n${report()}`)
     assertChecks(result.out, 'Chromium', report())

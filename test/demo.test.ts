@@ -33,6 +33,8 @@ let ports: { port: number; proxyPort: number; pgPort: number }
 let browser: Browser | undefined
 let page: Page
 let demo: Demo | undefined
+/** The SQL console's address, as the demo printed it. */
+let consoleAt: string
 /** Postmasters started by the demos, so after() can make sure none outlives the test. */
 const postmasters = new Set<number>()
 
@@ -158,6 +160,7 @@ before(async () => {
   ports = { port: await freePort(), proxyPort: await freePort(), pgPort: await freePort() }
   demo = startDemo()
   const [url, b] = await Promise.all([consoleUrl(demo), launchChromium()])
+  consoleAt = url
   browser = b
   page = await browser.newPage()
   const errors: string[] = []
@@ -247,6 +250,48 @@ test("a Postgres error is shown with its SQLSTATE, and the waterfall still draws
   assert.match(r.error, /42P01.*no_such_table/, `error text: ${r.error}`)
   assert.equal(r.rows.length, 0, `no rows should be shown, got ${JSON.stringify(r.rows)}`)
   assert.ok(r.flights.some((f) => names(f).has('ErrorResponse')), `the flight back should hold the ErrorResponse: ${JSON.stringify(r.flights)}`)
+})
+
+test('signed-in users: no database password in the page; each sees their own orders by token, over a WebSocket and over HTTP', async () => {
+  const context = await browser!.newContext()
+  const p = await context.newPage()
+  const bodies: string[] = []
+  // What the page was sent, the driver's code aside: the page, its data, the sign-in's answers, /sql's.
+  p.on('response', (r) => void (/\.(m?js|css)$/.test(new URL(r.url()).pathname) || r.text().then((t) => bodies.push(t), () => {})))
+  try {
+    await p.goto(new URL('/users.html', consoleAt).href)
+    await p.waitForSelector('form[data-ready]', { timeout: 15_000 })
+    const seen: Record<string, string[]> = {}
+    for (const transport of ['ws', 'http']) {
+      await p.check(`input[name=transport][value=${transport}]`)
+      for (const [user, name] of [['ada', 'Ada Lovelace'], ['grace', 'Grace Hopper'], ['ada', 'Ada Lovelace']]) {
+        await p.click(`button[data-user=${user}]`)
+        await p.waitForFunction((u) => {
+          const s = document.querySelector<HTMLElement>('#status')!
+          return (s.dataset.state === 'done' && s.dataset.user === u) || s.dataset.state === 'error'
+        }, user, { timeout: 30_000 })
+        const { state, error, customers, orders } = await p.evaluate(() => ({
+          state: document.querySelector<HTMLElement>('#status')!.dataset.state,
+          error: document.querySelector('#error')!.textContent,
+          customers: Array.from(document.querySelectorAll<HTMLTableRowElement>('#rows tbody tr'), (tr) => tr.cells[0].textContent!),
+          orders: Array.from(document.querySelectorAll<HTMLTableRowElement>('#rows tbody tr'), (tr) => tr.cells[1].textContent!),
+        }))
+        assert.equal(state, 'done', `${user} over ${transport}: ${error}`)
+        assert.ok(customers.length > 0, `${user} sees orders`)
+        assert.deepEqual([...new Set(customers)], [name], `${user} over ${transport} sees only their own orders`)
+        seen[`${user} ${transport}`] = orders
+      }
+    }
+    assert.deepEqual(seen['ada ws'], seen['ada http'])
+    assert.ok(seen['ada ws'].every((o) => !seen['grace ws'].includes(o)), 'no order of one is the other\'s')
+    // No password reached the page: not the role's the proxy logs in with, not the console's.
+    const rolePassword = (await readFile(join(dir, 'pgpass'), 'utf8')).trim().split(':').pop()!
+    const everything = [await p.content(), ...bodies].join('\n')
+    assert.ok(!everything.includes(rolePassword), "the role's password is in the page")
+    assert.ok(!/"password"|demo:demo@/.test(everything), 'a password field or connection string reached the page')
+  } finally {
+    await context.close()
+  }
 })
 
 test('Ctrl-C stops the proxy, the console and Postgres, and exits 0', async () => {

@@ -22,6 +22,7 @@ import { EdgeRuntime } from 'edge-runtime'
 import { startProxy, testPostgres, within } from './support/helpers'
 import { PASSWORD } from './support/stack'
 import { assertChecks } from './runtimes/assert-checks'
+import { token, tokenFixture } from './support/tokens'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
 const SMOKE = fileURLToPath(new URL('./runtimes/smoke.mjs', import.meta.url))
@@ -29,11 +30,25 @@ const CHECKS = fileURLToPath(new URL('./runtimes/checks.js', import.meta.url))
 const TIMEOUT_MS = 20_000
 
 let proxy: Awaited<ReturnType<typeof startProxy>>
-// Session mode: the checks compare processID with pg_backend_pid(), which transaction mode shares among a key's sessions.
-before(async () => (proxy = await startProxy({ pool: { mode: 'session' } })))
-after(() => proxy.close())
+/** A proxy taking logins by token (transaction mode, the default), the table its users' rows are in, and a token each. */
+let tokens: { proxyPort: number; table: string; alice: string; bob: string }
+let fixture: Awaited<ReturnType<typeof tokenFixture>>
+let byToken: Awaited<ReturnType<typeof startProxy>> | undefined
+const TABLE = `runtime_notes_${process.pid}`
+before(async () => {
+  // Session mode: the checks compare processID with pg_backend_pid(), which transaction mode shares among a key's sessions.
+  proxy = await startProxy({ pool: { mode: 'session' } })
+  fixture = await tokenFixture(TABLE)
+  byToken = await startProxy({ tokens: fixture.options })
+  tokens = { proxyPort: byToken.port, table: TABLE, alice: await token('alice', { seconds: 600 }), bob: await token('bob', { seconds: 600 }) }
+})
+after(async () => {
+  await proxy.close()
+  await byToken?.close()
+  await fixture?.teardown()
+})
 
-const smokeOptions = () => ({ proxyPort: proxy.port, ...testPostgres(), password: PASSWORD })
+const smokeOptions = () => ({ proxyPort: proxy.port, ...testPostgres(), password: PASSWORD, tokens })
 
 /** Runs smoke.mjs with `bin args…`, bounded; resolves with the exit code and the parsed JSON line. */
 function runSmoke(bin: string, args: string[]): Promise<{ code: number | null; out: any; stdout: string; stderr: string }> {

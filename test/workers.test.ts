@@ -14,6 +14,7 @@ import { fileURLToPath } from 'node:url'
 import { Miniflare } from 'miniflare'
 import { startProxy, testPostgres, backends, eventually, within, same } from './support/helpers'
 import { PASSWORD } from './support/stack'
+import { token, tokenFixture, WEB_USER } from './support/tokens'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
 const APP = `edgepg-workers-${process.pid}`
@@ -21,8 +22,20 @@ const REQUESTS = 5
 const COMPATIBILITY_DATE = '2026-04-01'
 
 let proxy: Awaited<ReturnType<typeof startProxy>>
-before(async () => (proxy = await startProxy()))
-after(() => proxy?.close())
+/** Logins by token: a proxy taking them, and the table of rows per user (test/support/tokens.ts). */
+let byToken: Awaited<ReturnType<typeof startProxy>>
+let fixture: Awaited<ReturnType<typeof tokenFixture>>
+const TABLE = `workers_notes_${process.pid}`
+before(async () => {
+  proxy = await startProxy()
+  fixture = await tokenFixture(TABLE)
+  byToken = await startProxy({ tokens: fixture.options })
+})
+after(async () => {
+  await proxy?.close()
+  await byToken?.close()
+  await fixture?.teardown()
+})
 
 function worker(nodejsCompat: boolean) {
   const { host, port, database } = testPostgres()
@@ -40,6 +53,8 @@ function worker(nodejsCompat: boolean) {
       PROXY_PORT: String(proxy.port),
       DATABASE_URL: `postgres://scram_user:${encodeURIComponent(PASSWORD)}@${host}:${port}/${database}`,
       APP,
+      TOKEN_PROXY_PORT: String(byToken.port),
+      TABLE,
     },
   })
 }
@@ -67,6 +82,15 @@ for (const nodejsCompat of [false, true]) {
         // (its backend goes back to the proxy's pool, idle; they go with the proxy, last test).
         await eventually(() => proxy.sessionCount === 0, `no ${mode} session left open`)
       }
+      // By token: each request its user's, over a WebSocket and over HTTP, and only their rows.
+      for (const who of ['alice', 'bob', 'alice']) {
+        const res = await within(15_000, `token request for ${who}`, mf.dispatchFetch(`http://worker.test/?mode=token&token=${await token(who)}`))
+        const body: any = await res.json()
+        assert.equal(res.status, 200, `token request for ${who} failed in workerd: ${JSON.stringify(body)}`)
+        const row = { sub: who, who: WEB_USER, owners: [who] }
+        same(body.rows, [row, row], `token request for ${who}`)
+      }
+      await eventually(() => byToken.sessionCount === 0, 'no token session left open')
     } finally {
       await mf.dispose()
     }
@@ -76,6 +100,8 @@ for (const nodejsCompat of [false, true]) {
 
 test('after the proxy closes, its pool leaves no backend either', async () => {
   await proxy.close()
-  await eventually(async () => (await backends('')) === 0, 'no /sql backend left')
+  await byToken.close()
+  // (scram_user's: backends for tokens, other test files' among them, log in as other roles.)
+  await eventually(async () => (await backends('', undefined, 'scram_user')) === 0, 'no /sql backend left')
   await eventually(async () => (await backends(`${APP}-client`)) + (await backends(`${APP}-pool`)) === 0, 'no Worker backend left (the pool closed with the proxy)')
 })

@@ -5,6 +5,7 @@
  */
 import assert from 'node:assert/strict'
 import { same } from '../support/helpers'
+import { WEB_USER } from '../support/tokens'
 
 /** `endToEnd`: the runtime could load client-side SCRAM on first use (import()). */
 export function assertChecks(out: any, runtime: string, context = '', endToEnd = true) {
@@ -23,4 +24,6 @@ export function assertChecks(out: any, runtime: string, context = '', endToEnd =
     `${runtime}: a Pool kept across requests, and a query stopped by an AbortSignal${more}`
   )
   same(out.http, { template: [{ ten: 10, s: 'a b' }], query: [{ joined: 'edgepg' }] }, `${runtime}: httpSql over POST /sql${more}`)
+  const as = (sub: string) => [{ sub, who: WEB_USER, owners: [sub] }]
+  same(out.tokens, { alice: as('alice'), bob: as('bob'), http: as('bob') }, `${runtime}: logins by token (Client and httpSql), each user their own rows${more}`)
 }

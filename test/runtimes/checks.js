@@ -3,7 +3,7 @@
 // edge-runtime's EdgeVM (test/runtimes.test.ts). It defines globalThis.edgepgChecks(mod, options),
 // which resolves with what it saw; `mod` is the bundle's exports, used with the runtime's own
 // global WebSocket and fetch.
-globalThis.edgepgChecks = async function edgepgChecks(mod, { proxyPort, host, port, database, password, dynamicImport = true }) {
+globalThis.edgepgChecks = async function edgepgChecks(mod, { proxyPort, host, port, database, password, dynamicImport = true, tokens }) {
   const { Client, Pool, httpSql } = mod
   const base = (user) => ({ host, port, database, user, password, wsProxy: () => `ws://127.0.0.1:${proxyPort}/v2` })
   const plain = (rows) => JSON.parse(JSON.stringify(rows))
@@ -80,6 +80,21 @@ globalThis.edgepgChecks = async function edgepgChecks(mod, { proxyPort, host, po
   out.http = {
     template: plain(await sql`SELECT ${x}::int * 2 AS ten, ${'a b'}::text AS s`),
     query: plain(await sql.query('SELECT $1::text || $2::text AS joined', ['edge', 'pg'])),
+  }
+
+  // Logins by token, no password anywhere (a proxy started with tokens): each user gets the role
+  // their token names and only their rows, over a WebSocket and over HTTP.
+  if (tokens) {
+    const probe = `SELECT edgepg.claims() ->> 'sub' AS sub, current_user AS who, (SELECT array_agg(DISTINCT owner ORDER BY owner) FROM ${tokens.table}) AS owners`
+    out.tokens = {}
+    for (const who of ['alice', 'bob']) {
+      const c = new Client({ host, port, database, authToken: () => Promise.resolve(tokens[who]), wsProxy: () => `ws://127.0.0.1:${tokens.proxyPort}/v2` })
+      await c.connect()
+      out.tokens[who] = plain((await c.query(probe)).rows)
+      await c.end()
+    }
+    const byToken = httpSql(`postgresql://${host}:${port}/${database}`, { fetchEndpoint: `http://127.0.0.1:${tokens.proxyPort}/sql`, authToken: tokens.bob })
+    out.tokens.http = plain(await byToken.query(probe))
   }
   return out
 }

@@ -44,15 +44,15 @@ export async function scratchTable(prefix: string, columns: string) {
   return { name, tcp, drop }
 }
 
-/** Backends other than the caller's, optionally only those with a given application_name. */
-export async function backends(applicationName?: string, on: PgInfo = testPostgres()): Promise<number> {
+/** Backends other than the caller's, optionally only those with a given application_name (and user). */
+export async function backends(applicationName?: string, on: PgInfo = testPostgres(), user?: string): Promise<number> {
   const admin = new pg.Client(pgConfig('trust_user', on))
   await admin.connect()
   try {
     const { rows } = await admin.query(
       `SELECT count(*)::int AS n FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
-       AND ($1::text IS NULL OR application_name = $1)`,
-      [applicationName ?? null]
+       AND ($1::text IS NULL OR application_name = $1) AND ($2::text IS NULL OR usename = $2)`,
+      [applicationName ?? null, user ?? null]
     )
     return rows[0].n
   } finally {

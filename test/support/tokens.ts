@@ -39,14 +39,20 @@ export function token(sub: string, o: { role?: string | null; seconds?: number; 
 /** The roles, the passfile, the table and setup-auth; `teardown` removes them. */
 export async function tokenFixture(table: string) {
   const db = testPostgres()
-  const admin = new pg.Client({ connectionString: superuserUrl(db) })
+  const admin = new pg.Client({ connectionString: superuserUrl(db), application_name: 'edgepg-token-fixture' })
   await admin.connect()
   await admin.query(`SET password_encryption = 'scram-sha-256'`)
-  for (const role of [WEB_USER, WEB_ADMIN]) {
-    await admin.query(`DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '${role}') THEN CREATE ROLE ${role} LOGIN NOSUPERUSER; END IF; END $$`)
-    await admin.query(`ALTER ROLE ${role} PASSWORD '${ROLE_PASSWORD}'`)
+  // Test files run at once: one at a time makes the roles and runs setup-auth.
+  await admin.query('SELECT pg_advisory_lock(4646)')
+  try {
+    for (const role of [WEB_USER, WEB_ADMIN]) {
+      await admin.query(`DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '${role}') THEN CREATE ROLE ${role} LOGIN NOSUPERUSER; END IF; END $$`)
+      await admin.query(`ALTER ROLE ${role} PASSWORD '${ROLE_PASSWORD}'`)
+    }
+    await setupAuth(superuserUrl(db))
+  } finally {
+    await admin.query('SELECT pg_advisory_unlock(4646)')
   }
-  await setupAuth(superuserUrl(db))
   await admin.query(`CREATE TABLE ${table} (id serial PRIMARY KEY, owner text NOT NULL DEFAULT edgepg.claims() ->> 'sub', body text)`)
   await admin.query(`ALTER TABLE ${table} ENABLE ROW LEVEL SECURITY`)
   await admin.query(`CREATE POLICY own ON ${table} USING (owner = edgepg.claims() ->> 'sub') WITH CHECK (owner = edgepg.claims() ->> 'sub')`)

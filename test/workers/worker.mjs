@@ -1,7 +1,8 @@
 // A Cloudflare Worker (module syntax) run by test/workers.test.ts in workerd via miniflare. It imports
 // the BUILT driver (dist/index.mjs; its lazy chunks are passed to miniflare as modules too) and, as
 // Workers require (I/O objects cannot cross requests), creates, uses and ends its Client / Pool inside
-// each request, closing in ctx.waitUntil. Bindings: PROXY_PORT, DATABASE_URL, APP (application_name prefix).
+// each request, closing in ctx.waitUntil. Bindings: PROXY_PORT, DATABASE_URL, APP (application_name prefix);
+// for logins by token, TOKEN_PROXY_PORT and TABLE (the rows per user), the token in the request's ?token=.
 import { Client, Pool, httpSql } from '../../dist/index.mjs'
 
 export default {
@@ -28,6 +29,18 @@ export default {
       } else if (mode === 'http') {
         const sql = httpSql(env.DATABASE_URL, { fetchEndpoint: `http://127.0.0.1:${env.PROXY_PORT}/sql` })
         rows = await sql.query(text, params)
+      } else if (mode === 'token') {
+        // By token (the request's user's), no password: a Client, then httpSql, to a proxy taking tokens.
+        const { host, port, pathname } = new URL(env.DATABASE_URL)
+        const where = { host: host.replace(/:\d+$/, ''), port: Number(port), database: pathname.slice(1) }
+        const authToken = () => url.searchParams.get('token')
+        const probe = `SELECT edgepg.claims() ->> 'sub' AS sub, current_user AS who, (SELECT array_agg(DISTINCT owner ORDER BY owner) FROM ${env.TABLE}) AS owners`
+        const client = new Client({ ...where, authToken, wsProxy: () => `ws://127.0.0.1:${env.TOKEN_PROXY_PORT}/v2` })
+        await client.connect()
+        rows = (await client.query(probe)).rows
+        ctx.waitUntil(client.end())
+        const sql = httpSql(`postgres://${host}/${where.database}`, { fetchEndpoint: `http://127.0.0.1:${env.TOKEN_PROXY_PORT}/sql`, authToken })
+        rows.push(...(await sql.query(probe)))
       } else {
         return Response.json({ error: `unknown mode ${mode}` }, { status: 400 })
       }
