@@ -57,7 +57,7 @@ export const SETTINGS = {
   jwtSecretFile: { flag: 'jwt-secret-file', env: 'EDGEPG_JWT_SECRET_FILE', arg: 'file', kind: 'file', help: 'tokens: or an HS256/384/512 secret (at least 32 bytes), instead of --jwks-url' },
   jwtAudience: { flag: 'jwt-audience', env: 'EDGEPG_JWT_AUDIENCE', arg: 'aud', kind: 'text', help: "tokens: the audience (aud) a token must be for (required with tokens)" },
   jwtIssuer: { flag: 'jwt-issuer', env: 'EDGEPG_JWT_ISSUER', arg: 'iss', kind: 'text', help: 'tokens: the issuer (iss) a token must come from' },
-  jwtRoles: { flag: 'jwt-roles', env: 'EDGEPG_JWT_ROLES', arg: 'role,...', kind: 'list', help: 'tokens: the Postgres roles a token may name (each a login role with a password in --passfile)' },
+  jwtRoles: { flag: 'jwt-roles', env: 'EDGEPG_JWT_ROLES', arg: 'role,...', kind: 'list', help: 'tokens: the Postgres roles a token may name (each a login role with a password in --passfile); comma-separated or repeated' },
   jwtRoleClaim: { flag: 'jwt-role-claim', env: 'EDGEPG_JWT_ROLE_CLAIM', arg: 'name', kind: 'text', default: 'role', help: 'tokens: the claim that names the role' },
   passfile: { flag: 'passfile', env: 'EDGEPG_PASSFILE', arg: 'file', kind: 'path', help: "tokens: pgpass-format file with the roles' passwords (default PGPASSFILE, else ~/.pgpass)" },
   allowInsecurePasswords: { flag: 'allow-insecure-passwords', env: 'EDGEPG_ALLOW_INSECURE_PASSWORDS', kind: 'switch', help: 'accept passwords over plain ws:// from non-loopback clients (TLS ends in front)' },
@@ -119,9 +119,10 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
     const { text, source } = raw(key)
     return text === undefined ? undefined : read(text, source)
   }
+  // Repeatable, and comma-separated (a flag's value as an environment variable's).
   const list = (key: Key): string[] => {
     const { text, texts } = raw(key)
-    return texts ?? (text ? text.split(',').map((t) => t.trim()).filter(Boolean) : [])
+    return (texts ?? (text ? [text] : [])).flatMap((t) => t.split(',')).map((t) => t.trim()).filter(Boolean)
   }
   const address = (text: string, source: string, defaultPort?: number) => {
     try {

@@ -22,7 +22,8 @@ import { createProxy } from '../proxy/index'
 import { Client, Pool, type ClientConfig } from '../src/index'
 import { generateCerts, type TestCerts } from './support/certs'
 import { startDelayRelay } from './support/delay-relay'
-import { edgeConfig, pgConfig, startProxy } from './support/helpers'
+import { edgeConfig, pgConfig, startProxy, testPostgres } from './support/helpers'
+import { token, tokenFixture, WEB_USER } from './support/tokens'
 import { PASSWORD, startPostgres, tlsOnly, type Postgres, type Role } from './support/stack'
 
 const ONE_WAY_MS = 100
@@ -195,6 +196,38 @@ for (const [role, method, endToEnd] of AUTH) {
     assertRounds(best, endToEnd, `ws:// ${method}, authOffload: false`)
   })
 }
+
+test('ws://, a login by token (no password): new Client + connect() + first query = 2 round trips, as with a password', async (t) => {
+  const fixture = await tokenFixture(`roundtrip_notes_${process.pid}`)
+  try {
+    const byToken = await startProxy({ tokens: fixture.options })
+    closers.push(byToken)
+    const delayed = (await relay(byToken.port)).port
+    const { host, port, database } = testPostgres()
+    const jwt = await token('alice')
+    const config = (to: number): ClientConfig => ({ host, port, database, authToken: () => jwt, webSocketConstructor: WebSocket as any, wsProxy: () => `ws://127.0.0.1:${to}/v2`, connectionTimeoutMillis: 5000 })
+    await warmUp(config(byToken.port))
+    const measure = async () => {
+      const client = new Client(config(delayed))
+      try {
+        let row: any
+        const measured = await rounds(async () => {
+          await client.connect()
+          row = (await client.query(`SELECT edgepg.claims() ->> 'sub' AS sub, current_user AS u`)).rows[0]
+        })
+        assert.deepEqual(row, { sub: 'alice', u: WEB_USER })
+        return measured
+      } finally {
+        await client.end().catch(() => {})
+      }
+    }
+    const { best, runs } = await bestOfTwo(measure)
+    t.diagnostic(`ws:// by token, client.connect() + query: ${best.toFixed(2)} round trips (expected 2; runs: ${runs})`)
+    assertRounds(best, 2, 'ws:// by token, client.connect() + query')
+  } finally {
+    await fixture.teardown()
+  }
+})
 
 test('wss:// (the proxy terminates TLS): new Client + connect() + first query = 3 round trips', async (t) => {
   const config = (port: number) =>

@@ -8,11 +8,17 @@ import assert from 'node:assert/strict'
 import { WebSocket } from 'ws'
 import { Client, Pool, httpSql, type ClientConfig } from '../src/index'
 import http from 'node:http'
+import { spawn } from 'node:child_process'
+import { mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
 import type { AddressInfo } from 'node:net'
 import { exportJWK, exportSPKI, generateKeyPair, SignJWT, UnsecuredJWT } from 'jose'
 import { neon, neonConfig } from '@neondatabase/serverless'
 import { startProxy, eventually, within, testPostgres } from './support/helpers'
-import { AUDIENCE, ISSUER, SECRET, token, tokenFixture, WEB_ADMIN, WEB_USER } from './support/tokens'
+import { AUDIENCE, ISSUER, SECRET, superuserUrl, token, tokenFixture, WEB_ADMIN, WEB_USER } from './support/tokens'
+import { parseConfig } from '../proxy/config'
 
 const TABLE = `notes_${process.pid}`
 let fx: Awaited<ReturnType<typeof tokenFixture>>
@@ -362,5 +368,76 @@ test('JWKS: keys fetched and cached, a new kid fetched again once (rotation, no 
   } finally {
     await p.close()
     jwks.close()
+  }
+})
+
+/** Runs the built CLI (as the package ships it) with `args`; resolves with its exit code and output. */
+function cli(args: string[]): Promise<{ code: number | null; out: string }> {
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, ['dist/cli.mjs', ...args], { cwd: fileURLToPath(new URL('..', import.meta.url)) })
+    let out = ''
+    child.stdout.on('data', (d) => (out += d))
+    child.stderr.on('data', (d) => (out += d))
+    child.once('close', (code) => resolve({ code, out }))
+  })
+}
+
+test('edgepg-proxy setup-auth: idempotent; --neon-compat adds auth.jwt() and auth.user_id(); an owner that may not read start times is told what to grant', async () => {
+  for (let i = 0; i < 2; i++) {
+    const { code, out } = await cli(['setup-auth', superuserUrl()])
+    assert.equal(code, 0, out)
+    assert.match(out, /installed the schema edgepg/)
+  }
+  const compat = await cli(['setup-auth', superuserUrl(), '--neon-compat'])
+  assert.equal(compat.code, 0, compat.out)
+  assert.match(compat.out, /auth\.jwt\(\), auth\.user_id\(\)/)
+  const p = await tokenProxy('transaction')
+  try {
+    const c = await as(p, 'alice')
+    assert.deepEqual((await c.query(`SELECT auth.user_id() AS id, auth.jwt() ->> 'role' AS role`)).rows, [{ id: 'alice', role: WEB_USER }])
+    assert.deepEqual(await owners(c), ['alice'])
+    await c.end()
+  } finally {
+    await p.close()
+    await fx.admin.query('DROP SCHEMA IF EXISTS auth CASCADE')
+  }
+  // A role that may not read other sessions' start times: nothing is installed, and it is told why.
+  await fx.admin.query(`DROP ROLE IF EXISTS edgepg_setup_plain; CREATE ROLE edgepg_setup_plain LOGIN PASSWORD 'plain-pw'`)
+  try {
+    const { host, port, database } = testPostgres()
+    const refused = await cli(['setup-auth', `postgres://edgepg_setup_plain:plain-pw@${host}:${port}/${database}`])
+    assert.equal(refused.code, 2, refused.out)
+    assert.match(refused.out, /setup-auth failed: edgepg_setup_plain may not read other sessions' start times: GRANT pg_read_all_stats TO "edgepg_setup_plain"/)
+  } finally {
+    await fx.admin.query('DROP ROLE IF EXISTS edgepg_setup_plain')
+  }
+  const usage = await cli(['setup-auth'])
+  assert.equal(usage.code, 2)
+  assert.match(usage.out, /usage: edgepg-proxy setup-auth <database-url> \[--neon-compat\]/)
+})
+
+test('token flags and variables reach the proxy options; what is missing or contradictory is refused, naming the flag', async () => {
+  const dir = await mkdtemp(join(tmpdir(), 'edgepg-jwt-'))
+  try {
+    const secretFile = join(dir, 'jwt.key')
+    await writeFile(secretFile, 'a secret of at least thirty-two bytes, for HS256\n')
+    const base = ['--upstream', '127.0.0.1:5432']
+    const tokensOf = (argv: string[], env: Record<string, string> = {}) => (parseConfig([...base, ...argv], env) as any).options.tokens
+    assert.equal(tokensOf([]), undefined, 'no tokens unless asked')
+    const hs = tokensOf(['--jwt-secret-file', secretFile, '--jwt-audience', 'app', '--jwt-roles', 'web_user,web_admin', '--passfile', '/etc/edgepg/pgpass'])
+    assert.deepEqual({ ...hs, secret: Buffer.from(hs.secret).toString() }, {
+      jwksUrl: undefined, secret: 'a secret of at least thirty-two bytes, for HS256', audience: 'app', issuer: undefined, roles: ['web_user', 'web_admin'], roleClaim: 'role', passfile: '/etc/edgepg/pgpass',
+    })
+    const jwks = tokensOf([], { EDGEPG_JWKS_URL: 'https://issuer.test/jwks.json', EDGEPG_JWT_AUDIENCE: 'app', EDGEPG_JWT_ISSUER: 'https://issuer.test/', EDGEPG_JWT_ROLES: 'web_user', EDGEPG_JWT_ROLE_CLAIM: 'db_role', PGPASSFILE: '/home/app/.pgpass' })
+    assert.deepEqual(jwks, { jwksUrl: 'https://issuer.test/jwks.json', secret: undefined, audience: 'app', issuer: 'https://issuer.test/', roles: ['web_user'], roleClaim: 'db_role', passfile: '/home/app/.pgpass' })
+    const refused = (argv: string[], message: RegExp) => assert.throws(() => parseConfig([...base, ...argv], {}), message)
+    refused(['--jwks-url', 'https://i/j', '--jwt-secret-file', secretFile, '--jwt-audience', 'a', '--jwt-roles', 'r'], /--jwks-url and --jwt-secret-file: give one of them/)
+    refused(['--jwks-url', 'https://i/j', '--jwt-audience', 'a'], /tokens need --jwt-roles/)
+    refused(['--jwks-url', 'https://i/j', '--jwt-roles', 'r'], /tokens need --jwt-audience/)
+    refused(['--jwks-url', 'ftp://i/j', '--jwt-audience', 'a', '--jwt-roles', 'r'], /--jwks-url must be an http\(s\):\/\/ URL/)
+    await writeFile(secretFile, 'short')
+    refused(['--jwt-secret-file', secretFile, '--jwt-audience', 'a', '--jwt-roles', 'r'], /at least 32 bytes, got 5/)
+  } finally {
+    await rm(dir, { recursive: true, force: true })
   }
 })
