@@ -19,6 +19,7 @@ import { neon, neonConfig } from '@neondatabase/serverless'
 import { startProxy, eventually, within, testPostgres } from './support/helpers'
 import { AUDIENCE, ISSUER, SECRET, superuserUrl, token, tokenFixture, WEB_ADMIN, WEB_USER } from './support/tokens'
 import { parseConfig } from '../proxy/config'
+import { startPostgres } from './support/stack'
 
 const TABLE = `notes_${process.pid}`
 let fx: Awaited<ReturnType<typeof tokenFixture>>
@@ -233,6 +234,24 @@ test('bad tokens get a DatabaseError naming the failed check (never the token); 
   }
 })
 
+test('exp and nbf have a leeway of 5 s (clocks differ a little), and no more', async () => {
+  const p = await tokenProxy('transaction')
+  try {
+    const now = Math.floor(Date.now() / 1000)
+    const late = tokenClient(p, await token('alice', { seconds: -3 }))
+    await late.connect()
+    assert.equal(await sub(late), 'alice')
+    await late.end()
+    const early = tokenClient(p, await token('alice', { nbf: now + 3 }))
+    await early.connect()
+    await early.end()
+    await assert.rejects(tokenClient(p, await token('alice', { seconds: -8 })).connect(), /expired at/)
+    await assert.rejects(tokenClient(p, await token('alice', { nbf: now + 8 })).connect(), /not valid before/)
+  } finally {
+    await p.close()
+  }
+})
+
 test('a proxy without tokens configured refuses a login by token, clearly', async () => {
   const p = await startProxy()
   try {
@@ -244,9 +263,9 @@ test('a proxy without tokens configured refuses a login by token, clearly', asyn
   }
 })
 
-test('a WebSocket session ends at its token’s exp, with a clear error', async () => {
+test('a WebSocket session ends at its token’s exp (plus the leeway), with a clear error', async () => {
   for (const mode of ['transaction', 'session'] as const) {
-    const p = await tokenProxy(mode)
+    const p = await startProxy({ tokens: { ...fx.options, leewaySeconds: 1 }, pool: { mode } })
     try {
       const c = tokenClient(p, await token('alice', { seconds: 2 }))
       const ended = new Promise<any>((resolve) => c.on('error', resolve))
@@ -438,6 +457,40 @@ test('token flags and variables reach the proxy options; what is missing or cont
     await writeFile(secretFile, 'short')
     refused(['--jwt-secret-file', secretFile, '--jwt-audience', 'a', '--jwt-roles', 'r'], /at least 32 bytes, got 5/)
   } finally {
+    await rm(dir, { recursive: true, force: true })
+  }
+})
+
+test('a database without setup-auth: logins by token get an error naming it, over a WebSocket (both modes) and /sql', async () => {
+  const db = await startPostgres({ name: 'no-setup-auth' })
+  const dir = await mkdtemp(join(tmpdir(), 'edgepg-noauth-'))
+  const admin = db.admin()
+  try {
+    await admin.connect()
+    await admin.query(`SET password_encryption = 'scram-sha-256'; CREATE ROLE ${WEB_USER} LOGIN PASSWORD 'noauth-pw'`)
+    const passfile = join(dir, 'pgpass')
+    await writeFile(passfile, `${db.host}:${db.port}:*:${WEB_USER}:noauth-pw\n`, { mode: 0o600 })
+    for (const mode of ['transaction', 'session'] as const) {
+      const p = await startProxy({ upstream: `${db.host}:${db.port}`, tokens: { ...fx.options, passfile }, pool: { mode } })
+      try {
+        const c = new Client({ host: db.host, port: db.port, database: db.database, authToken: await token('alice'), webSocketConstructor: WebSocket as any, wsProxy: () => p.url })
+        c.on('error', () => {})
+        // Session mode sets the claims at login; transaction mode when the session first runs something.
+        const err: any = await c.connect().then(() => c.query('SELECT 1')).then(() => assert.fail(`${mode}: ran without claims`), (e) => e)
+        assert.equal(err.code, '28000', `${mode}: ${err.message}`)
+        assert.match(err.message, /no edgepg functions for tokens: run edgepg-proxy setup-auth/)
+        await c.end().catch(() => {})
+        const httpErr: any = await httpSql(`postgres://${db.host}:${db.port}/${db.database}`, { fetchEndpoint: `http://127.0.0.1:${p.port}/sql`, authToken: await token('alice') })
+          .query('SELECT 1')
+          .then(() => assert.fail('/sql ran without claims'), (e) => e)
+        assert.match(httpErr.message, /run edgepg-proxy setup-auth/)
+      } finally {
+        await p.close()
+      }
+    }
+  } finally {
+    await admin.end().catch(() => {})
+    await db.stop()
     await rm(dir, { recursive: true, force: true })
   }
 })

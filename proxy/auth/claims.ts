@@ -74,7 +74,7 @@ export async function setClaims(upstream: Upstream, claims: string | null, send:
   })
   if (!error) return
   keyed.delete(upstream) // (it serves no one now: the caller closes it)
-  const missing = (error.code === '42883' || error.code === '3F000') && error.message.includes('edgepg.')
+  const missing = (error.code === '42883' || error.code === '3F000') && error.message.includes('edgepg')
   throw new ClaimsError(
     missing
       ? `edgepg-proxy: the database has no edgepg functions for tokens: run edgepg-proxy setup-auth <database-url> (Postgres said: ${error.message})`

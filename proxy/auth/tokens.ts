@@ -24,7 +24,7 @@ export interface TokenOptions {
   jwksCooldownMs?: number
 }
 
-/** A verified token: the role it names, its claims as JSON text, and when it expires (ms since the epoch). */
+/** A verified token: the role it names, its claims as JSON text, and when it expires, leeway included (ms since the epoch). */
 export interface Identity {
   role: string
   claims: string
@@ -48,6 +48,7 @@ export class Tokens {
   private readonly algorithms: string[]
   private readonly roles: Set<string>
   private readonly roleClaim: string
+  private readonly leeway: number
 
   constructor(private readonly o: TokenOptions) {
     if (!o.jwksUrl === !o.secret) throw new Error('tokens: give a JWKS URL or a secret, one of them')
@@ -57,6 +58,7 @@ export class Tokens {
     this.algorithms = o.jwksUrl ? ASYMMETRIC : SYMMETRIC
     this.roles = new Set(o.roles)
     this.roleClaim = o.roleClaim ?? 'role'
+    this.leeway = o.leewaySeconds ?? 5
   }
 
   /** The identity `token` proves, or TokenRefused saying which check failed (never quoting the token). */
@@ -68,7 +70,7 @@ export class Tokens {
         algorithms: this.algorithms,
         audience: this.o.audience,
         issuer: this.o.issuer,
-        clockTolerance: this.o.leewaySeconds ?? 5,
+        clockTolerance: this.leeway,
         requiredClaims: ['exp'],
       }))
     } catch (err) {
@@ -77,7 +79,8 @@ export class Tokens {
     const role = payload[this.roleClaim]
     if (role === undefined) throw new TokenRefused(`token refused: it has no "${this.roleClaim}" claim naming a database role`)
     if (typeof role !== 'string' || !this.roles.has(role)) throw new TokenRefused(`token refused: role ${JSON.stringify(role)} is not one a token may use`)
-    return { role, claims: JSON.stringify(payload), expiresAt: payload.exp! * 1000 }
+    // (A session ends at exp; with the leeway its verification had, so that one is never let in only to be ended.)
+    return { role, claims: JSON.stringify(payload), expiresAt: (payload.exp! + this.leeway) * 1000 }
   }
 }
 
