@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs'
+import { isIP, isIPv6 } from 'node:net'
 import { parseArgs } from 'node:util'
 import { parseHostPort, type HostPort } from './upstream/address'
 import type { ProxyOptions } from './index'
@@ -53,6 +54,7 @@ export const SETTINGS = {
   poolMaxLifetime: { flag: 'pool-max-lifetime', env: 'EDGEPG_POOL_MAX_LIFETIME', arg: 'ms', kind: 'ms', default: '1800000', help: 'close a pooled backend this old (a changed password stops being honoured within it)' },
   noSql: { flag: 'no-sql', env: 'EDGEPG_NO_SQL', kind: 'switch', help: 'turn off POST /sql' },
   noAuthOffload: { flag: 'no-auth-offload', env: 'EDGEPG_NO_AUTH_OFFLOAD', kind: 'switch', help: 'relay the startup untouched: clients authenticate with Postgres end to end' },
+  trustProxy: { flag: 'trust-proxy', env: 'EDGEPG_TRUST_PROXY', arg: 'cidr', kind: 'list', help: "a load balancer's address range: from it, take the client's address from the PROXY protocol or X-Forwarded-For (repeatable)" },
   jwksUrl: { flag: 'jwks-url', env: 'EDGEPG_JWKS_URL', arg: 'url', kind: 'text', help: "tokens: the issuer's JWKS (RS/PS/ES/EdDSA keys), refetched for an unknown kid" },
   jwtSecretFile: { flag: 'jwt-secret-file', env: 'EDGEPG_JWT_SECRET_FILE', arg: 'file', kind: 'file', help: 'tokens: or an HS256/384/512 secret (at least 32 bytes), instead of --jwks-url' },
   jwtAudience: { flag: 'jwt-audience', env: 'EDGEPG_JWT_AUDIENCE', arg: 'aud', kind: 'text', help: "tokens: the audience (aud) a token must be for (required with tokens)" },
@@ -173,6 +175,12 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
   const ca = value('upstreamCa', file)
   if ((sslmode === 'verify-ca' || sslmode === 'verify-full') && !ca) throw new ConfigError(`--upstream-sslmode ${sslmode} needs --upstream-ca (the CA that signed Postgres's certificate)`)
 
+  const trustProxy = list('trustProxy')
+  for (const cidr of trustProxy) {
+    const [address, bits] = cidr.split('/')
+    const max = isIPv6(address) ? 128 : 32
+    if (!isIP(address) || (bits !== undefined && !(/^\d+$/.test(bits) && Number(bits) <= max))) throw new ConfigError(`${raw('trustProxy').source}: "${cidr}" is not an address or a CIDR range (such as 10.0.0.0/8)`)
+  }
   const jwksUrl = raw('jwksUrl').text
   const secret = value('jwtSecretFile', file)
   if (jwksUrl && secret) throw new ConfigError('--jwks-url and --jwt-secret-file: give one of them')
@@ -235,6 +243,7 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
           },
       allowInsecurePasswords: on('allowInsecurePasswords'),
       tokens,
+      trustProxy: trustProxy.length ? trustProxy : undefined,
     },
   }
 }

@@ -1,6 +1,6 @@
 import http, { type Server } from 'node:http'
 import https from 'node:https'
-import type { AddressInfo } from 'node:net'
+import net, { type AddressInfo } from 'node:net'
 import type { Duplex } from 'node:stream'
 import type { SessionLog } from './ws/session'
 import type { UpstreamTls } from './upstream/connection'
@@ -15,6 +15,7 @@ import { BufferBudget } from './ws/budget'
 import { LoginGate } from './login/gate'
 import { Cancels } from './ws/cancels'
 import { TokenLogins, type TokenLoginOptions } from './auth/token-login'
+import { ClientAddresses } from './listen/client-address'
 
 export interface ProxyOptions {
   /** The Postgres this proxy relays to: `host:port`. */
@@ -81,6 +82,12 @@ export interface ProxyOptions {
    * `edgepg-proxy setup-auth` on the database (proxy/auth/setup.ts). Default: none.
    */
   tokens?: TokenLoginOptions
+  /**
+   * Load balancers in front (CIDR ranges, or addresses): from a peer in them the client's address is
+   * taken from its PROXY protocol header (v1 or v2, HAProxy's send-proxy), else from X-Forwarded-For,
+   * for per-IP limits, logs and metrics. Never from any other peer. Default: none.
+   */
+  trustProxy?: string[]
 }
 
 export type { SessionLog, UpstreamTls, SqlLog }
@@ -125,6 +132,8 @@ export function createProxy(options: ProxyOptions): Proxy {
   const { mode = 'transaction', enabled = true, timeoutMs = 5000, statements = 100, maxLifetimeMs: lifetimeMs = 30 * 60_000 } = options.pool ?? {}
   const lenders = mode === 'transaction' && enabled ? new Lenders(pool, { size, timeoutMs, statements, lifetimeMs }, metrics.lending) : undefined
   const tokens = options.tokens && new TokenLogins(options.tokens)
+  const addresses = new ClientAddresses(options.trustProxy ?? [])
+  const clientAddress = (req: http.IncomingMessage) => addresses.of(req.socket, req.headers)
   const routes = new WebSocketRoutes({
     ...options,
     upstreams,
@@ -135,6 +144,7 @@ export function createProxy(options: ProxyOptions): Proxy {
     cancels: new Cancels(pool, options.maxCancelsPerIp ?? 20),
     lenders,
     tokens,
+    clientAddress,
     offload: options.authOffload !== false,
     handshakeTimeoutMs,
   })
@@ -151,6 +161,7 @@ export function createProxy(options: ProxyOptions): Proxy {
           backends: pool,
           lenders,
           tokens,
+          clientAddress,
           allowInsecurePasswords: options.allowInsecurePasswords,
           budget,
           log: options.sqlLog,
@@ -188,15 +199,17 @@ export function createProxy(options: ProxyOptions): Proxy {
     routes.handle(req, socket, head)
   })
 
+  // Behind trusted balancers, a PROXY header is read off each of their connections before HTTP (or TLS) sees it.
+  const front = addresses.any ? net.createServer((socket) => addresses.take(socket, (s) => server.emit('connection', s), handshakeTimeoutMs)) : server
   return {
     server,
     admin,
     listen(port = 0, host = '127.0.0.1') {
       return new Promise((resolve, reject) => {
-        server.once('error', reject)
-        server.listen(port, host, () => {
-          server.off('error', reject)
-          resolve(server.address() as AddressInfo)
+        front.once('error', reject)
+        front.listen(port, host, () => {
+          front.off('error', reject)
+          resolve(front.address() as AddressInfo)
         })
       })
     },
@@ -209,7 +222,8 @@ export function createProxy(options: ProxyOptions): Proxy {
     },
     async close(graceMs = 0) {
       const sqlClosed = sql?.close(graceMs)
-      const stopped = new Promise<void>((resolve) => server.close(() => resolve()))
+      const stopped = new Promise<void>((resolve) => front.close(() => resolve()))
+      if (front !== server) server.close()
       await routes.close(graceMs)
       pool.close()
       await sqlClosed

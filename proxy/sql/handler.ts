@@ -126,6 +126,8 @@ export interface SqlOptions {
    * token refused).
    */
   tokens?: TokenLogins
+  /** The client's address (behind a trusted balancer, the one it declares); default the TCP peer's. */
+  clientAddress?: (req: IncomingMessage) => string
   /**
    * application_name of the logins this handler makes. Default: none, as a default pg Client's, so
    * that WebSocket sessions and /sql share backends.
@@ -228,7 +230,7 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
     const byToken = token !== undefined && options.tokens !== undefined
     let credentials = leases.credentialsFor(singleHeader(req, 'neon-connection-string'), byToken)
     const { conn } = credentials
-    if ((conn.password !== undefined || byToken) && !options.allowInsecurePasswords && !('encrypted' in req.socket) && !isLoopback(req.socket.remoteAddress ?? '')) {
+    if ((conn.password !== undefined || byToken) && !options.allowInsecurePasswords && !('encrypted' in req.socket) && !isLoopback(log.peer)) {
       throw new HttpError(403, `a ${byToken ? 'token' : 'password'} over plain http:// from a non-loopback client is refused: use https:// (or --allow-insecure-passwords when TLS ends in front of the proxy)`)
     }
     const flags = parseFlags(req)
@@ -259,7 +261,7 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
   function handle(req: IncomingMessage, res: ServerResponse) {
     const started = performance.now()
     const origin = header(req, 'origin')
-    const log: SqlLog = { peer: req.socket.remoteAddress ?? '?', upstream: '', status: 0, durationMs: 0, bytesIn: 0, bytesOut: 0, statements: 0, outcome: 'ok' }
+    const log: SqlLog = { peer: options.clientAddress?.(req) ?? req.socket.remoteAddress ?? '?', upstream: '', status: 0, durationMs: 0, bytesIn: 0, bytesOut: 0, statements: 0, outcome: 'ok' }
     res.on('error', () => {})
     req.on('error', () => {})
     const finish = (status: number, body: string | undefined, headers: Record<string, string> = {}, outcome?: string) => {

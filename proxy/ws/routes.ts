@@ -40,6 +40,8 @@ export interface RouteOptions {
   lenders?: Lenders
   /** Logins by signed token (proxy/auth/); without it a login carrying a token is refused. */
   tokens?: TokenLogins
+  /** The client's address (behind a trusted balancer, the one it declares); default the TCP peer's. */
+  clientAddress?: (req: http.IncomingMessage) => string
   maxSessions?: number
   maxSessionsPerIp?: number
   handshakeTimeoutMs: number
@@ -92,7 +94,7 @@ export class WebSocketRoutes {
     }
     socket.on('error', () => socket.destroy())
     const url = new URL(req.url ?? '/', 'http://proxy')
-    const peer = req.socket.remoteAddress ?? '?'
+    const peer = this.o.clientAddress?.(req) ?? req.socket.remoteAddress ?? '?'
     const maxSessions = this.o.maxSessions ?? 10_000
     const maxPerIp = this.o.maxSessionsPerIp ?? 100
     if (this.closing) return refuse(503, SHUTDOWN_REASON, 'shutting_down')

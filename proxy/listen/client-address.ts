@@ -1,0 +1,89 @@
+/**
+ * Who a client is when a load balancer stands in front (`--trust-proxy`): the address a trusted
+ * peer declares, with the PROXY protocol or in X-Forwarded-For; never what an untrusted peer says.
+ */
+import net, { BlockList, type Socket } from 'node:net'
+import type { IncomingMessage } from 'node:http'
+import { ProxyProtocolError, readProxyHeader } from './proxy-protocol'
+
+/** Addresses as one form: IPv4-mapped IPv6 as IPv4. */
+export const plainAddress = (address: string) => address.replace(/^::ffff:(?=\d+\.\d+\.\d+\.\d+$)/i, '')
+
+export class ClientAddresses {
+  private readonly trusted = new BlockList()
+  /** What PROXY headers declared, by the connection's own address and port (a TLS socket's are its TCP socket's). */
+  private readonly declared = new Map<string, string>()
+
+  constructor(cidrs: string[]) {
+    for (const cidr of cidrs) {
+      const [address, bits] = cidr.split('/')
+      const type = net.isIPv6(address) ? 'ipv6' : 'ipv4'
+      if (!net.isIP(address)) throw new Error(`--trust-proxy ${cidr}: not an address or CIDR range`)
+      this.trusted.addSubnet(address, bits === undefined ? (type === 'ipv6' ? 128 : 32) : Number(bits), type)
+    }
+  }
+
+  get any(): boolean {
+    return this.trusted.rules.length > 0
+  }
+
+  isTrusted(address: string): boolean {
+    const plain = plainAddress(address)
+    return net.isIP(plain) > 0 && this.trusted.check(plain, net.isIPv6(plain) ? 'ipv6' : 'ipv4')
+  }
+
+  /**
+   * The client's address: the TCP peer, unless that is a trusted balancer; then what its PROXY
+   * header declared, else the nearest untrusted hop of X-Forwarded-For (if `headers` are given).
+   */
+  of(socket: Socket, headers?: IncomingMessage['headers']): string {
+    const peer = plainAddress(socket.remoteAddress ?? '?')
+    if (!this.isTrusted(peer)) return peer
+    const declared = this.declared.get(keyOf(socket))
+    if (declared) return declared
+    const forwarded = headers?.['x-forwarded-for']
+    if (!forwarded) return peer
+    const hops = (Array.isArray(forwarded) ? forwarded.join(',') : forwarded).split(',').map((h) => plainAddress(h.trim())).filter((h) => net.isIP(h))
+    // From the right: each trusted hop vouches for the one before it.
+    for (let i = hops.length - 1; i >= 0; i--) if (!this.isTrusted(hops[i]) || i === 0) return hops[i]
+    return peer
+  }
+
+  /**
+   * Hands `socket` to `accept` once its PROXY header, if a trusted peer sent one, has been read off
+   * (the bytes behind it are put back). An untrusted peer's bytes go on untouched; a malformed
+   * header, or one that does not come within `timeoutMs`, ends the connection.
+   */
+  take(socket: Socket, accept: (socket: Socket) => void, timeoutMs: number) {
+    if (!this.isTrusted(socket.remoteAddress ?? '')) return accept(socket)
+    let got: Buffer = Buffer.alloc(0)
+    const timer = setTimeout(() => socket.destroy(), timeoutMs).unref()
+    const onData = (chunk: Buffer) => {
+      got = got.length ? Buffer.concat([got, chunk]) : chunk
+      let header
+      try {
+        header = readProxyHeader(got)
+      } catch (err) {
+        if (err instanceof ProxyProtocolError) return socket.destroy()
+        throw err
+      }
+      if (header.kind === 'more') return
+      socket.off('data', onData)
+      clearTimeout(timer)
+      socket.pause()
+      const rest = header.kind === 'header' ? got.subarray(header.length) : got
+      if (header.kind === 'header' && header.address) {
+        const key = keyOf(socket)
+        this.declared.set(key, plainAddress(header.address))
+        socket.once('close', () => this.declared.delete(key))
+      }
+      if (rest.length) socket.unshift(rest)
+      accept(socket)
+      socket.resume()
+    }
+    socket.on('data', onData)
+    socket.once('error', () => clearTimeout(timer))
+  }
+}
+
+const keyOf = (socket: Socket) => `${socket.remoteAddress}|${socket.remotePort}`

@@ -1,0 +1,145 @@
+/**
+ * The client's address behind a load balancer (`--trust-proxy`): the PROXY protocol (v1 and v2,
+ * read at every split), X-Forwarded-For, and the real proxy taking per-IP limits, logs and the
+ * password rule from the declared address, from trusted peers only.
+ */
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import net from 'node:net'
+import { WebSocket } from 'ws'
+import { readProxyHeader } from '../proxy/listen/proxy-protocol'
+import { ClientAddresses } from '../proxy/listen/client-address'
+import { Client } from '../src/index'
+import { edgeConfig, eventually, startProxy, testPostgres } from './support/helpers'
+import { PASSWORD } from './support/stack'
+
+const HTTP = Buffer.from('GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n')
+
+function v2(address: number[] | null, command = 1): Buffer {
+  const head = Buffer.from([0x0d, 0x0a, 0x0d, 0x0a, 0x00, 0x0d, 0x0a, 0x51, 0x55, 0x49, 0x54, 0x0a, 0x20 | command])
+  if (!address) return Buffer.concat([head, Buffer.from([0x00, 0, 0])])
+  const six = address.length === 16
+  const body = Buffer.concat([Buffer.from(address), Buffer.from(six ? Array(16).fill(0) : [127, 0, 0, 1]), Buffer.from([0x15, 0xb3, 0x00, 0x50]), Buffer.from([0x04, 0, 1, 7])])
+  const len = Buffer.alloc(2)
+  len.writeUInt16BE(body.length)
+  return Buffer.concat([head, Buffer.from([six ? 0x21 : 0x11]), len, body])
+}
+
+test('PROXY headers, v1 and v2, split at every byte: more until whole, then the source address and the length to skip', () => {
+  const cases: Array<[Buffer, string | undefined]> = [
+    [Buffer.from('PROXY TCP4 203.0.113.7 127.0.0.1 5555 80\r\n'), '203.0.113.7'],
+    [Buffer.from('PROXY TCP6 2001:db8::7 ::1 5555 80\r\n'), '2001:db8::7'],
+    [Buffer.from('PROXY UNKNOWN\r\n'), undefined],
+    [v2([203, 0, 113, 9]), '203.0.113.9'],
+    [v2([0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9]), '2001:db8:0:0:0:0:0:9'],
+    [v2(null, 0), undefined], // LOCAL: a health check of the balancer's own
+  ]
+  for (const [header, address] of cases) {
+    const bytes = Buffer.concat([header, HTTP])
+    for (let cut = 1; cut < header.length; cut++) assert.deepEqual(readProxyHeader(bytes.subarray(0, cut)).kind, 'more', `${header.toString('latin1').slice(0, 20)} cut at ${cut}`)
+    for (let cut = header.length; cut <= bytes.length; cut++) assert.deepEqual(readProxyHeader(bytes.subarray(0, cut)), { kind: 'header', length: header.length, ...(address && { address }) })
+  }
+  assert.deepEqual(readProxyHeader(HTTP), { kind: 'none' })
+  assert.deepEqual(readProxyHeader(Buffer.from('POST /sql HTTP/1.1\r\n')), { kind: 'none' })
+  assert.throws(() => readProxyHeader(Buffer.from('PROXY SCTP 1.2.3.4 5.6.7.8 1 2\r\n')), /malformed PROXY v1/)
+  assert.throws(() => readProxyHeader(Buffer.from(`PROXY TCP4 ${'9'.repeat(120)}`)), /without its CRLF/)
+  const badVersion = v2([1, 2, 3, 4])
+  badVersion[12] = 0x11
+  assert.throws(() => readProxyHeader(badVersion), /version 1/)
+})
+
+test('X-Forwarded-For counts only from trusted peers, and only up to the nearest untrusted hop', () => {
+  const addresses = new ClientAddresses(['127.0.0.1', '10.0.0.0/8'])
+  const socket = (remoteAddress: string) => ({ remoteAddress, remotePort: 1 }) as net.Socket
+  const xff = (v: string) => ({ 'x-forwarded-for': v })
+  assert.equal(addresses.of(socket('198.51.100.1'), xff('203.0.113.7')), '198.51.100.1', 'an untrusted peer says what it likes')
+  assert.equal(addresses.of(socket('::ffff:127.0.0.1'), xff('203.0.113.7')), '203.0.113.7')
+  assert.equal(addresses.of(socket('127.0.0.1'), xff('6.6.6.6, 203.0.113.7, 10.1.2.3')), '203.0.113.7', 'a client cannot prepend its own claim')
+  assert.equal(addresses.of(socket('127.0.0.1'), xff('10.0.0.1, 10.0.0.2')), '10.0.0.1')
+  assert.equal(addresses.of(socket('127.0.0.1'), xff('not an address')), '127.0.0.1')
+  assert.equal(addresses.of(socket('127.0.0.1')), '127.0.0.1')
+  assert.throws(() => new ClientAddresses(['10.0.0.0/8', 'example.com']), /not an address or CIDR range/)
+})
+
+/** A `ws` WebSocket whose TCP connection first sends `header` (as HAProxy's send-proxy does). */
+const ProxiedWebSocket = (header: () => Buffer) =>
+  class extends WebSocket {
+    constructor(url: string, protocols?: string | string[]) {
+      super(url, protocols, {
+        createConnection: (options: net.NetConnectOpts) => {
+          const socket = net.connect(options)
+          socket.write(header())
+          return socket
+        },
+      } as any)
+    }
+  }
+
+test("behind a trusted balancer (PROXY protocol): per-IP limits, logs and the password rule are the declared client's", async () => {
+  const logs: any[] = []
+  // (TLS ends at the balancer, as --allow-insecure-passwords says; without it, below.)
+  const p = await startProxy({ trustProxy: ['127.0.0.1/32'], maxSessionsPerIp: 1, allowInsecurePasswords: true, log: (e) => logs.push(e), pool: { mode: 'session' } })
+  const strict = await startProxy({ trustProxy: ['127.0.0.1/32'] })
+  const from = (proxy: typeof p, address: string) => {
+    const line = () => Buffer.from(`PROXY TCP4 ${address} 127.0.0.1 40000 ${proxy.port}\r\n`)
+    const c = new Client(edgeConfig(proxy.port, 'scram_user', { webSocketConstructor: ProxiedWebSocket(line) as any }))
+    c.on('error', () => {})
+    return c
+  }
+  try {
+    const a = from(p, '203.0.113.7')
+    await a.connect()
+    // The same declared client again: over its limit of one.
+    await assert.rejects(from(p, '203.0.113.7').connect(), /429|too many sessions from 203\.0\.113\.7/)
+    // Another client behind the same balancer has a limit of its own.
+    const b = from(p, '203.0.113.8')
+    await b.connect()
+    await Promise.all([a.end(), b.end()])
+    await eventually(() => logs.some((l) => l.peer === '203.0.113.7') && logs.some((l) => l.peer === '203.0.113.8'), 'sessions logged with the declared addresses')
+    assert.ok(!logs.some((l) => l.peer === '127.0.0.1'), 'no session logged as the balancer')
+    // Over plain ws:// a password from a remote client is refused, though the balancer is on loopback.
+    await assert.rejects(from(strict, '203.0.113.9').connect(), /refuses passwords over unencrypted ws:\/\/ from a non-loopback client/)
+    const local = from(strict, '127.0.0.1')
+    await local.connect()
+    await local.end()
+  } finally {
+    await p.close()
+    await strict.close()
+  }
+})
+
+test('a PROXY header from a peer that is not trusted is not taken: the request is refused, and limits stay its own', async () => {
+  const p = await startProxy({ trustProxy: ['10.0.0.0/8'] })
+  try {
+    const answer = await new Promise<string>((resolve) => {
+      const s = net.connect(p.port, '127.0.0.1', () => s.write(Buffer.concat([Buffer.from('PROXY TCP4 203.0.113.7 127.0.0.1 1 2\r\n'), HTTP])))
+      let got = ''
+      s.on('data', (d) => (got += d))
+      s.on('close', () => resolve(got))
+      s.on('error', () => resolve(got))
+    })
+    assert.match(answer, /^HTTP\/1\.1 400/)
+  } finally {
+    await p.close()
+  }
+})
+
+test('/sql behind a trusted HTTP balancer: the client is the X-Forwarded-For address; from anyone else, the peer', async () => {
+  const db = testPostgres()
+  for (const trusted of [true, false]) {
+    const logs: any[] = []
+    const p = await startProxy({ trustProxy: trusted ? ['127.0.0.1'] : undefined, allowInsecurePasswords: true, sqlLog: (e) => logs.push(e) })
+    try {
+      const res = await fetch(`http://127.0.0.1:${p.port}/sql`, {
+        method: 'POST',
+        headers: { 'x-forwarded-for': '203.0.113.7', 'neon-connection-string': `postgres://scram_user:${PASSWORD}@${db.host}:${db.port}/${db.database}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ query: 'SELECT 1', params: [] }),
+      })
+      assert.equal(res.status, 200, await res.text())
+      await eventually(() => logs.length > 0, 'the request logged')
+      assert.equal(logs[0].peer, trusted ? '203.0.113.7' : '127.0.0.1')
+    } finally {
+      await p.close()
+    }
+  }
+})
