@@ -85,7 +85,8 @@ export function startHttpPg(connectionString: string): Promise<RunningRelay> {
 
 /** Runs an entry point (TypeScript under tsx) and waits for its {"listening":"host:port"} line. */
 async function startChild(args: string[], what: string): Promise<RunningRelay> {
-  const child = spawn(process.execPath, [...(args[0].endsWith('.ts') ? ['--import', 'tsx'] : []), ...args], { cwd: root, stdio: ['pipe', 'pipe', 'pipe'] })
+  // (One process unless EDGEPG_WORKERS or --workers says otherwise: the sections compare one proxy process with its floor.)
+  const child = spawn(process.execPath, [...(args[0].endsWith('.ts') ? ['--import', 'tsx'] : []), ...args], { cwd: root, stdio: ['pipe', 'pipe', 'pipe'], env: { EDGEPG_WORKERS: '1', ...process.env } })
   live.add(child)
   child.once('exit', () => live.delete(child))
   let stderr = ''

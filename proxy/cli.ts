@@ -2,6 +2,9 @@
 import { ConfigError, HELP, parseConfig } from './config'
 import { createProxy } from './index'
 import { setupAuth } from './auth/setup'
+import cluster from 'node:cluster'
+import { runPrimary } from './cluster/primary'
+import { workerLink, workerPart } from './cluster/worker'
 import { formatHostPort } from './upstream/address'
 
 /** Log lines, a JSON object each; those of one event-loop turn leave in one write. */
@@ -10,9 +13,11 @@ const writeLog = () => {
   process.stdout.write(unwritten)
   unwritten = ''
 }
+/** With --workers, which worker logged a line (proxy/cluster/primary.ts numbers them). */
+const worker = process.env.EDGEPG_WORKER_INDEX === undefined ? undefined : Number(process.env.EDGEPG_WORKER_INDEX)
 const line = (entry: object) => {
   if (!unwritten) setImmediate(writeLog)
-  unwritten += JSON.stringify({ time: new Date().toISOString(), ...entry }) + '\n'
+  unwritten += JSON.stringify({ time: new Date().toISOString(), ...(worker !== undefined && { worker }), ...entry }) + '\n'
 }
 process.on('exit', () => unwritten && writeLog())
 // Lines nobody reads any more (the log's reader went away) are dropped; the proxy goes on.
@@ -37,44 +42,55 @@ if (process.argv[2] === 'setup-auth') {
   }
 }
 
-let config
+let parsed: ReturnType<typeof parseConfig>
 try {
-  config = parseConfig(process.argv.slice(2), process.env)
+  parsed = parseConfig(process.argv.slice(2), process.env)
 } catch (err) {
   if (err instanceof ConfigError) fail(err.message)
   throw err
 }
-if (config === 'help') {
+if (parsed === 'help') {
   process.stdout.write(HELP)
   process.exit(0)
 }
+const config = parsed
 
-const { options, listen, adminListen, shutdownGraceMs, readTls } = config
-const proxy = createProxy({ ...options, log: line, sqlLog: (entry) => line({ route: '/sql', ...entry }) })
-proxy.listen(listen.port, listen.host).then(
-  (addr) => line({ listening: `${addr.address}:${addr.port}`, upstream: options.upstream, tls: Boolean(options.tls) }),
-  (err) => fail(`cannot listen on ${formatHostPort(listen)}: ${err.message}`)
-)
-if (adminListen) {
-  proxy.admin.once('error', (err) => fail(`cannot listen on ${formatHostPort(adminListen)} (--admin-listen): ${err.message}`))
-  proxy.admin.listen(adminListen.port, adminListen.host, () => line({ admin: formatHostPort(adminListen), serves: ['/metrics', '/healthz'] }))
-}
+const { listen, adminListen, shutdownGraceMs, readTls, workers } = config
+if (workers > 1 && cluster.isPrimary) {
+  runPrimary({ workers, maxSessions: config.options.maxSessions ?? 10_000, maxSessionsPerIp: config.options.maxSessionsPerIp ?? 100, log: line })
+} else serve()
 
-let stopping = false
-for (const signal of ['SIGINT', 'SIGTERM'] as const) {
-  process.on(signal, () => {
-    if (stopping) return
-    stopping = true
-    line({ shutdown: signal, sessions: proxy.sessionCount, graceMs: shutdownGraceMs })
-    proxy.close(shutdownGraceMs).then(() => process.exit(0))
+/** One proxy: the whole of it, or a worker of --workers n with its part of each limit the primary does not count. */
+function serve() {
+  const link = cluster.isWorker ? workerLink() : undefined
+  const options = cluster.isWorker ? workerPart(config.options, workers, Number(process.env.EDGEPG_WORKER_INDEX)) : config.options
+  const proxy = createProxy({ ...options, log: line, sqlLog: (entry) => line({ route: '/sql', ...entry }), cluster: link })
+  link?.report(proxy.metrics.registry)
+  proxy.listen(listen.port, listen.host).then(
+    (addr) => line({ listening: `${addr.address}:${addr.port}`, upstream: options.upstream, tls: Boolean(options.tls), pid: process.pid }),
+    (err) => fail(`cannot listen on ${formatHostPort(listen)}: ${err.message}`)
+  )
+  if (adminListen) {
+    proxy.admin.once('error', (err) => fail(`cannot listen on ${formatHostPort(adminListen)} (--admin-listen): ${err.message}`))
+    proxy.admin.listen(adminListen.port, adminListen.host, () => line({ admin: formatHostPort(adminListen), serves: ['/metrics', '/healthz'] }))
+  }
+
+  let stopping = false
+  for (const signal of ['SIGINT', 'SIGTERM'] as const) {
+    process.on(signal, () => {
+      if (stopping) return
+      stopping = true
+      line({ shutdown: signal, sessions: proxy.sessionCount, graceMs: shutdownGraceMs })
+      proxy.close(shutdownGraceMs).then(() => process.exit(0))
+    })
+  }
+  process.on('SIGHUP', () => {
+    if (!readTls) return line({ reload: 'nothing to reload (no --cert)' })
+    try {
+      proxy.setTls(readTls())
+      line({ reload: 'certificate reloaded' })
+    } catch (err) {
+      line({ reload: 'failed; keeping the current certificate', error: (err as Error).message })
+    }
   })
 }
-process.on('SIGHUP', () => {
-  if (!readTls) return line({ reload: 'nothing to reload (no --cert)' })
-  try {
-    proxy.setTls(readTls())
-    line({ reload: 'certificate reloaded' })
-  } catch (err) {
-    line({ reload: 'failed; keeping the current certificate', error: (err as Error).message })
-  }
-})

@@ -16,6 +16,7 @@ import { LoginGate } from './login/gate'
 import { Cancels } from './ws/cancels'
 import { TokenLogins, type TokenLoginOptions } from './auth/token-login'
 import { ClientAddresses } from './listen/client-address'
+import type { Admission } from './cluster/worker'
 
 export interface ProxyOptions {
   /** The Postgres this proxy relays to: `host:port`. */
@@ -88,6 +89,8 @@ export interface ProxyOptions {
    * for per-IP limits, logs and metrics. Never from any other peer. Default: none.
    */
   trustProxy?: string[]
+  /** A worker of `--workers n` (proxy/cluster/): the primary's session counts, and the whole proxy's metrics text. */
+  cluster?: { admission: Admission; metrics: () => Promise<string> }
 }
 
 export type { SessionLog, UpstreamTls, SqlLog }
@@ -127,7 +130,7 @@ export function createProxy(options: ProxyOptions): Proxy {
   const pool = new BackendPool(poolOptions, (event) => metrics.poolEvent(event))
   const budget = new BufferBudget(options.maxClientBufferBytes ?? 256 << 20, options.maxMessageBytes ?? 64 << 20)
   const logins = new LoginGate(options.maxLogins ?? 64, options.maxLoginsPerIp ?? 8)
-  const metrics = createMetrics(() => ({ pool: pool.size, logins: logins.counts, buffered: budget.total, lending: lenders?.counts ?? { lent: 0, waiting: 0 }, keys: lenders?.keys ?? [] }))
+  const metrics = createMetrics(() => ({ pool: pool.size, logins: logins.counts, buffered: budget.total, lending: lenders?.counts ?? { lent: 0, waiting: 0 }, keys: lenders?.keys ?? [] }), options.cluster?.metrics)
   const handshakeTimeoutMs = options.handshakeTimeoutMs ?? 10_000
   const { mode = 'transaction', enabled = true, timeoutMs = 5000, statements = 100, maxLifetimeMs: lifetimeMs = 30 * 60_000 } = options.pool ?? {}
   const lenders = mode === 'transaction' && enabled ? new Lenders(pool, { size, timeoutMs, statements, lifetimeMs }, metrics.lending) : undefined
@@ -145,6 +148,7 @@ export function createProxy(options: ProxyOptions): Proxy {
     lenders,
     tokens,
     clientAddress,
+    admission: options.cluster?.admission,
     offload: options.authOffload !== false,
     handshakeTimeoutMs,
   })

@@ -16,7 +16,7 @@ const children = new Set<ChildProcess>()
 after(() => children.forEach((c) => c.kill('SIGKILL')))
 
 function cli(args: string[], env: Record<string, string> = {}) {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'proxy/cli.ts', ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
+  const child = spawn(process.execPath, ['--import', 'tsx', 'proxy/cli.ts', ...args], { env: { ...process.env, EDGEPG_WORKERS: '1', ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
   children.add(child)
   const out = { stdout: '', stderr: '' }
   child.stdout!.setEncoding('utf8').on('data', (c) => (out.stdout += c))
@@ -75,6 +75,33 @@ test('wss:// with --cert/--key; SIGHUP swaps the certificate without dropping se
   }
 })
 
+test('--workers 2: SIGHUP to the primary reloads the certificate in every worker', async () => {
+  const [a, b] = await Promise.all([generateCerts(), generateCerts()])
+  const pg = testPostgres()
+  const port = await freePort()
+  const certFile = `${a.dir}/live-cert.pem`
+  const keyFile = `${a.dir}/live-key.pem`
+  await copyFile(a.server.certFile, certFile)
+  await copyFile(a.server.keyFile, keyFile)
+  const proxy = cli(['--upstream', `${pg.host}:${pg.port}`, '--listen', `127.0.0.1:${port}`, '--cert', certFile, '--key', keyFile, '--workers', '2'])
+  const count = (what: string) => proxy.out.stdout.split('\n').filter((l) => l.includes(what)).length
+  try {
+    await eventually(() => count('"listening"') === 2, 'both workers to listen', 20000)
+    const before = await presented(port, a.ca.cert)
+    await copyFile(b.server.certFile, certFile)
+    await copyFile(b.server.keyFile, keyFile)
+    proxy.child.kill('SIGHUP')
+    await eventually(() => count('certificate reloaded') === 2, 'each worker to log its reload')
+    // Connections go to the workers in turn: every one presents the new certificate.
+    for (let i = 0; i < 6; i++) assert.notEqual(await presented(port, b.ca.cert), before)
+    proxy.child.kill('SIGTERM')
+    assert.equal(await proxy.exit, 0)
+  } finally {
+    proxy.child.kill('SIGKILL')
+    await Promise.all([a.cleanup(), b.cleanup()])
+  }
+})
+
 test('bad settings: exit 2 with a message naming the flag or variable', async () => {
   const up = ['--upstream', '127.0.0.1:5432']
   const cases: Array<[string[], Record<string, string>, RegExp]> = [
@@ -86,6 +113,8 @@ test('bad settings: exit 2 with a message naming the flag or variable', async ()
     [[...up], { EDGEPG_IDLE_TIMEOUT: 'soon' }, /EDGEPG_IDLE_TIMEOUT must be an integer ≥ 0, got "soon"/],
     [[...up], { EDGEPG_NO_AUTH_OFFLOAD: 'maybe' }, /EDGEPG_NO_AUTH_OFFLOAD must be true or false/],
     [[...up, '--handshake-timeout', '-5'], {}, /handshake-timeout/],
+    [[...up, '--workers', '3', '--pool-size', '2'], {}, /--pool-size \(2\) must be at least --workers \(3\)/],
+    [[...up, '--trust-proxy', '10.0.0.0/33'], {}, /"10\.0\.0\.0\/33" is not an address or a CIDR range/],
   ]
   const runs = cases.map(([args, env]) => cli(args, env))
   for (const [i, run] of runs.entries()) {

@@ -221,7 +221,8 @@ after(() => {
   }
 })
 
-const cleanEnv = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('EDGEPG_') || k === 'EDGEPG_TEST_PG'))
+// One process (--workers 1) unless a test asks for more: these tests are about what one proxy does.
+const cleanEnv = { ...Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('EDGEPG_') || k === 'EDGEPG_TEST_PG')), EDGEPG_WORKERS: '1' }
 
 function runCli(args: string[], { env = {}, command, group = false }: { env?: Record<string, string>; command: string[]; group?: boolean }) {
   const child = spawn(command[0], [...command.slice(1), ...args], { cwd: ROOT, env: { ...cleanEnv, ...env }, stdio: ['ignore', 'pipe', 'pipe'], detached: group })

@@ -114,7 +114,8 @@ export interface Load {
 
 const NO_LOAD: Load = { pool: { pooled: 0, idle: 0 }, logins: { running: 0, waiting: 0 }, buffered: 0, lending: { lent: 0, waiting: 0 }, keys: [] }
 
-export function createMetrics(load: () => Load = () => NO_LOAD): Metrics {
+/** `source`: the text /metrics serves, when not this registry's alone (a worker's: the whole proxy's, proxy/cluster/). */
+export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => Promise<string>): Metrics {
   const registry = new Registry()
   collectDefaultMetrics({ register: registry })
   const registers = [registry]
@@ -214,7 +215,7 @@ export function createMetrics(load: () => Load = () => NO_LOAD): Metrics {
         return
       }
       try {
-        const body = await registry.metrics()
+        const body = await (source ?? (() => registry.metrics()))()
         res.writeHead(200, { 'content-type': registry.contentType, 'cache-control': 'no-store' })
         res.end(req.method === 'HEAD' ? undefined : body)
       } catch (err) {

@@ -23,6 +23,7 @@ import type { Cancels } from './cancels'
 import type { Metrics, RefusalReason } from '../admin/metrics'
 import type { Upstreams } from '../upstream/allowed'
 import { SUBPROTOCOL, SUBPROTOCOL_CANCEL } from '../../src/config'
+import type { Admission } from '../cluster/worker'
 
 export interface RouteOptions {
   upstreams: Upstreams
@@ -42,6 +43,8 @@ export interface RouteOptions {
   tokens?: TokenLogins
   /** The client's address (behind a trusted balancer, the one it declares); default the TCP peer's. */
   clientAddress?: (req: http.IncomingMessage) => string
+  /** A worker of --workers n: the session limits are the whole proxy's, counted by the primary. */
+  admission?: Admission
   maxSessions?: number
   maxSessionsPerIp?: number
   handshakeTimeoutMs: number
@@ -103,8 +106,19 @@ export class WebSocketRoutes {
     if (origin !== undefined && !this.origins.has('*') && !this.origins.has(origin)) return refuse(403, `origin ${origin} is not allowed (--allow-origin)`, 'origin')
     if (this.count >= maxSessions) return refuse(503, `too many sessions (${maxSessions}); try again later`, 'too_many_sessions')
     if ((this.perIp.get(peer) ?? 0) >= maxPerIp) return refuse(429, `too many sessions from ${peer} (${maxPerIp})`, 'too_many_sessions_per_ip')
+    // A worker of --workers n: the primary says whether the whole proxy has room.
+    const accept = (target: HostPort) => {
+      const { admission } = this.o
+      if (!admission) return this.accept(req, socket, head, target, peer)
+      admission.enter(peer).then((refused) => {
+        if (refused === 'too_many_sessions') return refuse(503, `too many sessions (${maxSessions}); try again later`, refused)
+        if (refused) return refuse(429, `too many sessions from ${peer} (${maxPerIp})`, refused)
+        if (socket.destroyed) return admission.leave(peer)
+        this.accept(req, socket, head, target, peer, () => admission.leave(peer))
+      })
+    }
     const address = url.searchParams.get('address')
-    if (!address) return this.accept(req, socket, head, upstreams.upstream, peer)
+    if (!address) return accept(upstreams.upstream)
     let named: HostPort
     try {
       named = parseHostPort(address)
@@ -113,7 +127,7 @@ export class WebSocketRoutes {
     }
     if (!upstreams.has(named)) return refuse(403, `address ${address} is not an allowed upstream`, 'forbidden_address')
     upstreams.admit(named).then(
-      (target) => (target ? this.accept(req, socket, head, target, peer) : refuse(403, `address ${address} no longer resolves to an address the allow-list had`, 'forbidden_address')),
+      (target) => (target ? accept(target) : refuse(403, `address ${address} no longer resolves to an address the allow-list had`, 'forbidden_address')),
       (err: Error) => refuse(502, `cannot resolve ${named.host}: ${err.message}`, 'bad_address')
     )
   }
@@ -132,14 +146,15 @@ export class WebSocketRoutes {
   }
 
   /** The login the upgrade carries goes to a warm backend or to Postgres; its answer opens the session. */
-  private accept(req: http.IncomingMessage, socket: Duplex, head: Buffer, target: HostPort, peer: string) {
-    if (socket.destroyed) return
+  private accept(req: http.IncomingMessage, socket: Duplex, head: Buffer, target: HostPort, peer: string, left?: () => void) {
+    if (socket.destroyed) return left?.()
     const { pool, metrics, offload } = this.o
     this.upgrading.add(socket)
     this.perIp.set(peer, (this.perIp.get(peer) ?? 0) + 1)
     const release = () => {
       const n = (this.perIp.get(peer) ?? 1) - 1
       n ? this.perIp.set(peer, n) : this.perIp.delete(peer)
+      left?.()
     }
     let passwordsAllowed = 'encrypted' in req.socket || isLoopback(peer) || this.o.allowInsecurePasswords === true
     // The login leaves the headers here: ws negotiates the rest, and nothing logs it.

@@ -34,6 +34,8 @@ export interface ChildProxy {
   url: string
   /** The session log lines the proxy has printed so far. */
   logs: Array<{ outcome: string; [key: string]: unknown }>
+  /** Every JSON line it has printed so far (with --workers, each worker's and the primary's). */
+  lines: Array<Record<string, any>>
   /** CPU seconds (user + system) the child has used so far, from /proc. */
   cpuSeconds(): number
   /** The child's resident set now, from /proc (bytes). */
@@ -52,7 +54,7 @@ export async function startChildProxy(upstream: string, options: ChildProxyOptio
   const entry = options.built ? ['dist/cli.mjs'] : ['--import', 'tsx', 'proxy/cli.ts']
   const child = spawn(process.execPath, [...(options.nodeArgs ?? []), ...entry, '--upstream', upstream, '--listen', listen, ...(options.flags ?? [])], {
     cwd: ROOT,
-    env: { ...process.env, ...options.env },
+    env: { ...process.env, EDGEPG_WORKERS: '1', ...options.env }, // (one process, unless asked: the tests measure one)
     stdio: ['ignore', 'pipe', 'pipe'],
   })
   children.add(child)
@@ -62,6 +64,7 @@ export async function startChildProxy(upstream: string, options: ChildProxyOptio
     if (!options.onStderrLine?.(line)) stderr += line + '\n'
   })
   const logs: ChildProxy['logs'] = []
+  const lines: ChildProxy['lines'] = []
   const port = await new Promise<number>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`the proxy child did not report listening within 30 s: ${stderr}`)), 30_000)
     child.once('exit', (code) => reject(new Error(`the proxy child exited (code ${code}) before listening: ${stderr}`)))
@@ -73,6 +76,7 @@ export async function startChildProxy(upstream: string, options: ChildProxyOptio
       } catch {
         return
       }
+      lines.push(msg)
       if (typeof msg.outcome === 'string') logs.push(msg)
       if (msg.listening) {
         clearTimeout(timer)
@@ -86,6 +90,7 @@ export async function startChildProxy(upstream: string, options: ChildProxyOptio
     port,
     url: `ws://127.0.0.1:${port}/v2`,
     logs,
+    lines,
     cpuSeconds: () => cpuSecondsOf(child.pid!),
     rss() {
       const status = readFileSync(`/proc/${child.pid}/status`, 'utf8')
