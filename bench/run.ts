@@ -22,11 +22,12 @@ import { stop } from './stop'
 import { workerd } from './workerd'
 import { attack } from './attack'
 import { pool } from './pool'
+import { workers } from './workers'
 import { passes, type BenchContext, type ProxyMode, type Row, type Section } from './lib'
 import { startProxy, type RunningProxy } from './proxy'
 
 const SECTIONS: Section[] = [core, connect, sessions, proxycost, loadBench]
-SECTIONS.push(httpBench, bundle, stop, workerd, attack, pool)
+SECTIONS.push(httpBench, bundle, stop, workerd, attack, pool, workers)
 
 const args = process.argv.slice(2)
 const proxyArg = args.find((a) => a.startsWith('--proxy='))?.slice('--proxy='.length) ?? 'child'

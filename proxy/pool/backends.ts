@@ -101,6 +101,15 @@ export class BackendPool {
   /** Backends owned, idle or lent, by upstream and process ID (for cancel requests). */
   private readonly owned = new Map<string, Backend>()
   private readonly hmacKey = randomBytes(32)
+  /** Passwords' HMACs, kept (a cold session's login then costs no HMAC): a few distinct ones, bounded. */
+  private readonly secrets = new Map<string, string>()
+
+  private remember(password: string): string {
+    const secret = createHmac('sha256', this.hmacKey).update(password).digest('base64')
+    if (this.secrets.size >= 1000) this.secrets.clear()
+    this.secrets.set(password, secret)
+    return secret
+  }
   private readonly maxIdlePerKey: number
   private readonly maxBackends: number
   private readonly idleTimeoutMs: number
@@ -132,7 +141,7 @@ export class BackendPool {
    * their own: their backends carry claims (proxy/auth/claims.ts), set anew for each session.
    */
   key(upstream: string, tls: unknown, startup: Buffer, password: string | undefined, forTokens = false): string {
-    const secret = password === undefined ? '' : createHmac('sha256', this.hmacKey).update(password).digest('base64')
+    const secret = password === undefined ? '' : this.secrets.get(password) ?? this.remember(password)
     return JSON.stringify([upstream, tls ?? null, startup.toString('base64'), secret, ...(forTokens ? ['tokens'] : [])])
   }
 
