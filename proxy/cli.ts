@@ -4,7 +4,8 @@ import { createProxy } from './index'
 import { setupAuth } from './auth/setup'
 import cluster from 'node:cluster'
 import { runPrimary } from './cluster/primary'
-import { workerLink, workerPart } from './cluster/worker'
+import { workerLink } from './cluster/worker'
+import { workerPart } from './cluster/parts'
 import { formatHostPort } from './upstream/address'
 
 /** Log lines, a JSON object each; those of one event-loop turn leave in one write. */
