@@ -35,16 +35,16 @@ export class ClaimsError extends Error {
 
 const hex = (b: Buffer) => `\\x${b.toString('hex')}`
 
-function statement(text: string, values: Array<string | null>): Buffer {
+function statement(text: string, values: string[]): Buffer {
   return Buffer.concat([serialize.parse({ text }), serialize.bind({ values }), EXECUTE])
 }
 
 /**
- * The messages that set `claims` (JSON text, or null for a session without a token) on the backend
- * behind `upstream`: edgepg.init first if it has no key yet. One Sync group; the unnamed statement
+ * The messages that set `claims` (JSON text) on the backend behind `upstream`: edgepg.init first if
+ * it has no key yet. One Sync group; the unnamed statement
  * is closed after, as a fresh session finds none.
  */
-export function claimsMessages(upstream: Upstream, claims: string | null): Buffer {
+export function claimsMessages(upstream: Upstream, claims: string): Buffer {
   let k = keyed.get(upstream)
   const parts: Buffer[] = []
   if (!k) {
@@ -52,7 +52,7 @@ export function claimsMessages(upstream: Upstream, claims: string | null): Buffe
     parts.push(statement(INIT, [hex(k.key)]))
   }
   const n = String(++k.n)
-  const mac = createHmac('sha256', k.key).update(`${n}:${claims ?? ''}`).digest()
+  const mac = createHmac('sha256', k.key).update(`${n}:${claims}`).digest()
   parts.push(statement(SET, [n, claims, hex(mac)]), serialize.close({ type: 'S', name: '' }), SYNC)
   return Buffer.concat(parts)
 }
@@ -67,7 +67,7 @@ const exchanged = (upstream: Upstream): Send => async (bytes) => {
 }
 
 /** Sets `claims` on an idle backend (by `send`: an exchange of its own by default) and waits for Postgres to confirm; ClaimsError says why not. */
-export async function setClaims(upstream: Upstream, claims: string | null, send: Send = exchanged(upstream)): Promise<void> {
+export async function setClaims(upstream: Upstream, claims: string, send: Send = exchanged(upstream)): Promise<void> {
   const error = await send(claimsMessages(upstream, claims)).catch((err) => {
     keyed.delete(upstream)
     throw err

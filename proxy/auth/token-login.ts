@@ -27,7 +27,7 @@ export class TokenLogins {
     const identity = await this.tokens.verify(token)
     database ||= identity.role
     const password = await this.passfile.password({ host: target.host, port: target.port, database, user: identity.role })
-    if (password === undefined) throw new TokenRefused(`edgepg-proxy holds no password for role "${identity.role}" (add it to its passfile, ${this.passfile.file})`)
+    if (password === undefined) throw new TokenRefused(`edgepg-proxy holds no password for role "${identity.role}": its passfile (--passfile) has none for this database`)
     return { identity, password, database }
   }
 
