@@ -21,11 +21,11 @@ export class ClientAddresses {
       if (!net.isIP(address)) throw new Error(`--trust-proxy ${cidr}: not an address or CIDR range`)
       this.trusted.addSubnet(address, bits === undefined ? (type === 'ipv6' ? 128 : 32) : Number(bits), type)
     }
+    this.any = cidrs.length > 0
   }
 
-  get any(): boolean {
-    return this.trusted.rules.length > 0
-  }
+  /** Whether any range is trusted (else every client is its TCP peer, looked at no further). */
+  readonly any: boolean
 
   isTrusted(address: string): boolean {
     const plain = plainAddress(address)
@@ -37,6 +37,7 @@ export class ClientAddresses {
    * header declared, else the nearest untrusted hop of X-Forwarded-For (if `headers` are given).
    */
   of(socket: Socket, headers?: IncomingMessage['headers']): string {
+    if (!this.any) return socket.remoteAddress ?? '?'
     const peer = plainAddress(socket.remoteAddress ?? '?')
     if (!this.isTrusted(peer)) return peer
     const declared = this.declared.get(keyOf(socket))
