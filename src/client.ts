@@ -73,7 +73,7 @@ function openSocket(own: EdgeConfig, { ssl, sslNegotiation }: StreamConfig): Web
   if (!ssl || setting(own, 'forceDisablePgSSL')) return socket
   const options: SslOptions = typeof ssl === 'object' ? ssl : {}
   if (options.key || options.cert || options.pfx) {
-    socket.refusal = new Error('edgepg: client certificates (ssl.key, ssl.cert, ssl.pfx) are not supported (the proxy cannot present them): use a password or authToken')
+    socket.refusal = new Error('edgepg: client certificates (ssl.key, ssl.cert, ssl.pfx) are not supported: the proxy cannot present them')
   }
   const rootCerts = setting(own, 'rootCerts') ?? (typeof options.ca === 'string' ? options.ca : undefined)
   if (rootCerts) return new TlsSocket(socket, { host: options.servername, rootCerts, pipelineTLS: setting(own, 'pipelineTLS') })
