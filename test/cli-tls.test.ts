@@ -35,16 +35,28 @@ const presented = (port: number, ca: string) =>
     s.once('error', reject)
   })
 
-test('wss:// with --cert/--key; SIGHUP swaps the certificate without dropping sessions', async () => {
+/**
+ * Two certificates, and a proxy serving the first from files of its own (SIGHUP makes it read them
+ * again); `swap()` puts the second in those files.
+ */
+async function liveCerts(extra: string[] = []) {
   const [a, b] = await Promise.all([generateCerts(), generateCerts()])
   const pg = testPostgres()
   const port = await freePort()
-  // The proxy reads the files named here; SIGHUP makes it read them again.
   const certFile = `${a.dir}/live-cert.pem`
   const keyFile = `${a.dir}/live-key.pem`
   await copyFile(a.server.certFile, certFile)
   await copyFile(a.server.keyFile, keyFile)
-  const proxy = cli(['--upstream', `${pg.host}:${pg.port}`, '--listen', `127.0.0.1:${port}`, '--cert', certFile, '--key', keyFile])
+  const proxy = cli(['--upstream', `${pg.host}:${pg.port}`, '--listen', `127.0.0.1:${port}`, '--cert', certFile, '--key', keyFile, ...extra])
+  const swap = async () => {
+    await copyFile(b.server.certFile, certFile)
+    await copyFile(b.server.keyFile, keyFile)
+  }
+  return { a, b, pg, port, proxy, swap, cleanup: () => Promise.all([a.cleanup(), b.cleanup()]) }
+}
+
+test('wss:// with --cert/--key; SIGHUP swaps the certificate without dropping sessions', async () => {
+  const { a, b, pg, port, proxy, swap, cleanup } = await liveCerts()
   try {
     await eventually(() => proxy.out.stdout.includes('"listening"'), 'the proxy to listen', 20000)
     const both = a.ca.cert + b.ca.cert
@@ -57,8 +69,7 @@ test('wss:// with --cert/--key; SIGHUP swaps the certificate without dropping se
     assert.deepEqual((await client.query('SELECT 1 AS one')).rows, [{ one: 1 }])
     const before = await presented(port, a.ca.cert)
 
-    await copyFile(b.server.certFile, certFile)
-    await copyFile(b.server.keyFile, keyFile)
+    await swap()
     proxy.child.kill('SIGHUP')
     await eventually(() => proxy.out.stdout.includes('certificate reloaded'), 'the reload to be logged')
     const after = await presented(port, b.ca.cert)
@@ -71,25 +82,17 @@ test('wss:// with --cert/--key; SIGHUP swaps the certificate without dropping se
     assert.equal(await proxy.exit, 0)
   } finally {
     proxy.child.kill('SIGKILL')
-    await Promise.all([a.cleanup(), b.cleanup()])
+    await cleanup()
   }
 })
 
 test('--workers 2: SIGHUP to the primary reloads the certificate in every worker', async () => {
-  const [a, b] = await Promise.all([generateCerts(), generateCerts()])
-  const pg = testPostgres()
-  const port = await freePort()
-  const certFile = `${a.dir}/live-cert.pem`
-  const keyFile = `${a.dir}/live-key.pem`
-  await copyFile(a.server.certFile, certFile)
-  await copyFile(a.server.keyFile, keyFile)
-  const proxy = cli(['--upstream', `${pg.host}:${pg.port}`, '--listen', `127.0.0.1:${port}`, '--cert', certFile, '--key', keyFile, '--workers', '2'])
+  const { a, b, port, proxy, swap, cleanup } = await liveCerts(['--workers', '2'])
   const count = (what: string) => proxy.out.stdout.split('\n').filter((l) => l.includes(what)).length
   try {
     await eventually(() => count('"listening"') === 2, 'both workers to listen', 20000)
     const before = await presented(port, a.ca.cert)
-    await copyFile(b.server.certFile, certFile)
-    await copyFile(b.server.keyFile, keyFile)
+    await swap()
     proxy.child.kill('SIGHUP')
     await eventually(() => count('certificate reloaded') === 2, 'each worker to log its reload')
     // Connections go to the workers in turn: every one presents the new certificate.
@@ -98,7 +101,7 @@ test('--workers 2: SIGHUP to the primary reloads the certificate in every worker
     assert.equal(await proxy.exit, 0)
   } finally {
     proxy.child.kill('SIGKILL')
-    await Promise.all([a.cleanup(), b.cleanup()])
+    await cleanup()
   }
 })
 
