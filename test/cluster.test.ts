@@ -6,6 +6,8 @@
  */
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
+import { spawn } from 'node:child_process'
+import net from 'node:net'
 import pg from 'pg'
 import { Client } from '../src/index'
 import { startChildProxy, type ChildProxy } from './support/child-proxy'
@@ -106,5 +108,24 @@ test('--workers 2: a worker killed with SIGKILL is replaced; the sessions on the
     await Promise.all([...clients, ...fresh].map((c) => c.end().catch(() => {})))
   } finally {
     await p.stop()
+  }
+})
+
+test('--workers 2 on a port already taken: the workers cannot listen, and the proxy exits 2 saying so (no respawning)', async () => {
+  const taken = net.createServer()
+  await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve))
+  const port = (taken.address() as net.AddressInfo).port
+  try {
+    const { host, port: pgPort } = testPostgres()
+    const child = spawn(process.execPath, ['--import', 'tsx', 'proxy/cli.ts', '--upstream', `${host}:${pgPort}`, '--listen', `127.0.0.1:${port}`, '--workers', '2'], { stdio: ['ignore', 'pipe', 'pipe'] })
+    let out = ''
+    child.stdout!.on('data', (d) => (out += d))
+    child.stderr!.on('data', (d) => (out += d))
+    const code = await within(20_000, 'the proxy to give up', new Promise((resolve) => child.once('exit', resolve)))
+    assert.equal(code, 2, out)
+    assert.match(out, /cannot listen on 127\.0\.0\.1:\d+: \w+ EADDRINUSE/)
+    assert.ok((out.match(/"replacedBy"/g) ?? []).length === 0, `no worker was replaced: ${out}`)
+  } finally {
+    taken.close()
   }
 })

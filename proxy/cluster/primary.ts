@@ -22,6 +22,7 @@ export function runPrimary(o: PrimaryOptions) {
   /** Each worker's open sessions, by client address: released when it dies. */
   const held = new Map<Worker, Map<string, number>>()
   let stopping = false
+  let exitCode = 0
 
   const count = (worker: Worker, peer: string, by: number) => {
     sessions.total += by
@@ -52,7 +53,9 @@ export function runPrimary(o: PrimaryOptions) {
     worker.once('exit', (code, signal) => {
       for (const [peer, n] of held.get(worker)!) count(worker, peer, -n)
       held.delete(worker)
-      if (stopping) return void (held.size === 0 && process.exit(0))
+      // Exit code 2 is the CLI's own refusal (it cannot listen, say): a replacement would fail alike.
+      if (code === 2 && !stopping) stop(2)
+      if (stopping) return void (held.size === 0 && process.exit(exitCode))
       const next = fork(index)
       o.log({ worker: index, exited: { pid: worker.process.pid, code, signal }, replacedBy: next.process.pid })
     })
@@ -64,12 +67,16 @@ export function runPrimary(o: PrimaryOptions) {
   for (let i = 0; i < o.workers; i++) fork(i)
   o.log({ primary: process.pid, workers: o.workers })
 
+  function stop(code: number) {
+    stopping = true
+    exitCode = code
+    for (const worker of held.keys()) worker.process.kill('SIGTERM')
+  }
   for (const signal of ['SIGINT', 'SIGTERM'] as const) {
     process.on(signal, () => {
       if (stopping) return
-      stopping = true
       o.log({ shutdown: signal, workers: held.size })
-      for (const worker of held.keys()) worker.process.kill('SIGTERM')
+      stop(0)
     })
   }
   process.on('SIGHUP', () => {
