@@ -4,7 +4,7 @@ import pg from 'pg'
 import { isIP } from 'net'
 import { serialize } from 'pg-protocol'
 import { configKeys, setting, IN_WORKERS, TOKEN_MESSAGE, type EdgeConfig } from './config'
-import { WebSocketSocket } from './socket'
+import { TOKEN_NEEDS, WebSocketSocket } from './socket'
 import { TlsSocket } from './tls'
 import { poolQueryViaHttp, type HttpPoolConfig } from './http'
 import { CANCEL_WHEN_RUNNING, stoppableQuery, timeSubmittable } from './stop'
@@ -41,13 +41,12 @@ const NEON_HOST = /\.neon\.(tech|build)$/
 /** The first flight carries the token (resolved now), in the upgrade: edgepg-proxy logs in as the role it names. */
 async function sendToken(socket: WebSocketSocket | TlsSocket, given: AuthToken) {
   try {
-    // (TLS inside the WebSocket hides the login from the proxy: no token goes then, and Postgres refuses a login naming no user.)
-    ;((socket as WebSocketSocket).token = serialize.password(typeof given == 'function' ? await given() : given))[0] = TOKEN_MESSAGE
+    if (socket instanceof TlsSocket) throw TOKEN_NEEDS
+    ;(socket.token = serialize.password(typeof given == 'function' ? await given() : given))[0] = TOKEN_MESSAGE
   } catch (err) {
     socket.destroy(new Error(`edgepg: authToken: ${(err as Error)?.message ?? err}`))
-  } finally {
-    socket.uncork()
   }
+  socket.uncork()
 }
 const PgQuery = (pg as any).Query
 

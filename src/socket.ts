@@ -6,6 +6,8 @@ const OPEN = 1
 const refusesSubprotocol = new Set<string>()
 
 /** Credentials may ride in the upgrade only where nobody else reads it: over wss://, or to this machine. */
+/** Where a login by token can go: the proxy must read the login, and only over a private link. */
+export const TOKEN_NEEDS = 'authToken needs edgepg-proxy, wss:// (or this machine), no TLS inside, under 8 KB'
 const privateLink = (url: string) => /^(wss:|ws:\/\/(127\.[\d.]+|localhost|\[::1\])[:/])/i.test(url)
 
 /** base64url without padding: the characters a subprotocol value may hold. */
@@ -113,7 +115,7 @@ export class WebSocketSocket extends QueuedSocket {
     const tls = this.upstreamTls && first ? [upstreamTlsRequest(this.upstreamTls)] : []
     const login = first && base64url(Buffer.concat([...tls, first, ...secret]))
     const fits = login !== undefined && login.length <= MAX_LOGIN_CHARS
-    if (this.token && first && !(privateLink(this.url) && fits && offer)) return this.failSoon(new Error('authToken needs edgepg-proxy over wss:// (or on this machine), and under 8 KB'))
+    if (this.token && first && !(privateLink(this.url) && fits && offer)) return this.failSoon(new Error(TOKEN_NEEDS))
     // In band, TLS to Postgres could not be asked for: better no connection than one without it.
     if (tls.length && offer && !fits) return this.failSoon(new Error(`the login is too large for the upgrade (${login!.length} characters, at most ${MAX_LOGIN_CHARS}), and \`ssl\` needs it there`))
     const protocols = !offer ? undefined : fits ? [SUBPROTOCOL_CANCEL, SUBPROTOCOL, LOGIN_PREFIX + login] : [SUBPROTOCOL_CANCEL, SUBPROTOCOL]

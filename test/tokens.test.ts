@@ -494,3 +494,18 @@ test('a database without setup-auth: logins by token get an error naming it, ove
     await rm(dir, { recursive: true, force: true })
   }
 })
+
+test('the client sends a token only where the proxy can take it, and says why not otherwise', async () => {
+  const { host, port, database } = testPostgres()
+  const refused = (extra: ClientConfig) => {
+    const c = new Client({ host, port, database, authToken: () => 'a.b.c', webSocketConstructor: WebSocket as any, ...extra })
+    c.on('error', () => {})
+    return c.connect().then(() => assert.fail('connected'), (e: Error) => e.message)
+  }
+  // Plain ws:// to another machine: refused before any connection is made (192.0.2.1 is TEST-NET).
+  assert.match(await refused({ wsProxy: () => 'ws://192.0.2.1:9/v2' }), /authToken needs edgepg-proxy, wss:\/\/ \(or this machine\)/)
+  // authToken() failing: its error, named as authToken's.
+  const c = new Client({ host, port, database, authToken: () => Promise.reject(new Error('signed out')), webSocketConstructor: WebSocket as any, wsProxy: () => 'ws://127.0.0.1:9/v2' })
+  c.on('error', () => {})
+  await assert.rejects(c.connect(), /edgepg: authToken: signed out/)
+})

@@ -41,7 +41,7 @@ export class TokenRefused extends Error {
 const ASYMMETRIC = ['RS256', 'RS384', 'RS512', 'PS256', 'PS384', 'PS512', 'ES256', 'ES384', 'ES512', 'EdDSA', 'Ed25519']
 const SYMMETRIC = ['HS256', 'HS384', 'HS512']
 /** Longest token accepted, in characters (a JWT with a few claims is under 1 KiB). */
-export const MAX_TOKEN_CHARS = 8192
+const MAX_TOKEN_CHARS = 8192
 
 export class Tokens {
   private readonly key: JWTVerifyGetKey | Uint8Array

@@ -195,30 +195,34 @@ class LentSession implements RunningSession {
   private acquire() {
     this.acquiring = true
     this.o.lender.acquire((leave) => (this.leaveLine = leave)).then(
-      async (backend) => {
+      (backend) => {
         this.leaveLine = undefined
-        if (this.ended) return (this.acquiring = false), this.o.lender.giveBack(backend)
-        if (this.o.claims !== undefined) {
-          try {
-            await setClaims(backend.upstream, this.o.claims)
-          } catch (err) {
+        const { claims } = this.o
+        if (claims === undefined || this.ended) return this.begin(backend)
+        // A login by token: its claims on the backend first (proxy/auth/claims.ts).
+        setClaims(backend.upstream, claims).then(
+          () => this.begin(backend),
+          (err: ClaimsError) => {
             this.o.lender.lost(backend) // (closed: it serves no one)
-            return this.refuseWaiting(err as ClaimsError)
+            this.refuseWaiting(err)
           }
-          if (this.ended) return (this.acquiring = false), this.o.lender.giveBack(backend)
-        }
-        this.acquiring = false
-        this.startLend(backend)
-        const msgs = this.waiting
-        this.waiting = []
-        this.send(msgs)
+        )
       },
       (err: Error & { code?: string }) => {
         this.leaveLine = undefined
-        if (!this.ended) this.refuseWaiting(err, `edgepg-proxy: ${err.message}`)
-        else this.acquiring = false
+        this.refuseWaiting(err, `edgepg-proxy: ${err.message}`)
       }
     )
+  }
+
+  /** The backend is the session's now: what waited for it goes (unless the session ended meanwhile). */
+  private begin(backend: Backend) {
+    this.acquiring = false
+    if (this.ended) return this.o.lender.giveBack(backend)
+    this.startLend(backend)
+    const msgs = this.waiting
+    this.waiting = []
+    this.send(msgs)
   }
 
   /** No backend for what waits: each Query and Sync gets Postgres's way of saying no, an error and ReadyForQuery. */
