@@ -58,13 +58,13 @@ const config = parsed
 
 const { listen, adminListen, shutdownGraceMs, readTls, workers } = config
 if (workers > 1 && cluster.isPrimary) {
-  runPrimary({ workers, maxSessions: config.options.maxSessions ?? 10_000, maxSessionsPerIp: config.options.maxSessionsPerIp ?? 100, log: line })
-} else serve()
+  runPrimary({ workers, log: line })
+} else await serve()
 
-/** One proxy: the whole of it, or a worker of --workers n with its part of each limit the primary does not count. */
-function serve() {
-  const link = cluster.isWorker ? workerLink() : undefined
-  const options = cluster.isWorker ? workerPart(config.options, workers, Number(process.env.EDGEPG_WORKER_INDEX)) : config.options
+/** One proxy: the whole of it, or a worker of --workers n (its part of the limits the workers do not share). */
+async function serve() {
+  const link = cluster.isWorker ? await workerLink(workers, worker!) : undefined
+  const options = link ? workerPart(config.options, workers, worker!) : config.options
   const proxy = createProxy({ ...options, log: line, sqlLog: (entry) => line({ route: '/sql', ...entry }), cluster: link })
   link?.report(proxy.metrics.registry)
   proxy.listen(listen.port, listen.host).then(

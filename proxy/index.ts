@@ -16,7 +16,8 @@ import { LoginGate } from './login/gate'
 import { Cancels } from './ws/cancels'
 import { TokenLogins, type TokenLoginOptions } from './auth/token-login'
 import { ClientAddresses } from './listen/client-address'
-import type { Admission } from './cluster/worker'
+import type { ClusterLink } from './cluster/worker'
+import { LocalPlaces, type Places } from './cluster/places'
 
 export interface ProxyOptions {
   /** The Postgres this proxy relays to: `host:port`. */
@@ -89,8 +90,8 @@ export interface ProxyOptions {
    * for per-IP limits, logs and metrics. Never from any other peer. Default: none.
    */
   trustProxy?: string[]
-  /** A worker of `--workers n` (proxy/cluster/): the primary's session counts, and the whole proxy's metrics text. */
-  cluster?: { admission: Admission; metrics: () => Promise<string> }
+  /** A worker of `--workers n` (proxy/cluster/): the limits counted for the whole proxy, and its metrics. */
+  cluster?: ClusterLink
 }
 
 export type { SessionLog, UpstreamTls, SqlLog }
@@ -137,6 +138,7 @@ export function createProxy(options: ProxyOptions): Proxy {
   const tokens = options.tokens && new TokenLogins(options.tokens)
   const addresses = new ClientAddresses(options.trustProxy ?? [])
   const clientAddress = (req: http.IncomingMessage) => addresses.of(req.socket, req.headers)
+  const places = (name: string, limit: number): Places => options.cluster?.places(name, limit) ?? new LocalPlaces(limit)
   const routes = new WebSocketRoutes({
     ...options,
     upstreams,
@@ -144,11 +146,11 @@ export function createProxy(options: ProxyOptions): Proxy {
     metrics,
     budget,
     logins,
-    cancels: new Cancels(pool, options.maxCancelsPerIp ?? 20),
+    cancels: new Cancels(pool, options.maxCancelsPerIp ?? 20, places),
     lenders,
     tokens,
     clientAddress,
-    admission: options.cluster?.admission,
+    places,
     offload: options.authOffload !== false,
     handshakeTimeoutMs,
   })
@@ -169,6 +171,7 @@ export function createProxy(options: ProxyOptions): Proxy {
           allowInsecurePasswords: options.allowInsecurePasswords,
           budget,
           log: options.sqlLog,
+          places,
           ...options.sql,
           pool: { max: size, ...options.sql?.pool },
         })

@@ -8,6 +8,7 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn } from 'node:child_process'
 import net from 'node:net'
+import { readdirSync, readFileSync, readlinkSync } from 'node:fs'
 import pg from 'pg'
 import { Client } from '../src/index'
 import { startChildProxy, type ChildProxy } from './support/child-proxy'
@@ -30,6 +31,13 @@ const session = async (p: ChildProxy) => {
   c.on('error', () => {})
   await c.connect()
   return c
+}
+
+/** A session, once the proxy has a place for it (one ended a moment ago may still hold its place). */
+async function sessionOnceFree(p: ChildProxy) {
+  let c: Client | undefined
+  await eventually(async () => !!(c = await session(p).catch(() => undefined)), 'a place for a session')
+  return c!
 }
 
 test('--workers 2: sessions and /sql on one port, one /metrics for the whole proxy, and a key never holds more than --pool-size backends at Postgres', async () => {
@@ -78,28 +86,80 @@ test('--workers 2: --max-sessions-per-ip counts the sessions of every worker', a
     const clients = await Promise.all(Array.from({ length: 3 }, () => session(p)))
     for (let i = 0; i < 4; i++) await assert.rejects(session(p), /429|too many sessions from/, 'a fourth, on either worker')
     await clients[0].end()
-    // Its place is free once the worker has told the primary the session ended.
-    let again: Client | undefined
-    await eventually(async () => !!(again = await session(p).catch(() => undefined)), 'a place again after one ended')
-    await Promise.all([again!, ...clients.slice(1)].map((c) => c.end()))
+    await Promise.all([await sessionOnceFree(p), ...clients.slice(1)].map((c) => c.end()))
   } finally {
     await p.stop()
   }
 })
 
-test('--workers 2: a worker killed with SIGKILL is replaced; the sessions on the other go on; SIGTERM drains them all', async () => {
-  const p = await clusterProxy()
+test('--workers 2: a client address may hold its whole limit wherever the kernel sends its connections, sessions and /sql alike', async () => {
+  // Each worker may hold its share of a limit without asking (2 and 1 of 3 here); past it, the primary
+  // has the other hand back what it does not use. Split limits would refuse whenever the kernel
+  // sends more than a share's worth to one worker.
+  const p = await clusterProxy(['--max-sessions-per-ip', '3', '--sql-max-requests-per-ip', '3'])
+  const { host, port, database } = testPostgres()
+  const LOCK = 230_000 + (process.pid % 10_000)
+  const holder = new pg.Client(pgConfig('trust_user'))
+  await holder.connect()
+  const sql = (query: string) =>
+    fetch(`http://127.0.0.1:${p.port}/sql`, {
+      method: 'POST',
+      headers: { 'neon-connection-string': `postgres://scram_user:${PASSWORD}@${host}:${port}/${database}`, 'content-type': 'application/json', connection: 'close' },
+      body: JSON.stringify({ query, params: [] }),
+    })
+  try {
+    for (let round = 0; round < 6; round++) {
+      const clients: Client[] = []
+      // (A place comes back once the proxy has seen the last round's session close.)
+      for (let i = 0; i < 3; i++) clients.push(await sessionOnceFree(p))
+      await assert.rejects(session(p), /429|too many sessions from/)
+      await Promise.all(clients.map((c) => c.end()))
+      // Three /sql requests in flight at once (each on its own connection, waiting on a lock the test
+      // holds), and a fourth refused.
+      await holder.query('SELECT pg_advisory_lock($1)', [LOCK])
+      const waiting = [0, 1, 2].map(() => sql(`SELECT pg_advisory_xact_lock(${LOCK})`))
+      await eventually(async () => {
+        const { rows } = await holder.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1`, [LOCK])
+        return rows[0].n === 3
+      }, 'three requests waiting on the lock')
+      assert.equal((await sql('SELECT 1')).status, 429, 'a fourth request, while three run')
+      await holder.query('SELECT pg_advisory_unlock($1)', [LOCK])
+      assert.deepEqual(await Promise.all(waiting.map(async (r) => (await r).status)), [200, 200, 200])
+      // Places come back as sessions and requests end (a worker tells the primary).
+      await eventually(async () => (await sql('SELECT 1')).status === 200, 'a request again')
+    }
+    const served = new Set(p.logs.map((l) => l.worker))
+    assert.deepEqual(served, new Set([0, 1]), 'both workers served')
+  } finally {
+    await holder.end()
+    await p.stop()
+  }
+})
+
+test('--workers 2: a worker killed with SIGKILL is replaced; the sessions on the other lose nothing; SIGTERM drains them all', async () => {
+  // (Each worker keeps half the pool: enough for every session to hold a transaction, wherever it lands.)
+  const p = await clusterProxy(['--pool-size', '48'])
+  const table = `cluster_kill_${process.pid}`
+  const admin = new pg.Client(pgConfig('trust_user'))
+  await admin.connect()
+  await admin.query(`DROP TABLE IF EXISTS ${table}; CREATE TABLE ${table} (i int); GRANT ALL ON ${table} TO scram_user`)
   try {
     // (Many at once, so that the kernel, which hands each connection to one worker, gives both some.)
     const clients = await Promise.all(Array.from({ length: 24 }, () => session(p)))
+    // Each in a transaction that has written, when the worker dies.
+    for (const [i, c] of clients.entries()) await c.query(`BEGIN; INSERT INTO ${table} VALUES (${i})`)
     const pids = listening(p)
     const victim = pids[0]
+    const onVictim = clients.map((c) => ownerOf(p.port, (c as any).connection.stream.ws._socket.localPort, pids) === victim)
+    assert.ok(onVictim.includes(true) && onVictim.includes(false), `sessions on both workers: ${onVictim}`)
     process.kill(victim, 'SIGKILL')
     await eventually(() => p.lines.some((l) => l.exited?.pid === victim && l.replacedBy), 'the worker replaced', 15_000)
     await eventually(() => new Set(listening(p)).size === 3, 'the new worker listening', 15_000)
-    // Sessions on the worker that lives answer; those on the killed one failed (their WebSocket went with it).
-    const results = await Promise.all(clients.map((c) => c.query('SELECT 1 AS one').then(() => 'ok', () => 'gone')))
-    assert.ok(results.includes('ok'), `sessions on the other worker go on: ${results}`)
+    // Those on the killed worker failed (their WebSocket went with it); every one on the other commits.
+    const committed = await Promise.all(clients.map((c) => c.query('COMMIT').then(() => true, () => false)))
+    assert.deepEqual(committed, onVictim.map((v) => !v), 'committed: exactly the sessions on the worker that lives')
+    const { rows } = await admin.query(`SELECT i FROM ${table} ORDER BY i`)
+    assert.deepEqual(rows.map((r) => r.i), [...clients.keys()].filter((i) => !onVictim[i]), 'their rows, and no other')
     const fresh = await Promise.all(Array.from({ length: 4 }, () => session(p)))
     for (const c of fresh) assert.deepEqual((await c.query('SELECT 2 AS two')).rows, [{ two: 2 }])
     const exited = new Promise<number | null>((resolve) => p.child.once('exit', resolve))
@@ -107,9 +167,24 @@ test('--workers 2: a worker killed with SIGKILL is replaced; the sessions on the
     assert.equal(await within(10_000, 'the proxy to drain and exit', exited), 0)
     await Promise.all([...clients, ...fresh].map((c) => c.end().catch(() => {})))
   } finally {
+    await admin.query(`DROP TABLE IF EXISTS ${table}`)
+    await admin.end()
     await p.stop()
   }
 })
+
+/** Which of `pids` holds the proxy's side of the TCP connection from the client's `clientPort` (Linux /proc). */
+function ownerOf(serverPort: number, clientPort: number, pids: number[]): number | undefined {
+  const hex = (n: number) => n.toString(16).toUpperCase().padStart(4, '0')
+  for (const file of ['/proc/net/tcp', '/proc/net/tcp6']) {
+    for (const line of readFileSync(file, 'utf8').split('\n').slice(1)) {
+      const f = line.trim().split(/\s+/)
+      if (f.length < 10 || f[1].split(':')[1] !== hex(serverPort) || f[2].split(':')[1] !== hex(clientPort)) continue
+      const socket = `socket:[${f[9]}]`
+      return pids.find((pid) => readdirSync(`/proc/${pid}/fd`).some((fd) => readlinkSync(`/proc/${pid}/fd/${fd}`, { encoding: 'utf8' }) === socket))
+    }
+  }
+}
 
 test('--workers 2 on a port already taken: the workers cannot listen, and the proxy exits 2 saying so (no respawning)', async () => {
   const taken = net.createServer()

@@ -6,6 +6,7 @@
  * see it; once the first ends, the backend is reset and the other runs on a clean one.
  */
 import { test, before, after } from 'node:test'
+import net from 'node:net'
 import assert from 'node:assert/strict'
 import { Client } from '../src/index'
 import { startProxy, edgeClient, edgeConfig, eventually, within, scratchTable, testPostgres } from './support/helpers'
@@ -389,6 +390,35 @@ test("a backend Postgres terminates while lent: its FATAL reaches the session, w
   } finally {
     await Promise.all([a.end().catch(() => {}), b.end()])
     await p.close()
+  }
+})
+
+test("a backend Postgres terminates while parked with its session is never lent to another, though its connection closes late", async () => {
+  // A relay that passes Postgres's closing on half a second late, as a loaded machine may: the
+  // FATAL is in long before the close.
+  const late = net.createServer((client) => {
+    const upstream = net.connect(PG.port, PG.host)
+    client.on('data', (d) => upstream.writable && upstream.write(d))
+    upstream.on('data', (d) => client.write(d))
+    upstream.on('close', () => setTimeout(() => client.destroy(), 500))
+    client.on('close', () => upstream.destroy())
+    client.on('error', () => {})
+    upstream.on('error', () => {})
+  })
+  await new Promise<void>((resolve) => late.listen(0, '127.0.0.1', resolve))
+  const p = await startProxy({ upstream: `127.0.0.1:${(late.address() as net.AddressInfo).port}`, pool: { mode: 'transaction', size: 1, timeoutMs: 3000 } })
+  const [a, b] = [await session(p.port), await session(p.port)]
+  try {
+    const pid = (await a.query('SELECT pg_backend_pid() AS pid')).rows[0].pid // (its backend now parked with it)
+    const errored = new Promise<Error>((resolve) => a.once('error', resolve))
+    await scratch.tcp.query('SELECT pg_terminate_backend($1)', [pid])
+    assert.match((await within(5000, "a's FATAL", errored)).message, /terminating connection due to administrator command/)
+    const { rows } = await within(5000, "b's query", b.query('SELECT pg_backend_pid() AS pid'))
+    assert.notEqual(rows[0].pid, pid, 'b runs on a new backend')
+  } finally {
+    await Promise.all([a.end().catch(() => {}), b.end()])
+    await p.close()
+    late.close()
   }
 })
 

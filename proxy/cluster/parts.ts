@@ -1,24 +1,21 @@
-/** `--workers n`: each worker's part of the limits the primary does not count (proxy/cluster/primary.ts counts sessions). */
+/** `--workers n`: each worker's part of the limits the workers do not share (proxy/cluster/places.ts shares the others). */
 import type { ProxyOptions } from '../index'
 
-/** A limit shared among `n` workers: worker `index`'s part (the parts add up to `total`; each is at least 1). */
-export const shareOf = (total: number, n: number, index: number) => Math.max(1, Math.floor(total / n) + (index < total % n ? 1 : 0))
+/** A limit split among `n` workers: worker `index`'s part (the parts add up to `total`; each is at least 1). */
+export const partOf = (total: number, n: number, index: number) => Math.max(1, Math.floor(total / n) + (index < total % n ? 1 : 0))
 
 /**
- * A worker's options: its part of each limit the primary does not count (a key's backends, logins,
- * cancels, /sql requests, buffered bytes), so that the parts add up to the proxy's.
+ * A worker's options: its part of a key's backends, of the logins under way and of buffered bytes.
+ * Each worker keeps its own backends; a login past its worker's part waits its turn, as one past the
+ * whole proxy's would.
  */
 export function workerPart(o: ProxyOptions, n: number, index: number): ProxyOptions {
-  const part = (total: number | undefined, fallback: number) => shareOf(total ?? fallback, n, index)
+  const part = (total: number | undefined, fallback: number) => partOf(total ?? fallback, n, index)
   return {
     ...o,
-    maxSessions: Infinity, // (the primary's count)
-    maxSessionsPerIp: Infinity,
     maxLogins: part(o.maxLogins, 64),
     maxLoginsPerIp: part(o.maxLoginsPerIp, 8),
-    maxCancelsPerIp: part(o.maxCancelsPerIp, 20),
     maxClientBufferBytes: part(o.maxClientBufferBytes, 256 << 20),
     pool: { ...o.pool, size: part(o.pool?.size, 20), maxBackends: part(o.pool?.maxBackends, 100) },
-    sql: o.sql === false ? false : { ...o.sql, maxRequests: part(o.sql?.maxRequests, 500), maxRequestsPerIp: part(o.sql?.maxRequestsPerIp, 50) },
   }
 }

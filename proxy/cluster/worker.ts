@@ -1,41 +1,61 @@
 /**
- * `--workers n`: what a worker asks its primary (proxy/cluster/primary.ts), over node:cluster's IPC:
- * whether a session may open (the proxy-wide session limits), and the whole proxy's metrics.
+ * `--workers n`: a worker's link to its primary (proxy/cluster/primary.ts), over node:cluster's IPC:
+ * the proxy-wide limits (proxy/cluster/places.ts), and the whole proxy's metrics.
  */
 import { AggregatorRegistry, type Registry } from 'prom-client'
+import { SharedPlaces, type Places, type PlacesToPrimary, type PlacesToWorker } from './places'
 
-export type ToPrimary = { edgepg: 'enter'; id: number; peer: string } | { edgepg: 'leave'; peer: string } | { edgepg: 'metrics'; id: number }
-export type ToWorker = { edgepg: 'entered'; id: number; refused?: SessionRefusal } | { edgepg: 'metrics'; id: number; body?: string; error?: string }
-export type SessionRefusal = 'too_many_sessions' | 'too_many_sessions_per_ip'
+export type ToPrimary = PlacesToPrimary | { edgepg: 'metrics'; id: number }
+export type ToWorker = PlacesToWorker | { edgepg: 'metrics'; id: number; body?: string; error?: string }
 
-/** Sessions counted for the whole proxy: `enter` before a session opens, `leave` once it (or its upgrade) ends. */
-export interface Admission {
-  enter(peer: string): Promise<SessionRefusal | undefined>
-  leave(peer: string): void
+/** What a proxy in a worker asks its primary for. */
+export interface ClusterLink {
+  /** Places under `limit` for the whole proxy, counted by name. */
+  places(name: string, limit: number): Places
+  /** The whole proxy's metrics, as /metrics serves them. */
+  metrics(): Promise<string>
 }
 
-/** This worker's side of the primary's counts and metrics (`report` names the registry the primary reads). */
-export function workerLink() {
-  let next = 0
-  const waiting = new Map<number, (m: ToWorker) => void>()
+/** This worker's link, once the primary has told it what a replacement worker needs to know. */
+export async function workerLink(workers: number, index: number) {
+  const send = (m: ToPrimary) => void process.send!(m)
+  const limits = new Map<string, SharedPlaces>()
+  const leases = new Map<string, [key: string, lease: number][]>()
+  let nextMetrics = 0
+  const metricsWaiting = new Map<number, (m: Extract<ToWorker, { edgepg: 'metrics' }>) => void>()
+  let known!: () => void
+  const hello = new Promise<void>((resolve) => (known = resolve))
   process.on('message', (m: ToWorker) => {
-    if (m?.edgepg !== 'entered' && m?.edgepg !== 'metrics') return
-    waiting.get(m.id)?.(m)
-    waiting.delete(m.id)
+    if (m?.edgepg === 'metrics') {
+      metricsWaiting.get(m.id)?.(m)
+      metricsWaiting.delete(m.id)
+    } else if (m?.edgepg === 'places') {
+      if (m.op !== 'known') return limits.get(m.name)?.hear(m)
+      for (const [name, key, lease] of m.leases) leases.set(name, [...(leases.get(name) ?? []), [key, lease]])
+      known()
+    }
   })
-  const ask = (message: ToPrimary & { id: number }) => new Promise<ToWorker>((resolve) => (waiting.set(message.id, resolve), process.send!(message)))
-  const admission: Admission = {
-    enter: async (peer) => ((await ask({ edgepg: 'enter', id: next++, peer })) as { refused?: SessionRefusal }).refused,
-    leave: (peer) => void process.send!({ edgepg: 'leave', peer } satisfies ToPrimary),
+  send({ edgepg: 'places', op: 'hello' })
+  await hello
+
+  const link: ClusterLink = {
+    places(name, limit) {
+      const places = new SharedPlaces(name, limit, workers, index, send)
+      for (const [key, lease] of leases.get(name) ?? []) places.lease(key, lease)
+      limits.set(name, places)
+      return places
+    },
+    async metrics() {
+      const id = nextMetrics++
+      const m = await new Promise<Extract<ToWorker, { edgepg: 'metrics' }>>((resolve) => (metricsWaiting.set(id, resolve), send({ edgepg: 'metrics', id })))
+      if (m.error !== undefined) throw new Error(m.error)
+      return m.body!
+    },
   }
-  const metrics = async () => {
-    const m = (await ask({ edgepg: 'metrics', id: next++ })) as { body?: string; error?: string }
-    if (m.error !== undefined) throw new Error(m.error)
-    return m.body!
-  }
+  /** Names the registry the primary reads for the whole proxy's metrics. */
   const report = (registry: Registry) => {
     AggregatorRegistry.setRegistries([registry])
     new AggregatorRegistry() // (its listener answers the primary's requests for this worker's metrics)
   }
-  return { admission, metrics, report }
+  return { ...link, report }
 }

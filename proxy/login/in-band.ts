@@ -29,6 +29,9 @@ export function checkPasswordsAllowed(allowed: boolean) {
   )
 }
 
+/** Where a CancelRequest goes (proxy/ws/cancels.ts): on to Postgres as `packet`, or nowhere. */
+export type Routed = { packet: Buffer } | { refused: string }
+
 export interface StartupIO {
   client: ByteQueue
   upstream: ByteQueue
@@ -46,7 +49,7 @@ export interface StartupIO {
    */
   connect(login: boolean): Promise<void>
   /** The CancelRequest to forward for the one the client sent, or why none goes. */
-  routeCancel(packet: Buffer): { packet: Buffer } | { refused: string }
+  routeCancel(packet: Buffer): Routed | Promise<Routed>
 }
 
 export type StartupOutcome =
@@ -78,7 +81,7 @@ export async function runStartup(io: StartupIO): Promise<StartupOutcome> {
   }
   if (startup.kind === 'gssenc') throw new ProtocolError('unsupported frontend protocol 1234.5680')
   if (startup.kind === 'cancel') {
-    const routed = io.routeCancel(startup.packet)
+    const routed = await io.routeCancel(startup.packet)
     if ('refused' in routed) return { kind: 'cancel', why: routed.refused }
     await io.connect(false)
     io.toUpstream(routed.packet)

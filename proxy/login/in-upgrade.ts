@@ -14,7 +14,7 @@
 import type { TLSSocket } from 'node:tls'
 import type { ByteQueue } from '../wire/bytes'
 import { FramingError, ProtocolError } from '../wire/bytes'
-import { authenticate, checkPasswordsAllowed } from './in-band'
+import { authenticate, checkPasswordsAllowed, type Routed } from './in-band'
 import {
   cString,
   MAX_AUTH_MESSAGE,
@@ -113,7 +113,7 @@ export interface LoginIO {
   /** Connects to Postgres (see StartupIO.connect). */
   connect(login: boolean): Promise<void>
   /** See StartupIO.routeCancel. */
-  routeCancel(packet: Buffer): { packet: Buffer } | { refused: string }
+  routeCancel(packet: Buffer): Routed | Promise<Routed>
 }
 
 export type LoginOutcome =
@@ -132,7 +132,7 @@ export type LoginOutcome =
 export async function runLogin(io: LoginIO, login: Login): Promise<LoginOutcome> {
   const { first } = login
   if (first.kind === 'cancel') {
-    const routed = io.routeCancel(first.packet)
+    const routed = await io.routeCancel(first.packet)
     if ('refused' in routed) return { kind: 'cancel', answer: Buffer.alloc(0), why: routed.refused }
     await io.connect(false)
     if (login.tls) await io.secureUpstream(login.tls)

@@ -64,6 +64,7 @@ import { Control, Leases } from './lease'
 import { runRequest, TooLarge, type Response } from './run'
 import { header, HttpError, parseFlags, parsePayload, readBody, singleHeader, type BodyBudget } from './request'
 import { databaseErrorJson, errorJson, type ArrayType } from './json'
+import { giveAll, LocalPlaces, takeAll, type Places, type Wanted } from '../cluster/places'
 
 export { ERROR_FIELDS } from './json'
 
@@ -92,6 +93,8 @@ export interface SqlOptions {
   maxRequests?: number
   /** Requests served at once for one client address; more get HTTP 429. Default 50. */
   maxRequestsPerIp?: number
+  /** Where those two limits are counted (the whole proxy's, with --workers n). Default: here. */
+  places?: (name: string, limit: number) => Places
   /** Time a client has to send its whole body, from the request's start (HTTP 408, and the connection closed). Default 10 s. */
   readTimeoutMs?: number
   /** Counts bodies while they are read, with the WebSockets' unfinished messages (HTTP 503 past it). Default: none. */
@@ -196,8 +199,10 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
   const maxRequests = options.maxRequests ?? 500
   const maxPerIp = options.maxRequestsPerIp ?? 50
   const readTimeoutMs = options.readTimeoutMs ?? 10_000
-  /** Requests being served, by client address. */
-  const perIp = new Map<string, number>()
+  /** Requests being served: in all, and by client address. */
+  const places = options.places ?? ((name: string, limit: number) => new LocalPlaces(limit))
+  const requests = places('sqlRequests', maxRequests)
+  const perIp = places('sqlRequestsPerIp', maxPerIp)
   const origins = new Set(options.allowedOrigins ?? [])
   const isAllowed = options.isAllowed ?? ((named: HostPort) => formatHostPort(named) === formatHostPort(upstream))
   const ownPool = !(options.backends instanceof BackendPool)
@@ -296,39 +301,37 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
       return finish(405, errorJson(`${req.method} is not allowed on /sql; use POST`), { allow: 'POST, OPTIONS' }, 'refused: method')
     }
 
-    if (active.size >= maxRequests) {
-      req.resume()
-      return finish(503, errorJson(`too many requests in progress (${maxRequests}); try again later`), {}, 'refused: too many requests')
+    const held: Wanted = [[requests, ''], [perIp, log.peer]]
+    const full = takeAll(held)
+    typeof full === 'number' ? admitted(full) : full.then(admitted)
+
+    function admitted(full: number) {
+      if (full >= 0) req.resume()
+      if (full === 0) return finish(503, errorJson(`too many requests in progress (${maxRequests}); try again later`), {}, 'refused: too many requests')
+      if (full === 1) return finish(429, errorJson(`too many requests in progress from ${log.peer} (${maxPerIp}); try again later`), {}, 'refused: too many requests from one address')
+      const ctl = new Control()
+      active.add(ctl)
+      // The client went away before its answer: cancel what runs for it.
+      res.on('close', () => {
+        if (res.writableEnded) return
+        ctl.aborted = true
+        ctl.cancel()
+      })
+      serve(req, ctl, log, started + readTimeoutMs).then(
+        (r) => finish(r.status, r.body, r.headers),
+        (err: unknown) => {
+          if (ctl.shutdown) return finish(503, errorJson('edgepg-proxy is shutting down'), {}, 'shutdown')
+          if (ctl.aborted) return finish(499, undefined, {}, 'aborted by client')
+          const [status, body, outcome, headers] = describeError(err)
+          finish(status, body, headers, outcome)
+          if (status === 413) req.resume() // drop the rest of the body; the connection then closes
+          if (status === 408) req.socket.destroySoon() // a body that is not coming: the answer, then no more
+        }
+      ).finally(() => {
+        active.delete(ctl)
+        giveAll(held)
+      })
     }
-    const fromPeer = perIp.get(log.peer) ?? 0
-    if (fromPeer >= maxPerIp) {
-      req.resume()
-      return finish(429, errorJson(`too many requests in progress from ${log.peer} (${maxPerIp}); try again later`), {}, 'refused: too many requests from one address')
-    }
-    perIp.set(log.peer, fromPeer + 1)
-    const ctl = new Control()
-    active.add(ctl)
-    // The client went away before its answer: cancel what runs for it.
-    res.on('close', () => {
-      if (res.writableEnded) return
-      ctl.aborted = true
-      ctl.cancel()
-    })
-    serve(req, ctl, log, started + readTimeoutMs).then(
-      (r) => finish(r.status, r.body, r.headers),
-      (err: unknown) => {
-        if (ctl.shutdown) return finish(503, errorJson('edgepg-proxy is shutting down'), {}, 'shutdown')
-        if (ctl.aborted) return finish(499, undefined, {}, 'aborted by client')
-        const [status, body, outcome, headers] = describeError(err)
-        finish(status, body, headers, outcome)
-        if (status === 413) req.resume() // drop the rest of the body; the connection then closes
-        if (status === 408) req.socket.destroySoon() // a body that is not coming: the answer, then no more
-      }
-    ).finally(() => {
-      active.delete(ctl)
-      const n = perIp.get(log.peer)! - 1
-      n ? perIp.set(log.peer, n) : perIp.delete(log.peer)
-    })
   }
 
   function describeError(err: unknown): [number, string, string, Record<string, string>?] {

@@ -2,6 +2,8 @@ import type { WebSocket } from 'ws'
 import type { BackendPool } from '../pool/backends'
 import { cancelRequest, type BackendKey } from '../wire/startup'
 import { SUBPROTOCOL_CANCEL } from '../../src/config'
+import { LocalPlaces, type Places } from '../cluster/places'
+import type { Routed } from '../login/in-band'
 
 /**
  * The statement a `cancel <n>` text frame names (SUBPROTOCOL_CANCEL): the one after the client's
@@ -19,8 +21,10 @@ export function cancelNamed(ws: WebSocket, data: Buffer): number | undefined {
  * Postgres gave a session the proxy relays in plaintext. Keys inside TLS the proxy cannot read:
  * while a session with TLS inside the socket is open to an upstream, a cancel naming no key the
  * proxy knows may be that session's, and goes on. Every cancel counts against its client address's
- * rate, known key or not, so none can make Postgres fork at a stranger's pace.
+ * rate (at most so many in any second), known key or not, so none can make Postgres fork at a
+ * stranger's pace.
  */
+
 export class Cancels {
   /** Keys of sessions relayed in plaintext, by `upstream pid`. */
   private readonly issued = new Map<string, Buffer>()
@@ -28,10 +32,12 @@ export class Cancels {
   private readonly hidden = new Map<string, number>()
   /** Sessions on lent backends, by `upstream pid secret` as they were told: what runs their statement now. */
   private readonly lent = new Map<string, () => BackendKey | undefined>()
-  private readonly recent = new Map<string, number>()
-  private window = 0
+  /** Cancels of the last second, by client address: each gives its place back a second on. */
+  private readonly recent: Places
 
-  constructor(private readonly pool: BackendPool, readonly perPeerPerSecond: number) {}
+  constructor(private readonly pool: BackendPool, readonly perPeerPerSecond: number, places = (name: string, limit: number): Places => new LocalPlaces(limit)) {
+    this.recent = places('cancelsPerIp', perPeerPerSecond)
+  }
 
   /** A session's key, known from now until the returned function is called. */
   issue(upstream: string, key: BackendKey): () => void {
@@ -60,12 +66,14 @@ export class Cancels {
   }
 
   /** The CancelRequest to send Postgres for `packet`, or why none goes. */
-  route(upstream: string, packet: Buffer, peer: string): { packet: Buffer } | { refused: string } {
-    const now = Math.floor(Date.now() / 1000)
-    if (now !== this.window) this.recent.clear(), (this.window = now)
-    const count = (this.recent.get(peer) ?? 0) + 1
-    this.recent.set(peer, count)
-    if (count > this.perPeerPerSecond) return { refused: `more than ${this.perPeerPerSecond} cancels a second from ${peer}` }
+  route(upstream: string, packet: Buffer, peer: string): Routed | Promise<Routed> {
+    const placed = this.recent.take(peer)
+    return placed === true || placed === false ? this.counted(placed, upstream, packet, peer) : placed.then((ok) => this.counted(ok, upstream, packet, peer))
+  }
+
+  private counted(placed: boolean, upstream: string, packet: Buffer, peer: string): Routed {
+    if (!placed) return { refused: `more than ${this.perPeerPerSecond} cancels a second from ${peer}` }
+    setTimeout(() => this.recent.give(peer), 1000).unref()
     if (packet.length < 16) return { refused: 'a malformed CancelRequest' }
     const pooled = this.pool.cancelRequest(upstream, packet)
     if (pooled) return { packet: pooled }

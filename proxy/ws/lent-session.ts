@@ -260,6 +260,9 @@ class LentSession implements RunningSession {
     lend.watch.fromBackend(visible)
     this.readies += lend.watch.readies - readies
     if (visible.length) this.toClient(visible)
+    // A parked backend speaks only to say it is going away (a FATAL): it stays with this session
+    // (which ends as it closes), and no other may take it meanwhile.
+    if (this.parked && lend.watch.last === ServerMessage.ErrorResponse) return this.o.lender.unpark(lend.backend), void (this.parked = false)
     const ending = lend.watch.ending
     if (this.lend === lend && ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) this.transactionEnded(lend)
   }

@@ -23,7 +23,7 @@ import type { Cancels } from './cancels'
 import type { Metrics, RefusalReason } from '../admin/metrics'
 import type { Upstreams } from '../upstream/allowed'
 import { SUBPROTOCOL, SUBPROTOCOL_CANCEL } from '../../src/config'
-import type { Admission } from '../cluster/worker'
+import { giveAll, takeAll, type Places, type Wanted } from '../cluster/places'
 
 export interface RouteOptions {
   upstreams: Upstreams
@@ -43,8 +43,8 @@ export interface RouteOptions {
   tokens?: TokenLogins
   /** The client's address (behind a trusted balancer, the one it declares); default the TCP peer's. */
   clientAddress?: (req: http.IncomingMessage) => string
-  /** A worker of --workers n: the session limits are the whole proxy's, counted by the primary. */
-  admission?: Admission
+  /** Where the session limits are counted (the whole proxy's, with --workers n). */
+  places: (name: string, limit: number) => Places
   maxSessions?: number
   maxSessionsPerIp?: number
   handshakeTimeoutMs: number
@@ -62,7 +62,9 @@ export class WebSocketRoutes {
   readonly sessions = new Map<WebSocket, RunningSession>()
   /** Upgrades under way: they count against the limits too. */
   private readonly upgrading = new Set<Duplex>()
-  private readonly perIp = new Map<string, number>()
+  /** Sessions and upgrades under way, in all ('') and by client address. */
+  private readonly inAll: Places
+  private readonly perIp: Places
   private readonly origins: Set<string>
   private readonly wss: WebSocketServer
   /** Upgrades whose session can take a cancel on its own WebSocket (on a pooled backend, whose messages it follows). */
@@ -71,6 +73,8 @@ export class WebSocketRoutes {
 
   constructor(private readonly o: RouteOptions) {
     this.origins = new Set(o.allowedOrigins ?? [])
+    this.inAll = o.places('sessions', o.maxSessions ?? 10_000)
+    this.perIp = o.places('sessionsPerIp', o.maxSessionsPerIp ?? 100)
     // Selecting edgepg's subprotocol says the proxy takes a login from the upgrade (proxy/login/in-upgrade.ts);
     // selecting SUBPROTOCOL_CANCEL, also a cancel on the session's WebSocket (proxy/ws/session.ts).
     // Any other offered subprotocol is declined (ws would otherwise select the first one offered).
@@ -104,18 +108,15 @@ export class WebSocketRoutes {
     if (url.pathname !== '/v1' && url.pathname !== '/v2') return refuse(404, `no WebSocket route at ${url.pathname}; use /v1 or /v2`, 'not_found')
     const origin = req.headers.origin
     if (origin !== undefined && !this.origins.has('*') && !this.origins.has(origin)) return refuse(403, `origin ${origin} is not allowed (--allow-origin)`, 'origin')
-    if (this.count >= maxSessions) return refuse(503, `too many sessions (${maxSessions}); try again later`, 'too_many_sessions')
-    if ((this.perIp.get(peer) ?? 0) >= maxPerIp) return refuse(429, `too many sessions from ${peer} (${maxPerIp})`, 'too_many_sessions_per_ip')
-    // A worker of --workers n: the primary says whether the whole proxy has room.
     const accept = (target: HostPort) => {
-      const { admission } = this.o
-      if (!admission) return this.accept(req, socket, head, target, peer)
-      admission.enter(peer).then((refused) => {
-        if (refused === 'too_many_sessions') return refuse(503, `too many sessions (${maxSessions}); try again later`, refused)
-        if (refused) return refuse(429, `too many sessions from ${peer} (${maxPerIp})`, refused)
-        if (socket.destroyed) return admission.leave(peer)
-        this.accept(req, socket, head, target, peer, () => admission.leave(peer))
-      })
+      const held: Wanted = [[this.inAll, ''], [this.perIp, peer]]
+      const admitted = (full: number) => {
+        if (full === 0) return refuse(503, `too many sessions (${maxSessions}); try again later`, 'too_many_sessions')
+        if (full === 1) return refuse(429, `too many sessions from ${peer} (${maxPerIp})`, 'too_many_sessions_per_ip')
+        this.accept(req, socket, head, target, peer, () => giveAll(held))
+      }
+      const full = takeAll(held)
+      typeof full === 'number' ? admitted(full) : full.then(admitted)
     }
     const address = url.searchParams.get('address')
     if (!address) return accept(upstreams.upstream)
@@ -146,16 +147,10 @@ export class WebSocketRoutes {
   }
 
   /** The login the upgrade carries goes to a warm backend or to Postgres; its answer opens the session. */
-  private accept(req: http.IncomingMessage, socket: Duplex, head: Buffer, target: HostPort, peer: string, left?: () => void) {
-    if (socket.destroyed) return left?.()
+  private accept(req: http.IncomingMessage, socket: Duplex, head: Buffer, target: HostPort, peer: string, release: () => void) {
+    if (socket.destroyed) return release()
     const { pool, metrics, offload } = this.o
     this.upgrading.add(socket)
-    this.perIp.set(peer, (this.perIp.get(peer) ?? 0) + 1)
-    const release = () => {
-      const n = (this.perIp.get(peer) ?? 1) - 1
-      n ? this.perIp.set(peer, n) : this.perIp.delete(peer)
-      left?.()
-    }
     let passwordsAllowed = 'encrypted' in req.socket || isLoopback(peer) || this.o.allowInsecurePasswords === true
     // The login leaves the headers here: ws negotiates the rest, and nothing logs it.
     const { protocols, login, problem } = takeLogin(req.headers['sec-websocket-protocol'])
