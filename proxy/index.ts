@@ -154,7 +154,8 @@ export function createProxy(options: ProxyOptions): Proxy {
     offload: options.authOffload !== false,
     handshakeTimeoutMs,
   })
-  const health = healthHandler(upstream)
+  let draining = false
+  const health = healthHandler(upstream, { draining: () => draining })
   const sql =
     options.sql === false
       ? undefined
@@ -228,6 +229,7 @@ export function createProxy(options: ProxyOptions): Proxy {
       ;(server as https.Server).setSecureContext({ ...tls })
     },
     async close(graceMs = 0) {
+      draining = true
       const sqlClosed = sql?.close(graceMs)
       const stopped = new Promise<void>((resolve) => front.close(() => resolve()))
       if (front !== server) server.close()

@@ -295,7 +295,7 @@ describe('healthHandler (unit)', () => {
       return args[0]?.port === BLACKHOLE ? new net.Socket() : original.apply(this, args)
     }
     try {
-      await withServer(healthHandler({ host: '127.0.0.1', port: BLACKHOLE }, 300), async (url) => {
+      await withServer(healthHandler({ host: '127.0.0.1', port: BLACKHOLE }, { timeoutMs: 300 }), async (url) => {
         const started = Date.now()
         const r = await request(`${url}/healthz`)
         const elapsed = Date.now() - started
@@ -316,7 +316,7 @@ test('healthHandler: a flood of /healthz probes Postgres at most once a second, 
   await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()))
   const port = (upstream.address() as net.AddressInfo).port
   try {
-    await withServer(healthHandler({ host: '127.0.0.1', port }, 2000, 1000), async (url) => {
+    await withServer(healthHandler({ host: '127.0.0.1', port }, { timeoutMs: 2000, probeEveryMs: 1000 }), async (url) => {
       const answers = await Promise.all(Array.from({ length: 300 }, () => request(`${url}/healthz`)))
       assert.ok(answers.every((r) => r.status === 200), 'every request answered 200')
       assert.equal(connections, 1, '300 requests at once: one probe')
@@ -378,6 +378,14 @@ describe('proxy: /healthz and /metrics (need the wiring in proxy/index.ts)', () 
       assert.equal(JSON.parse(health.body).status, 'ok')
       assert.equal((await request(`http://127.0.0.1:${admin}/sql`, 'POST')).status, 404, 'nothing else on the admin listener')
       assert.equal(await upgradeStatus(p.ws('/v2')), 101, 'WebSockets still served on the public one')
+      // Shutting down: a session still open holds the drain, and /healthz says so (a balancer sends no one new).
+      const held = edgeClient(p.port)
+      await held.connect()
+      const closed = p.close(5000)
+      const draining = await request(`http://127.0.0.1:${admin}/healthz`)
+      assert.deepEqual([draining.status, JSON.parse(draining.body).status], [503, 'draining'])
+      await held.end()
+      await closed
     })
   })
 

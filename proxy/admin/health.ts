@@ -5,6 +5,7 @@
  *
  *   200 {"status":"ok","upstream":"127.0.0.1:5432","latencyMs":0.42}
  *   503 {"status":"unavailable","upstream":"127.0.0.1:5432","error":"ECONNREFUSED","latencyMs":0.3}
+ *   503 {"status":"draining","upstream":"127.0.0.1:5432"} (shutting down: a balancer sends no one new)
  *
  * It never takes longer than `timeoutMs` (the error is then "ETIMEDOUT"), and Postgres is probed at
  * most once a second (see healthHandler).
@@ -14,9 +15,9 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 import { formatHostPort, type HostPort } from '../upstream/address'
 
 export interface HealthResult {
-  status: 'ok' | 'unavailable'
+  status: 'ok' | 'unavailable' | 'draining'
   upstream: string
-  latencyMs: number
+  latencyMs?: number
   error?: string
 }
 
@@ -44,9 +45,9 @@ export function checkUpstream(upstream: HostPort, timeoutMs = 2000): Promise<Hea
 /**
  * An HTTP handler for GET/HEAD /healthz. Postgres is probed at most once per `probeEveryMs`, however
  * often it is asked: requests meanwhile share the last probe (a stranger's flood of /healthz costs
- * Postgres one connection a second).
+ * Postgres one connection a second). Once `draining()`, the answer is 503 without a probe.
  */
-export function healthHandler(upstream: HostPort, timeoutMs = 2000, probeEveryMs = 1000) {
+export function healthHandler(upstream: HostPort, { draining = (): boolean => false, timeoutMs = 2000, probeEveryMs = 1000 } = {}) {
   let probe: Promise<HealthResult> | undefined
   let probedAt = -Infinity
   return (req: IncomingMessage, res: ServerResponse): void => {
@@ -55,14 +56,17 @@ export function healthHandler(upstream: HostPort, timeoutMs = 2000, probeEveryMs
       res.end('method not allowed\n')
       return
     }
+    if (draining()) return answer(req, res, { status: 'draining', upstream: formatHostPort(upstream) })
     if (performance.now() - probedAt >= probeEveryMs) {
       probedAt = performance.now()
       probe = checkUpstream(upstream, timeoutMs)
     }
-    probe!.then((result) => {
-      if (res.destroyed || res.writableEnded) return // the caller gave up
-      res.writeHead(result.status === 'ok' ? 200 : 503, { 'content-type': 'application/json', 'cache-control': 'no-store' })
-      res.end(req.method === 'HEAD' ? undefined : JSON.stringify(result) + '\n')
-    })
+    probe!.then((result) => answer(req, res, result))
   }
+}
+
+function answer(req: IncomingMessage, res: ServerResponse, result: HealthResult) {
+  if (res.destroyed || res.writableEnded) return // the caller gave up
+  res.writeHead(result.status === 'ok' ? 200 : 503, { 'content-type': 'application/json', 'cache-control': 'no-store' })
+  res.end(req.method === 'HEAD' ? undefined : JSON.stringify(result) + '\n')
 }
