@@ -20,7 +20,7 @@ interface Setting {
 }
 
 export const SETTINGS = {
-  workers: { flag: 'workers', env: 'EDGEPG_WORKERS', arg: 'n', kind: 'count', default: 'cores', help: "processes accepting on the one port (cores: the machine's); limits hold for the proxy as a whole" },
+  workers: { flag: 'workers', env: 'EDGEPG_WORKERS', arg: 'n', kind: 'count', default: 'cores', help: "processes accepting on the one port (cores: the machine's, at most --pool-size); limits hold for the proxy as a whole" },
   upstream: { flag: 'upstream', env: 'EDGEPG_UPSTREAM', arg: 'host:port', kind: 'address', help: 'Postgres to relay to (required)' },
   listen: { flag: 'listen', env: 'EDGEPG_LISTEN', arg: '[host:]port', kind: 'listen', default: '127.0.0.1:8080', help: 'where to accept WebSockets (0.0.0.0:PORT for remote clients)' },
   adminListen: { flag: 'admin-listen', env: 'EDGEPG_ADMIN_LISTEN', arg: '[host:]port', kind: 'listen', help: 'serve /metrics and /healthz here only, not on --listen (keep it off the internet)' },
@@ -200,8 +200,9 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
     tokens = { jwksUrl, secret: key || undefined, audience, issuer: raw('jwtIssuer').text, roles, roleClaim: raw('jwtRoleClaim').text, passfile: raw('passfile').text ?? env.PGPASSFILE }
   }
 
-  const workers = value('workers', (t, s) => (t === 'cores' ? availableParallelism() : number(1)(t, s)))!
   const poolSize = value('poolSize', number(1))!
+  // By default one worker per core, but no more than a key's backends can be split between.
+  const workers = value('workers', (t, s) => (t === 'cores' ? Math.min(availableParallelism(), poolSize) : number(1)(t, s)))!
   if (workers > poolSize) throw new ConfigError(`--pool-size (${poolSize}) must be at least --workers (${workers}): each worker keeps its part of every key's backends`)
 
   return {

@@ -9,6 +9,8 @@ import assert from 'node:assert/strict'
 import { spawn } from 'node:child_process'
 import net from 'node:net'
 import { readdirSync, readFileSync, readlinkSync } from 'node:fs'
+import { availableParallelism } from 'node:os'
+import { parseConfig } from '../proxy/config'
 import pg from 'pg'
 import { Client } from '../src/index'
 import { startChildProxy, type ChildProxy } from './support/child-proxy'
@@ -185,6 +187,13 @@ function ownerOf(serverPort: number, clientPort: number, pids: number[]): number
     }
   }
 }
+
+test('--workers defaults to the machine\'s cores, but never more than --pool-size can be split between (a big machine starts with the defaults)', () => {
+  const workers = (...argv: string[]) => (parseConfig(['--upstream', '127.0.0.1:5432', ...argv], {}) as Exclude<ReturnType<typeof parseConfig>, 'help'>).workers
+  assert.equal(workers(), Math.min(availableParallelism(), 20))
+  assert.equal(workers('--pool-size', '1'), 1, 'more cores than --pool-size: as many workers as it allows')
+  assert.throws(() => workers('--workers', '2', '--pool-size', '1'), /--pool-size \(1\) must be at least --workers \(2\)/, 'asked for explicitly: refused')
+})
 
 test('--workers 2 on a port already taken: the workers cannot listen, and the proxy exits 2 saying so (no respawning)', async () => {
   const taken = net.createServer()
