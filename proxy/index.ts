@@ -130,7 +130,6 @@ export function createProxy(options: ProxyOptions): Proxy {
   const poolOptions = { ...options.pool, maxIdlePerKey: options.pool?.maxIdlePerKey ?? size }
   const pool = new BackendPool(poolOptions, (event) => metrics.poolEvent(event))
   const budget = new BufferBudget(options.maxClientBufferBytes ?? 256 << 20, options.maxMessageBytes ?? 64 << 20)
-  const logins = new LoginGate(options.maxLogins ?? 64, options.maxLoginsPerIp ?? 8)
   const metrics = createMetrics(() => ({ pool: pool.size, logins: logins.counts, buffered: budget.total, lending: lenders?.counts ?? { lent: 0, waiting: 0 }, keys: lenders?.keys ?? [] }), options.cluster?.metrics)
   const handshakeTimeoutMs = options.handshakeTimeoutMs ?? 10_000
   const { mode = 'transaction', enabled = true, timeoutMs = 5000, statements = 100, maxLifetimeMs: lifetimeMs = 30 * 60_000 } = options.pool ?? {}
@@ -139,6 +138,7 @@ export function createProxy(options: ProxyOptions): Proxy {
   const addresses = new ClientAddresses(options.trustProxy ?? [])
   const clientAddress = (req: http.IncomingMessage) => addresses.of(req.socket, req.headers)
   const places = (name: string, limit: number): Places => options.cluster?.places(name, limit) ?? new LocalPlaces(limit)
+  const logins = new LoginGate(options.maxLogins ?? 64, options.maxLoginsPerIp ?? 8, places)
   const routes = new WebSocketRoutes({
     ...options,
     upstreams,

@@ -11,6 +11,9 @@ import net from 'node:net'
 import { readdirSync, readFileSync, readlinkSync } from 'node:fs'
 import { availableParallelism } from 'node:os'
 import { parseConfig } from '../proxy/config'
+import { WebSocket } from 'ws'
+import { startupMessage } from './support/protocol'
+import { LOGIN_PREFIX, SUBPROTOCOL } from '../src/config'
 import pg from 'pg'
 import { Client } from '../src/index'
 import { startChildProxy, type ChildProxy } from './support/child-proxy'
@@ -176,7 +179,8 @@ test('--workers 2: a worker killed with SIGKILL is replaced; the sessions on the
 })
 
 /** Which of `pids` holds the proxy's side of the TCP connection from the client's `clientPort` (Linux /proc). */
-function ownerOf(serverPort: number, clientPort: number, pids: number[]): number | undefined {
+function ownerOf(serverPort: number, clientPort: number | undefined, pids: number[]): number | undefined {
+  if (!clientPort) return undefined // (not connected yet: port 0 would name the listening socket, which every worker shares)
   const hex = (n: number) => n.toString(16).toUpperCase().padStart(4, '0')
   for (const file of ['/proc/net/tcp', '/proc/net/tcp6']) {
     for (const line of readFileSync(file, 'utf8').split('\n').slice(1)) {
@@ -187,6 +191,69 @@ function ownerOf(serverPort: number, clientPort: number, pids: number[]): number
     }
   }
 }
+
+test('--workers 2: --max-logins-per-ip 1 holds for the whole proxy: one stalled login at Postgres, whichever worker the others reach', async () => {
+  // Logins that never answer Postgres's authentication request (application_name STALLED), from
+  // 127.0.0.2, counted at a relay in front of Postgres while their connections are open.
+  const STALLED = `edgepg-stalled-${process.pid}`
+  const { host, port, database } = testPostgres()
+  let stalled = 0
+  let peak = 0
+  const relay = net.createServer((client) => {
+    const upstream = net.connect(port, host)
+    client.once('data', (startup) => {
+      if (!startup.includes(STALLED)) return
+      stalled++
+      client.once('close', () => stalled--)
+    })
+    client.pipe(upstream).pipe(client)
+    const gone = () => (client.destroy(), upstream.destroy())
+    client.once('close', gone)
+    upstream.once('close', gone)
+    client.on('error', () => {})
+    upstream.on('error', () => {})
+  })
+  await new Promise<void>((resolve) => relay.listen(0, '127.0.0.1', resolve))
+  const sampler = setInterval(() => (peak = Math.max(peak, stalled)), 5)
+  const p = await startChildProxy(`127.0.0.1:${(relay.address() as net.AddressInfo).port}`, {
+    env: { EDGEPG_WORKERS: '2' },
+    // (Session mode: in transaction mode a key's logins wait for its first, and never reach the limit.)
+    flags: ['--max-logins-per-ip', '1', '--max-sessions-per-ip', '1000', '--handshake-timeout', '20000', '--pool-mode', 'session'],
+  })
+  const sockets: WebSocket[] = []
+  let busy = true
+  try {
+    await eventually(() => new Set(listening(p)).size === 2, 'both workers listening', 15_000)
+    // Sessions from 127.0.0.1 meanwhile: an idle worker takes every new connection, a busy one leaves some to the other.
+    const load = Promise.all(Array.from({ length: 4 }, async () => {
+      while (busy) await (await session(p)).end()
+    }))
+    const pids = listening(p)
+    const owners = new Set<number>()
+    const startup = startupMessage({ user: 'scram_user', database, application_name: STALLED }).toString('base64url')
+    for (let i = 0; i < 200 && owners.size < 2; i++) {
+      const ws = new WebSocket(p.url, [SUBPROTOCOL, LOGIN_PREFIX + startup], { localAddress: '127.0.0.2' })
+      ws.on('error', () => {}) // (terminated before its upgrade is answered)
+      sockets.push(ws)
+      let owner: number | undefined
+      // (Its upgrade is answered, and Postgres's request for a password relayed: ws moved the socket.)
+      await eventually(() => (owner = ownerOf(p.port, ((ws as any)._socket ?? (ws as any)._req?.socket)?.localPort, pids)) !== undefined, 'the proxy to accept it')
+      owners.add(owner!)
+    }
+    busy = false
+    await load
+    assert.equal(owners.size, 2, 'stalled logins on both workers')
+    await eventually(() => stalled > 0, 'a stalled login at Postgres')
+    await new Promise((r) => setTimeout(r, 500)) // the others, on either worker, waiting their turn
+    assert.equal(peak, 1, 'Postgres had one stalled login from the proxy at a time')
+  } finally {
+    busy = false
+    clearInterval(sampler)
+    for (const ws of sockets) ws.terminate()
+    await p.stop()
+    relay.close()
+  }
+})
 
 test('--workers defaults to the machine\'s cores, but never more than --pool-size can be split between (a big machine starts with the defaults)', () => {
   const workers = (...argv: string[]) => (parseConfig(['--upstream', '127.0.0.1:5432', ...argv], {}) as Exclude<ReturnType<typeof parseConfig>, 'help'>).workers

@@ -4,17 +4,11 @@ import type { ProxyOptions } from '../index'
 /** A limit split among `n` workers: worker `index`'s part (the parts add up to `total`; each is at least 1). */
 export const partOf = (total: number, n: number, index: number) => Math.max(1, Math.floor(total / n) + (index < total % n ? 1 : 0))
 
-/**
- * A worker's options: its part of a key's backends, of the logins under way and of buffered bytes.
- * Each worker keeps its own backends; a login past its worker's part waits its turn, as one past the
- * whole proxy's would.
- */
+/** A worker's options: its part of a key's backends (each worker keeps its own) and of buffered bytes. */
 export function workerPart(o: ProxyOptions, n: number, index: number): ProxyOptions {
   const part = (total: number | undefined, fallback: number) => partOf(total ?? fallback, n, index)
   return {
     ...o,
-    maxLogins: part(o.maxLogins, 64),
-    maxLoginsPerIp: part(o.maxLoginsPerIp, 8),
     maxClientBufferBytes: part(o.maxClientBufferBytes, 256 << 20),
     pool: { ...o.pool, size: part(o.pool?.size, 20), maxBackends: part(o.pool?.maxBackends, 100) },
   }

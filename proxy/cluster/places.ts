@@ -1,7 +1,6 @@
 /**
- * Places under a limit, by key (a client address, or '' for a total): what --max-sessions,
- * --max-sessions-per-ip, /sql's request limits and --max-cancels-per-ip count. They bound the
- * whole proxy whatever --workers n.
+ * Places under a limit, by key (a client address, or '' for a total): what the session, login,
+ * cancel and /sql request limits count. They bound the whole proxy whatever --workers n.
  *
  * One process counts them itself (LocalPlaces). Among n workers, each may fill its share of every
  * key's limit without asking (the shares add up to the limit), so a key costs no IPC until one

@@ -5,6 +5,8 @@
  * `authentication_timeout` (60 s). So such logins are bounded, per client address and in all;
  * one past either bound waits its turn, in order of arrival (its handshake timeout still runs).
  */
+import { giveAll, LocalPlaces, takeAll, type Places, type Wanted } from '../cluster/places'
+
 export interface LoginTicket {
   /** Resolves when the login may connect to Postgres. */
   admitted: Promise<void>
@@ -16,17 +18,30 @@ export interface LoginTicket {
 
 interface Waiter {
   peer: string
+  /** In the line (not admitted, not given up). */
+  queued: boolean
+  /** Its places are taken: it runs (or, if it gave up meanwhile, gives them back). */
   admit(): void
 }
 
+/** How often the line asks again: with --workers n, places freed by other workers are not announced. */
+const RETRY_MS = 100
+
 export class LoginGate {
   private running = 0
-  private readonly perPeer = new Map<string, number>()
   private readonly waiting: Waiter[] = []
+  private readonly inAll: Places
+  private readonly perPeer: Places
+  private serving = false
+  private again = false
+  private retry?: NodeJS.Timeout
 
-  constructor(readonly max: number, readonly maxPerPeer: number) {}
+  constructor(readonly max: number, readonly maxPerPeer: number, places = (name: string, limit: number): Places => new LocalPlaces(limit)) {
+    this.inAll = places('logins', max)
+    this.perPeer = places('loginsPerIp', maxPerPeer)
+  }
 
-  /** Logins under way, and those waiting for a place. */
+  /** Logins under way (in this process), and those waiting for a place. */
   get counts(): { running: number; waiting: number } {
     return { running: this.running, waiting: this.waiting.length }
   }
@@ -37,39 +52,75 @@ export class LoginGate {
     const admitted = new Promise<void>((resolve) => (admit = resolve))
     const waiter: Waiter = {
       peer,
+      queued: false,
       admit: () => {
+        if (state !== 'waiting') return this.give(peer)
         state = 'running'
         this.running++
-        this.perPeer.set(peer, (this.perPeer.get(peer) ?? 0) + 1)
         admit()
       },
     }
-    this.fits(peer) ? waiter.admit() : this.waiting.push(waiter)
+    // Places at once if there are (whoever waits for another address's), else a place in the line.
+    const taken = this.take(peer)
+    const first = (full: number) => (full < 0 ? waiter.admit() : state === 'waiting' && this.enqueue(waiter))
+    typeof taken === 'number' ? first(taken) : taken.then(first)
     return {
       admitted,
       get waiting() {
         return state === 'waiting'
       },
       release: () => {
-        if (state === 'waiting') this.waiting.splice(this.waiting.indexOf(waiter), 1)
-        else if (state === 'running') this.leave(peer)
+        if (waiter.queued) this.waiting.splice(this.waiting.indexOf(waiter), 1), (waiter.queued = false)
+        if (state === 'running') this.running--, this.give(peer), void this.serve()
         state = 'done'
       },
     }
   }
 
-  private fits(peer: string): boolean {
-    return this.running < this.max && (this.perPeer.get(peer) ?? 0) < this.maxPerPeer
+  private enqueue(waiter: Waiter) {
+    waiter.queued = true
+    this.waiting.push(waiter)
+    this.schedule()
   }
 
-  private leave(peer: string) {
-    this.running--
-    const n = this.perPeer.get(peer)! - 1
-    n ? this.perPeer.set(peer, n) : this.perPeer.delete(peer)
-    for (let i = 0; i < this.waiting.length && this.running < this.max; ) {
-      const next = this.waiting[i]
-      if (!this.fits(next.peer)) i++
-      else this.waiting.splice(i, 1), next.admit()
-    }
+  /**
+   * Admits waiting logins that now have places, in order of arrival: one question to the primary at
+   * a time (with --workers n), none for an address already refused in this pass, and none once the
+   * proxy has no place at all. Synchronous where the places are this process's.
+   */
+  private async serve() {
+    if (this.serving) return void (this.again = true)
+    this.serving = true
+    do {
+      this.again = false
+      const refused = new Set<string>()
+      for (const waiter of [...this.waiting]) {
+        if (!waiter.queued || refused.has(waiter.peer)) continue
+        const taken = this.take(waiter.peer)
+        const full = typeof taken === 'number' ? taken : await taken
+        if (full === 0) break
+        if (full === 1) refused.add(waiter.peer)
+        else {
+          if (waiter.queued) this.waiting.splice(this.waiting.indexOf(waiter), 1), (waiter.queued = false)
+          waiter.admit()
+        }
+      }
+    } while (this.again)
+    this.serving = false
+    this.schedule()
+  }
+
+  private schedule() {
+    clearTimeout(this.retry)
+    if (this.waiting.length) this.retry = setTimeout(() => void this.serve(), RETRY_MS).unref()
+  }
+
+  /** -1 with places for `peer`, or which was full (0: in all, 1: its address's). */
+  private take(peer: string) {
+    return takeAll([[this.inAll, ''], [this.perPeer, peer]])
+  }
+
+  private give(peer: string) {
+    giveAll([[this.inAll, ''], [this.perPeer, peer]])
   }
 }
