@@ -17,7 +17,7 @@ import { Cancels } from './ws/cancels'
 import { TokenLogins, type TokenLoginOptions } from './auth/token-login'
 import { ClientAddresses } from './listen/client-address'
 import type { ClusterLink } from './cluster/worker'
-import { LocalPlaces, type Places } from './cluster/places'
+import { localPlaces, type PlacesOf } from './cluster/places'
 
 export interface ProxyOptions {
   /** The Postgres this proxy relays to: `host:port`. */
@@ -137,7 +137,7 @@ export function createProxy(options: ProxyOptions): Proxy {
   const tokens = options.tokens && new TokenLogins(options.tokens)
   const addresses = new ClientAddresses(options.trustProxy ?? [])
   const clientAddress = (req: http.IncomingMessage) => addresses.of(req.socket, req.headers)
-  const places = (name: string, limit: number): Places => options.cluster?.places(name, limit) ?? new LocalPlaces(limit)
+  const places: PlacesOf = options.cluster?.places ?? localPlaces
   const logins = new LoginGate(options.maxLogins ?? 64, options.maxLoginsPerIp ?? 8, places)
   const routes = new WebSocketRoutes({
     ...options,

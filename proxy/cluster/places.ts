@@ -35,6 +35,11 @@ export class LocalPlaces implements Places {
   }
 }
 
+/** Where a module gets the places of a named limit: this process's own (`localPlaces`), or the whole proxy's. */
+export type PlacesOf = (name: string, limit: number) => Places
+
+export const localPlaces: PlacesOf = (_name, limit) => new LocalPlaces(limit)
+
 /** Places to take together: each limit with its key. */
 export type Wanted = readonly (readonly [Places, string])[]
 

@@ -3,7 +3,7 @@
  * the proxy-wide limits (proxy/cluster/places.ts), and the whole proxy's metrics.
  */
 import { AggregatorRegistry, type Registry } from 'prom-client'
-import { SharedPlaces, type Places, type PlacesToPrimary, type PlacesToWorker } from './places'
+import { SharedPlaces, type PlacesOf, type PlacesToPrimary, type PlacesToWorker } from './places'
 
 export type ToPrimary = PlacesToPrimary | { edgepg: 'metrics'; id: number }
 export type ToWorker = PlacesToWorker | { edgepg: 'metrics'; id: number; body?: string; error?: string }
@@ -11,7 +11,7 @@ export type ToWorker = PlacesToWorker | { edgepg: 'metrics'; id: number; body?: 
 /** What a proxy in a worker asks its primary for. */
 export interface ClusterLink {
   /** Places under `limit` for the whole proxy, counted by name. */
-  places(name: string, limit: number): Places
+  places: PlacesOf
   /** The whole proxy's metrics, as /metrics serves them. */
   metrics(): Promise<string>
 }
@@ -20,7 +20,7 @@ export interface ClusterLink {
 export async function workerLink(workers: number, index: number) {
   const send = (m: ToPrimary) => void process.send!(m)
   const limits = new Map<string, SharedPlaces>()
-  const leases = new Map<string, [key: string, lease: number][]>()
+  let leases: Extract<PlacesToWorker, { op: 'known' }>['leases'] = []
   let nextMetrics = 0
   const metricsWaiting = new Map<number, (m: Extract<ToWorker, { edgepg: 'metrics' }>) => void>()
   let known!: () => void
@@ -31,7 +31,7 @@ export async function workerLink(workers: number, index: number) {
       metricsWaiting.delete(m.id)
     } else if (m?.edgepg === 'places') {
       if (m.op !== 'known') return limits.get(m.name)?.hear(m)
-      for (const [name, key, lease] of m.leases) leases.set(name, [...(leases.get(name) ?? []), [key, lease]])
+      leases = m.leases
       known()
     }
   })
@@ -41,7 +41,7 @@ export async function workerLink(workers: number, index: number) {
   const link: ClusterLink = {
     places(name, limit) {
       const places = new SharedPlaces(name, limit, workers, index, send)
-      for (const [key, lease] of leases.get(name) ?? []) places.lease(key, lease)
+      for (const [of, key, lease] of leases) if (of === name) places.lease(key, lease)
       limits.set(name, places)
       return places
     },

@@ -5,7 +5,7 @@
  * `authentication_timeout` (60 s). So such logins are bounded, per client address and in all;
  * one past either bound waits its turn, in order of arrival (its handshake timeout still runs).
  */
-import { giveAll, LocalPlaces, takeAll, type Places, type Wanted } from '../cluster/places'
+import { giveAll, localPlaces, takeAll, type Places, type PlacesOf } from '../cluster/places'
 
 export interface LoginTicket {
   /** Resolves when the login may connect to Postgres. */
@@ -36,7 +36,7 @@ export class LoginGate {
   private again = false
   private retry?: NodeJS.Timeout
 
-  constructor(readonly max: number, readonly maxPerPeer: number, places = (name: string, limit: number): Places => new LocalPlaces(limit)) {
+  constructor(readonly max: number, readonly maxPerPeer: number, places: PlacesOf = localPlaces) {
     this.inAll = places('logins', max)
     this.perPeer = places('loginsPerIp', maxPerPeer)
   }

@@ -64,7 +64,7 @@ import { Control, Leases } from './lease'
 import { runRequest, TooLarge, type Response } from './run'
 import { header, HttpError, parseFlags, parsePayload, readBody, singleHeader, type BodyBudget } from './request'
 import { databaseErrorJson, errorJson, type ArrayType } from './json'
-import { giveAll, LocalPlaces, takeAll, type Places, type Wanted } from '../cluster/places'
+import { giveAll, localPlaces, takeAll, type PlacesOf, type Wanted } from '../cluster/places'
 
 export { ERROR_FIELDS } from './json'
 
@@ -94,7 +94,7 @@ export interface SqlOptions {
   /** Requests served at once for one client address; more get HTTP 429. Default 50. */
   maxRequestsPerIp?: number
   /** Where those two limits are counted (the whole proxy's, with --workers n). Default: here. */
-  places?: (name: string, limit: number) => Places
+  places?: PlacesOf
   /** Time a client has to send its whole body, from the request's start (HTTP 408, and the connection closed). Default 10 s. */
   readTimeoutMs?: number
   /** Counts bodies while they are read, with the WebSockets' unfinished messages (HTTP 503 past it). Default: none. */
@@ -200,7 +200,7 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
   const maxPerIp = options.maxRequestsPerIp ?? 50
   const readTimeoutMs = options.readTimeoutMs ?? 10_000
   /** Requests being served: in all, and by client address. */
-  const places = options.places ?? ((name: string, limit: number) => new LocalPlaces(limit))
+  const places = options.places ?? localPlaces
   const requests = places('sqlRequests', maxRequests)
   const perIp = places('sqlRequestsPerIp', maxPerIp)
   const origins = new Set(options.allowedOrigins ?? [])

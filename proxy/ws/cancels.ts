@@ -2,7 +2,7 @@ import type { WebSocket } from 'ws'
 import type { BackendPool } from '../pool/backends'
 import { cancelRequest, type BackendKey } from '../wire/startup'
 import { SUBPROTOCOL_CANCEL } from '../../src/config'
-import { LocalPlaces, type Places } from '../cluster/places'
+import { localPlaces, type Places, type PlacesOf } from '../cluster/places'
 import type { Routed } from '../login/in-band'
 
 /**
@@ -24,7 +24,6 @@ export function cancelNamed(ws: WebSocket, data: Buffer): number | undefined {
  * rate (at most so many in any second), known key or not, so none can make Postgres fork at a
  * stranger's pace.
  */
-
 export class Cancels {
   /** Keys of sessions relayed in plaintext, by `upstream pid`. */
   private readonly issued = new Map<string, Buffer>()
@@ -35,7 +34,7 @@ export class Cancels {
   /** Cancels of the last second, by client address: each gives its place back a second on. */
   private readonly recent: Places
 
-  constructor(private readonly pool: BackendPool, readonly perPeerPerSecond: number, places = (name: string, limit: number): Places => new LocalPlaces(limit)) {
+  constructor(private readonly pool: BackendPool, readonly perPeerPerSecond: number, places: PlacesOf = localPlaces) {
     this.recent = places('cancelsPerIp', perPeerPerSecond)
   }
 

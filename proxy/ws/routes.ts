@@ -23,7 +23,7 @@ import type { Cancels } from './cancels'
 import type { Metrics, RefusalReason } from '../admin/metrics'
 import type { Upstreams } from '../upstream/allowed'
 import { SUBPROTOCOL, SUBPROTOCOL_CANCEL } from '../../src/config'
-import { giveAll, takeAll, type Places, type Wanted } from '../cluster/places'
+import { giveAll, takeAll, type Places, type PlacesOf, type Wanted } from '../cluster/places'
 
 export interface RouteOptions {
   upstreams: Upstreams
@@ -44,7 +44,7 @@ export interface RouteOptions {
   /** The client's address (behind a trusted balancer, the one it declares); default the TCP peer's. */
   clientAddress?: (req: http.IncomingMessage) => string
   /** Where the session limits are counted (the whole proxy's, with --workers n). */
-  places: (name: string, limit: number) => Places
+  places: PlacesOf
   maxSessions?: number
   maxSessionsPerIp?: number
   handshakeTimeoutMs: number
