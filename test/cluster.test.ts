@@ -26,7 +26,8 @@ const listening = (p: ChildProxy) => p.lines.filter((l) => l.listening).map((l) 
 
 async function clusterProxy(flags: string[] = []) {
   const { host, port } = testPostgres()
-  const p = await startChildProxy(`${host}:${port}`, { env: { EDGEPG_WORKERS: '2' }, flags: ['--max-sessions-per-ip', '1000', '--shutdown-grace', '2000', ...flags] })
+  // (The CLI as the package ships it: npm test builds dist/ first.)
+  const p = await startChildProxy(`${host}:${port}`, { built: true, env: { EDGEPG_WORKERS: '2' }, flags: ['--max-sessions-per-ip', '1000', '--shutdown-grace', '2000', ...flags] })
   await eventually(() => new Set(listening(p)).size === 2, 'both workers listening', 15_000)
   return p
 }
@@ -216,6 +217,7 @@ test('--workers 2: --max-logins-per-ip 1 holds for the whole proxy: one stalled 
   await new Promise<void>((resolve) => relay.listen(0, '127.0.0.1', resolve))
   const sampler = setInterval(() => (peak = Math.max(peak, stalled)), 5)
   const p = await startChildProxy(`127.0.0.1:${(relay.address() as net.AddressInfo).port}`, {
+    built: true,
     env: { EDGEPG_WORKERS: '2' },
     // (Session mode: in transaction mode a key's logins wait for its first, and never reach the limit.)
     flags: ['--max-logins-per-ip', '1', '--max-sessions-per-ip', '1000', '--handshake-timeout', '20000', '--pool-mode', 'session'],
@@ -268,7 +270,7 @@ test('--workers 2 on a port already taken: the workers cannot listen, and the pr
   const port = (taken.address() as net.AddressInfo).port
   try {
     const { host, port: pgPort } = testPostgres()
-    const child = spawn(process.execPath, ['--import', 'tsx', 'proxy/cli.ts', '--upstream', `${host}:${pgPort}`, '--listen', `127.0.0.1:${port}`, '--workers', '2'], { stdio: ['ignore', 'pipe', 'pipe'] })
+    const child = spawn(process.execPath, ['dist/cli.mjs', '--upstream', `${host}:${pgPort}`, '--listen', `127.0.0.1:${port}`, '--workers', '2'], { stdio: ['ignore', 'pipe', 'pipe'] })
     let out = ''
     child.stdout!.on('data', (d) => (out += d))
     child.stderr!.on('data', (d) => (out += d))
