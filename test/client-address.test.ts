@@ -8,7 +8,7 @@ import assert from 'node:assert/strict'
 import net from 'node:net'
 import { WebSocket } from 'ws'
 import { readProxyHeader } from '../proxy/listen/proxy-protocol'
-import { ClientAddresses } from '../proxy/listen/client-address'
+import { ClientAddresses, limitKey } from '../proxy/listen/client-address'
 import { Client } from '../src/index'
 import { edgeConfig, eventually, startProxy, testPostgres } from './support/helpers'
 import { PASSWORD } from './support/stack'
@@ -74,6 +74,43 @@ const ProxiedWebSocket = (header: () => Buffer) =>
       } as any)
     }
   }
+
+test('per-IP limits count an IPv4 address as itself, and an IPv6 address by its /64', () => {
+  assert.equal(limitKey('203.0.113.7'), '203.0.113.7')
+  assert.equal(limitKey('::ffff:203.0.113.7'), '203.0.113.7')
+  for (const address of ['2001:db8::1', '2001:db8:0:0:ffff::2', '2001:0DB8:0000:0000:1:2:3:4', '2001:db8::5.6.7.8', '2001:db8::1%eth0']) {
+    assert.equal(limitKey(address), '2001:db8:0:0::/64', address)
+  }
+  assert.equal(limitKey('2001:db8:0:1::1'), '2001:db8:0:1::/64')
+  assert.equal(limitKey('1::2:3:4:5:6.7.8.9'), '1:0:2:3::/64', 'an IPv4 tail is two groups')
+  assert.equal(limitKey('::1'), '0:0:0:0::/64')
+})
+
+test('an IPv6 client is one client for its whole /64: a second session from the same /64 is refused, one from another /64 is not', async () => {
+  const p = await startProxy({ trustProxy: ['127.0.0.1/32'], maxSessionsPerIp: 1 })
+  const open = (from: string) =>
+    new Promise<WebSocket | string>((resolve) => {
+      const ws = new WebSocket(p.url, { headers: { 'x-forwarded-for': from } })
+      ws.once('open', () => resolve(ws))
+      ws.once('unexpected-response', (_req, res) => {
+        let body = ''
+        res.on('data', (d: Buffer) => (body += d)).on('end', () => resolve(`${res.statusCode} ${body.trim()}`))
+      })
+    })
+  const opened: WebSocket[] = []
+  try {
+    const first = await open('2001:db8::1')
+    assert.ok(first instanceof WebSocket)
+    opened.push(first)
+    assert.equal(await open('2001:db8::2'), '429 too many sessions from 2001:db8:0:0::/64 (1)')
+    const other = await open('2001:db8:0:1::1')
+    assert.ok(other instanceof WebSocket, `another /64: ${other}`)
+    opened.push(other)
+  } finally {
+    for (const ws of opened) ws.terminate()
+    await p.close()
+  }
+})
 
 test("behind a trusted balancer (PROXY protocol): per-IP limits, logs and the password rule are the declared client's", async () => {
   const logs: any[] = []

@@ -9,6 +9,20 @@ import { ProxyProtocolError, readProxyHeader } from './proxy-protocol'
 /** Addresses as one form: IPv4-mapped IPv6 as IPv4. */
 export const plainAddress = (address: string) => address.replace(/^::ffff:(?=\d+\.\d+\.\d+\.\d+$)/i, '')
 
+/**
+ * Who per-IP limits count a client as: its IPv4 address, or the /64 its IPv6 address is in. A /64
+ * is one site's or subscriber's usual allocation, and any of its 2^64 addresses is theirs to use.
+ */
+export function limitKey(address: string): string {
+  const plain = plainAddress(address).replace(/%.*$/, '') // (a zone: fe80::1%eth0)
+  if (!net.isIPv6(plain)) return plain
+  const [head, tail] = plain.includes('::') ? plain.split('::') : [plain, '']
+  const groups = (part: string) => (part ? part.split(':').flatMap((g) => (g.includes('.') ? ['0', '0'] : [g])) : []) // (an IPv4 tail is two groups, past the /64)
+  const [h, t] = [groups(head), groups(tail)]
+  const all = [...h, ...Array<string>(8 - h.length - t.length).fill('0'), ...t]
+  return `${all.slice(0, 4).map((g) => parseInt(g, 16).toString(16)).join(':')}::/64`
+}
+
 export class ClientAddresses {
   private readonly trusted = new BlockList()
   /** What PROXY headers declared, by the connection's own address and port (a TLS socket's are its TCP socket's). */

@@ -64,6 +64,7 @@ import { Control, Leases } from './lease'
 import { runRequest, TooLarge, type Response } from './run'
 import { header, HttpError, parseFlags, parsePayload, readBody, singleHeader, type BodyBudget } from './request'
 import { databaseErrorJson, errorJson, type ArrayType } from './json'
+import { limitKey } from '../listen/client-address'
 import { giveAll, localPlaces, takeAll, type PlacesOf, type Wanted } from '../cluster/places'
 
 export { ERROR_FIELDS } from './json'
@@ -301,14 +302,14 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
       return finish(405, errorJson(`${req.method} is not allowed on /sql; use POST`), { allow: 'POST, OPTIONS' }, 'refused: method')
     }
 
-    const held: Wanted = [[requests, ''], [perIp, log.peer]]
+    const held: Wanted = [[requests, ''], [perIp, limitKey(log.peer)]]
     const full = takeAll(held)
     typeof full === 'number' ? admitted(full) : full.then(admitted)
 
     function admitted(full: number) {
       if (full >= 0) req.resume()
       if (full === 0) return finish(503, errorJson(`too many requests in progress (${maxRequests}); try again later`), {}, 'refused: too many requests')
-      if (full === 1) return finish(429, errorJson(`too many requests in progress from ${log.peer} (${maxPerIp}); try again later`), {}, 'refused: too many requests from one address')
+      if (full === 1) return finish(429, errorJson(`too many requests in progress from ${limitKey(log.peer)} (${maxPerIp}); try again later`), {}, 'refused: too many requests from one address')
       const ctl = new Control()
       active.add(ctl)
       // The client went away before its answer: cancel what runs for it.

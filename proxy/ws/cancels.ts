@@ -2,6 +2,7 @@ import type { WebSocket } from 'ws'
 import type { BackendPool } from '../pool/backends'
 import { cancelRequest, type BackendKey } from '../wire/startup'
 import { SUBPROTOCOL_CANCEL } from '../../src/config'
+import { limitKey } from '../listen/client-address'
 import { localPlaces, type Places, type PlacesOf } from '../cluster/places'
 import type { Routed } from '../login/in-band'
 
@@ -65,7 +66,8 @@ export class Cancels {
   }
 
   /** The CancelRequest to send Postgres for `packet`, or why none goes. */
-  route(upstream: string, packet: Buffer, peer: string): Routed | Promise<Routed> {
+  route(upstream: string, packet: Buffer, address: string): Routed | Promise<Routed> {
+    const peer = limitKey(address)
     const placed = this.recent.take(peer)
     return placed === true || placed === false ? this.counted(placed, upstream, packet, peer) : placed.then((ok) => this.counted(ok, upstream, packet, peer))
   }

@@ -23,6 +23,7 @@ import type { Cancels } from './cancels'
 import type { Metrics, RefusalReason } from '../admin/metrics'
 import type { Upstreams } from '../upstream/allowed'
 import { SUBPROTOCOL, SUBPROTOCOL_CANCEL } from '../../src/config'
+import { limitKey } from '../listen/client-address'
 import { giveAll, takeAll, type Places, type PlacesOf, type Wanted } from '../cluster/places'
 
 export interface RouteOptions {
@@ -109,10 +110,10 @@ export class WebSocketRoutes {
     const origin = req.headers.origin
     if (origin !== undefined && !this.origins.has('*') && !this.origins.has(origin)) return refuse(403, `origin ${origin} is not allowed (--allow-origin)`, 'origin')
     const accept = (target: HostPort) => {
-      const held: Wanted = [[this.inAll, ''], [this.perIp, peer]]
+      const held: Wanted = [[this.inAll, ''], [this.perIp, limitKey(peer)]]
       const admitted = (full: number) => {
         if (full === 0) return refuse(503, `too many sessions (${maxSessions}); try again later`, 'too_many_sessions')
-        if (full === 1) return refuse(429, `too many sessions from ${peer} (${maxPerIp})`, 'too_many_sessions_per_ip')
+        if (full === 1) return refuse(429, `too many sessions from ${limitKey(peer)} (${maxPerIp})`, 'too_many_sessions_per_ip')
         this.accept(req, socket, head, target, peer, () => giveAll(held))
       }
       const full = takeAll(held)
@@ -172,7 +173,7 @@ export class WebSocketRoutes {
     // Nothing connects to Postgres before the login is in, and admitted.
     const newUpstream = () => (up = new Upstream(target, this.o.upstreamTls))
     const connect = async (login: boolean) => {
-      if (login) await (ticket = this.o.logins.admit(peer)).admitted
+      if (login) await (ticket = this.o.logins.admit(limitKey(peer))).admitted
       const started = performance.now()
       up!.connect(() => metrics.upstreamConnected((performance.now() - started) / 1000))
     }
