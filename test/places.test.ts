@@ -7,7 +7,9 @@
  */
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { PlacesKeeper, SharedPlaces, takeAll, type PlacesToPrimary, type PlacesToWorker } from '../proxy/cluster/places'
+import { LocalPlaces, PlacesKeeper, SharedPlaces, takeAll, type Places, type PlacesToPrimary, type PlacesToWorker } from '../proxy/cluster/places'
+import { LoginGate } from '../proxy/login/gate'
+import { within } from './support/helpers'
 
 /** n workers and a keeper over ordered, asynchronous channels; `drain()` delivers everything in flight. */
 function cluster(n: number, limit: number) {
@@ -138,4 +140,22 @@ test('takeAll: a place in each, or none (giving back what it took before the ful
   assert.equal(await takeAll([[total, ''], [total, 'ip']]), -1)
   assert.equal(await takeAll([[total, 'x'], [total, 'ip']]), 1, 'ip is full: x is given back')
   assert.equal(await c.take(0, 'x'), true, 'x was given back')
+})
+
+test('LoginGate: a place freed in another worker reaches a waiting login, however often others arrive', async () => {
+  // Address a's one place is held elsewhere until 50 ms in; address c never has one, and arrives every 20 ms.
+  let heldElsewhere = 1
+  const perIp: Places = {
+    take: (key) => (key === 'a' ? Promise.resolve(heldElsewhere < 1 && ++heldElsewhere > 0) : false),
+    give: () => {},
+  }
+  const gate = new LoginGate(100, 1, (name, limit) => (name === 'loginsPerIp' ? perIp : new LocalPlaces(limit)))
+  const waiting = gate.admit('a')
+  const arrivals = setInterval(() => gate.admit('c'), 20)
+  setTimeout(() => (heldElsewhere = 0), 50)
+  try {
+    await within(1000, 'the login of a, once its place is free elsewhere', waiting.admitted)
+  } finally {
+    clearInterval(arrivals)
+  }
 })

@@ -110,9 +110,10 @@ export class LoginGate {
     this.schedule()
   }
 
+  /** A pass in RETRY_MS while anyone waits (not pushed back by later arrivals, which would starve it). */
   private schedule() {
-    clearTimeout(this.retry)
-    if (this.waiting.length) this.retry = setTimeout(() => void this.serve(), RETRY_MS).unref()
+    if (this.retry || !this.waiting.length) return
+    this.retry = setTimeout(() => ((this.retry = undefined), void this.serve()), RETRY_MS).unref()
   }
 
   /** -1 with places for `peer`, or which was full (0: in all, 1: its address's). */
