@@ -146,3 +146,25 @@ test('an allow-listed host name is pinned to the addresses it had: re-pointed el
     await proxy.close()
   }
 })
+
+test('a client past its session limit is refused before the name it asks for is looked up; a refusal after the lookup gives its place back', async () => {
+  const { port } = (await import('./support/helpers')).testPostgres()
+  let answer = ['127.0.0.1']
+  let lookups = 0
+  const proxy = await startProxy({ allow: [`db.internal:${port}`], lookup: async () => (lookups++, answer), maxSessionsPerIp: 1 })
+  try {
+    const via = `ws://127.0.0.1:${proxy.port}/v1?address=db.internal:${port}`
+    const held = edgeClient(proxy.port, 'scram_user', { wsProxy: () => via })
+    held.on('error', () => {}) // (closed by the proxy's close, should an assertion fail)
+    await held.connect() // (its one place)
+    const before = lookups
+    assert.equal((await tryUpgrade(via)).status, 429)
+    assert.equal(lookups, before, 'no lookup for a client past its limit')
+    await held.end()
+    await eventually(() => proxy.sessionCount === 0, 'the place free again')
+    answer = ['127.0.0.2'] // the name now points where the allow-list never had it
+    for (let i = 0; i < 3; i++) assert.equal((await tryUpgrade(via)).status, 403, `refusal ${i + 1} after the lookup, not 429: each gave its place back`)
+  } finally {
+    await proxy.close()
+  }
+})

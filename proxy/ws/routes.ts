@@ -109,29 +109,32 @@ export class WebSocketRoutes {
     if (url.pathname !== '/v1' && url.pathname !== '/v2') return refuse(404, `no WebSocket route at ${url.pathname}; use /v1 or /v2`, 'not_found')
     const origin = req.headers.origin
     if (origin !== undefined && !this.origins.has('*') && !this.origins.has(origin)) return refuse(403, `origin ${origin} is not allowed (--allow-origin)`, 'origin')
-    const accept = (target: HostPort) => {
-      const held: Wanted = [[this.inAll, ''], [this.perIp, limitKey(peer)]]
-      const admitted = (full: number) => {
-        if (full === 0) return refuse(503, `too many sessions (${maxSessions}); try again later`, 'too_many_sessions')
-        if (full === 1) return refuse(429, `too many sessions from ${limitKey(peer)} (${maxPerIp})`, 'too_many_sessions_per_ip')
-        this.accept(req, socket, head, target, peer, () => giveAll(held))
-      }
-      const full = takeAll(held)
-      typeof full === 'number' ? admitted(full) : full.then(admitted)
-    }
     const address = url.searchParams.get('address')
-    if (!address) return accept(upstreams.upstream)
-    let named: HostPort
-    try {
-      named = parseHostPort(address)
-    } catch (err) {
-      return refuse(400, (err as Error).message, 'bad_address')
+    let named: HostPort | undefined
+    if (address) {
+      try {
+        named = parseHostPort(address)
+      } catch (err) {
+        return refuse(400, (err as Error).message, 'bad_address')
+      }
+      if (!upstreams.has(named)) return refuse(403, `address ${address} is not an allowed upstream`, 'forbidden_address')
     }
-    if (!upstreams.has(named)) return refuse(403, `address ${address} is not an allowed upstream`, 'forbidden_address')
-    upstreams.admit(named).then(
-      (target) => (target ? accept(target) : refuse(403, `address ${address} no longer resolves to an address the allow-list had`, 'forbidden_address')),
-      (err: Error) => refuse(502, `cannot resolve ${named.host}: ${err.message}`, 'bad_address')
-    )
+    // The limits before anything that costs more (a name's lookup, a login).
+    const client = limitKey(peer)
+    const held: Wanted = [[this.inAll, ''], [this.perIp, client]]
+    const admitted = (full: number) => {
+      if (full === 0) return refuse(503, `too many sessions (${maxSessions}); try again later`, 'too_many_sessions')
+      if (full === 1) return refuse(429, `too many sessions from ${client} (${maxPerIp})`, 'too_many_sessions_per_ip')
+      const release = () => giveAll(held)
+      if (!named) return this.accept(req, socket, head, upstreams.upstream, peer, release)
+      const { host } = named
+      upstreams.admit(named).then(
+        (target) => (target ? this.accept(req, socket, head, target, peer, release) : (release(), refuse(403, `address ${address} no longer resolves to an address the allow-list had`, 'forbidden_address'))),
+        (err: Error) => (release(), refuse(502, `cannot resolve ${host}: ${err.message}`, 'bad_address'))
+      )
+    }
+    const full = takeAll(held)
+    typeof full === 'number' ? admitted(full) : full.then(admitted)
   }
 
   /**
