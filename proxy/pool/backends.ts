@@ -217,20 +217,23 @@ export class BackendPool {
    * way), is reset once that is in and kept (available at once: a take() waits for the reset); a
    * busy one is closed, its running query cancelled; one a reset cannot clean (see IdleWatch) is
    * closed. `reset`: the caller sent the reset itself (behind its last statement), and this says
-   * how it went; or, with `ending.clean`, what it asked before the backend is kept as it is.
+   * how it went (undefined: it could not, as a transaction was open, and the pool resets it once
+   * the caller's answers are in); or, with `ending.clean`, what it asked before the backend is kept
+   * as it is.
    */
-  giveBack(backend: Backend, ending: Ending | undefined, reset?: Promise<boolean>) {
+  giveBack(backend: Backend, ending: Ending | undefined, reset?: Promise<boolean | undefined>) {
     backend.lentSecret = undefined
     if (!ending) return this.discard(backend, true)
     const list = this.idle.get(backend.poolKey) ?? []
     if (!ending.reusable || this.closed || this.expired(backend) || backend.upstream.gone || list.length >= this.maxIdlePerKey) return this.discard(backend)
     list.push(backend)
     this.idle.set(backend.poolKey, list)
+    const own = () => this.exchange(backend, ending.pending === 0 && ending.status === TxStatus.Idle ? [DISCARD_ALL] : [ROLLBACK, DISCARD_ALL], ending.pending)
     const done = reset
-      ? reset.then((ok) => ok && (this.watchIdle(backend), true))
+      ? reset.then((ok) => (ok === undefined ? own() : ok && (this.watchIdle(backend), true)))
       : ending.clean
         ? Promise.resolve((this.watchIdle(backend), true))
-        : this.exchange(backend, ending.pending === 0 && ending.status === TxStatus.Idle ? [DISCARD_ALL] : [ROLLBACK, DISCARD_ALL], ending.pending)
+        : own()
     backend.resetting = done.then((ok) => {
       backend.resetting = undefined
       if (!ok) return this.evict(backend, true), false // (a query of the session's may still be running)

@@ -210,7 +210,7 @@ export class Lender {
    * The session holding `backend` ended, leaving it as `ending` says (undefined: busy): the pool
    * resets or closes it (`reset`: the session sent the reset itself, as in BackendPool.giveBack).
    */
-  endSession(backend: Backend, ending: Ending | undefined, reset?: Promise<boolean>) {
+  endSession(backend: Backend, ending: Ending | undefined, reset?: Promise<boolean | undefined>) {
     this.parked.delete(backend)
     this.sequences.delete(backend) // (the pool's reset, DISCARD ALL, takes them)
     if (!this.lent.delete(backend)) return

@@ -295,21 +295,25 @@ export class Leases {
       if (lease.effects.ddl) lender.stale()
       if (clean && lease.leavesNothing && statements.status === 'I') return statements.detach(), lender.giveBack(backend, lease.effects)
       if (!clean || !reset) return statements.detach(), lender.endSession(backend, clean ? ending() : undefined)
-      if (statements.status === 'I') return lender.endSession(backend, ending(), reset.finally(() => statements.detach()))
-      return void reset.then(() => (statements.detach(), lender.endSession(backend, ending())))
+      return lender.endSession(backend, ending(), afterReset(statements, reset))
     }
     if (!backend || !clean || !reset) {
       statements.detach()
       if (!backend) return lease.upstream.close(clean ? undefined : lease.key)
       return this.o.backends.giveBack(backend, clean ? ending() : undefined)
     }
-    if (statements.status === 'I') return this.o.backends.giveBack(backend, ending(), reset.finally(() => statements.detach()))
-    // A transaction left open: the reset sent fails; the pool's own (ROLLBACK first) follows it.
-    reset.then(() => {
-      statements.detach()
-      this.o.backends.giveBack(backend, ending())
-    })
+    this.o.backends.giveBack(backend, ending(), afterReset(statements, reset))
   }
+}
+
+/**
+ * How the reset sent behind the last statement went, once it is answered. After a transaction left
+ * open it fails: undefined then, for the pool's own reset (ROLLBACK first). The backend is given
+ * back at once either way, so a login right behind this request waits for it instead of forking.
+ */
+const afterReset = (statements: Statements, reset: Promise<boolean>) => {
+  const open = statements.status !== 'I'
+  return reset.then((ok) => (open ? undefined : ok)).finally(() => statements.detach())
 }
 
 /** The login a default pg Client makes with these credentials. */
