@@ -20,19 +20,15 @@ export type ClientConfig = pg.ClientConfig & EdgeConfig & { authToken?: AuthToke
 export type PoolConfig = pg.PoolConfig & EdgeConfig & HttpPoolConfig & { authToken?: AuthToken }
 
 /**
- * Split a user's config into pg's part and edgepg's own keys, so pg never sees ours. Copies
- * property descriptors because pg-pool hands its clients a non-enumerable `password`.
+ * Split a user's config into pg's part and edgepg's own keys, so pg never sees ours. pg-pool hands
+ * its clients a non-enumerable `password`, which a copy of the keys would miss. (Plain copies:
+ * this runs for every connection, and copying property descriptors cost more than pg's constructor.)
  */
 function splitConfig(input?: string | ClientConfig): { options: pg.ClientConfig; own: EdgeConfig } {
   if (typeof input === 'string') return { options: { connectionString: input }, own: {} }
-  const options = Object.defineProperties({}, Object.getOwnPropertyDescriptors(input ?? {})) as ClientConfig
-  const own: EdgeConfig = {}
-  for (const key of configKeys) {
-    if (key in options) {
-      ;(own as any)[key] = options[key]
-      delete options[key]
-    }
-  }
+  const options: any = { password: input?.password }
+  const own: any = {}
+  for (const key in input) ((configKeys as readonly string[]).includes(key) ? own : options)[key] = (input as any)[key]
   return { options, own }
 }
 

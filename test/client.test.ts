@@ -46,8 +46,11 @@ test("forceDisablePgSSL (Neon's option) sets ssl aside: sslmode=require reaches 
 test('the password stays out of sight, as in pg: not in util.inspect nor JSON.stringify of a Client', async () => {
   const { inspect } = await import('node:util')
   const { Client } = await import('../src/index')
-  for (const config of [{ user: 'u', password: 'secret-pw-1', host: 'h' }, 'postgresql://u:secret-pw-2@h/db']) {
+  // (The third as pg-pool hands its clients their config: the password not enumerable.)
+  const fromPool = Object.defineProperty({ user: 'u', host: 'h' }, 'password', { value: 'secret-pw-3', enumerable: false })
+  for (const config of [{ user: 'u', password: 'secret-pw-1', host: 'h' }, 'postgresql://u:secret-pw-2@h/db', fromPool]) {
     const client = new Client(config as any)
+    assert.match(String(client.password), /^secret-pw-\d$/, 'the client has its password')
     const shown = inspect(client, { depth: 4 }) + JSON.stringify(client)
     assert.ok(!/secret-pw-/.test(shown), `the password shows: ${shown.match(/.{40}secret-pw-.{10}/)?.[0]}`)
   }
