@@ -11,6 +11,7 @@ import { WebSocket } from 'ws'
 import { createProxy, type ProxyOptions } from '../proxy/index'
 import { Client, Pool, type ClientConfig } from '../src/index'
 import { generateCerts } from './support/certs'
+import { startHoldingRelay } from './support/delay-relay'
 import { eventually, within } from './support/helpers'
 import { startPgBouncer } from './support/pgbouncer'
 import { pgConfig, startPostgres, tlsOnly, type Postgres, type Role } from './support/stack'
@@ -193,6 +194,29 @@ test('one pool for WebSocket sessions and /sql: a backend warmed by either serve
     await proxy.close()
   }
 })
+
+for (const mode of ['session', 'transaction'] as const) {
+  test(`/sql that leaves a transaction open gives its backend back at once: a session right behind it waits for the rollback, no fork (${mode} mode)`, async () => {
+    // Postgres's refusal of the reset sent behind the request (DISCARD ALL inside a transaction,
+    // 25001) reaches the proxy 300 ms late, long after the response. (Transaction mode sends no
+    // reset behind a bare BEGIN, which leaves nothing but the transaction: the pool rolls back.)
+    const relay = await startHoldingRelay(own, (type, body) => type === 'E' && body.includes('C25001\0'), 300)
+    const upstream = `127.0.0.1:${relay.port}`
+    const proxy = await startProxy({ mode }, { upstream })
+    try {
+      const sql = sqlVia(proxy, upstream)
+      const { pid } = await sql('SELECT pg_backend_pid() AS pid')
+      await sql('BEGIN')
+      const next = await session(config(proxy), async (c) => (await c.query(STATE)).rows[0], mode === 'session')
+      assert.equal(next.pid, pid, 'the session was served by the backend /sql left in a transaction')
+      assert.equal(next.result.no_open_transaction, true, 'rolled back first')
+      assert.equal((await proxy.stats()).misses, 1, 'one backend forked in all')
+    } finally {
+      await proxy.close()
+      await relay.close()
+    }
+  })
+}
 
 test('a client that vanishes mid-transaction commits nothing; its backend is not handed out busy', async () => {
   const proxy = await startProxy()

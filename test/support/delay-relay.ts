@@ -1,4 +1,5 @@
 import net from 'node:net'
+import { backendReader, message } from './protocol'
 
 /**
  * A TCP relay that holds every chunk, in each direction, for `oneWayMs` before passing it on, so
@@ -28,6 +29,42 @@ export async function startDelayRelay(target: { host: string; port: number }, on
     cut: () => {
       for (const s of sockets) s.destroy()
     },
+    close: () =>
+      new Promise<void>((resolve) => {
+        for (const s of sockets) s.destroy()
+        server.close(() => resolve())
+      }),
+  }
+}
+
+/**
+ * A TCP relay in front of Postgres that passes everything at once, but for Postgres's messages from
+ * the first one `holds` picks on: that one and all after it on the connection reach the client
+ * `ms` late (in order), as if the network stalled just there.
+ */
+export async function startHoldingRelay(target: { host: string; port: number }, holds: (type: string, body: Buffer) => boolean, ms: number) {
+  const sockets = new Set<net.Socket>()
+  const server = net.createServer((client) => {
+    const upstream = net.connect({ ...target, noDelay: true })
+    for (const s of [client, upstream]) {
+      sockets.add(s)
+      s.once('close', () => sockets.delete(s)).on('error', () => {})
+    }
+    let held: Promise<void> | undefined
+    const pass = (bytes: Buffer) => client.writable && client.write(bytes)
+    const read = backendReader((type, body) => {
+      const bytes = message(type, body)
+      if (!held && holds(type, body)) held = new Promise((resolve) => setTimeout(resolve, ms))
+      if (held) held = held.then(() => void pass(bytes))
+      else pass(bytes)
+    })
+    client.pipe(upstream)
+    upstream.on('data', read)
+    for (const [a, b] of [[client, upstream], [upstream, client]]) a.on('close', () => (held ?? Promise.resolve()).then(() => b.destroy()))
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  return {
+    port: (server.address() as net.AddressInfo).port,
     close: () =>
       new Promise<void>((resolve) => {
         for (const s of sockets) s.destroy()
