@@ -22,7 +22,8 @@ export type PoolConfig = pg.PoolConfig & EdgeConfig & HttpPoolConfig & { authTok
 /**
  * Split a user's config into pg's part and edgepg's own keys, so pg never sees ours. pg-pool hands
  * its clients a non-enumerable `password`, which a copy of the keys would miss. (Plain copies:
- * this runs for every connection, and copying property descriptors cost more than pg's constructor.)
+ * this runs for every connection, and copying property descriptors cost nearly what pg's own
+ * constructor does.)
  */
 function splitConfig(input?: string | ClientConfig): { options: pg.ClientConfig; own: EdgeConfig } {
   if (typeof input === 'string') return { options: { connectionString: input }, own: {} }
