@@ -311,10 +311,8 @@ export class Leases {
  * open it fails: undefined then, for the pool's own reset (ROLLBACK first). The backend is given
  * back at once either way, so a login right behind this request waits for it instead of forking.
  */
-const afterReset = (statements: Statements, reset: Promise<boolean>) => {
-  const open = statements.status !== 'I'
-  return reset.then((ok) => (open ? undefined : ok)).finally(() => statements.detach())
-}
+const afterReset = (statements: Statements, reset: Promise<boolean>) =>
+  (statements.status === 'I' ? reset : reset.then(() => undefined)).finally(() => statements.detach())
 
 /** The login a default pg Client makes with these credentials. */
 const loginOf = ({ conn, startup }: Credentials) => ({ bytes: startup.length, first: parseStartupPacket(startup), password: conn.password, rest: Buffer.alloc(0) })
