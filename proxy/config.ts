@@ -51,6 +51,9 @@ export const SETTINGS = {
   poolMode: { flag: 'pool-mode', env: 'EDGEPG_POOL_MODE', arg: 'mode', kind: 'choice', default: 'transaction', help: 'session: a session holds its backend to its end; transaction: only while it runs something' },
   poolSize: { flag: 'pool-size', env: 'EDGEPG_POOL_SIZE', arg: 'n', kind: 'count', default: '20', help: 'backends per user, database and password: in transaction mode all, idle or lent; in session mode those kept idle (and /sql requests at once)' },
   poolTimeout: { flag: 'pool-timeout', env: 'EDGEPG_POOL_TIMEOUT', arg: 'ms', kind: 'ms', default: '5000', help: 'transaction mode: longest wait for a backend, then SQLSTATE 53300' },
+  idleInTransactionTimeout: { flag: 'idle-in-transaction-timeout', env: 'EDGEPG_IDLE_IN_TRANSACTION_TIMEOUT', arg: 'ms', kind: 'ms', default: '60000', help: 'transaction mode: end a session idle inside a transaction this long, rolled back, as Postgres would (0: never)' },
+  maxBackendsPerClient: { flag: 'max-backends-per-client', env: 'EDGEPG_MAX_BACKENDS_PER_CLIENT', arg: 'n', kind: 'count', default: 'half of --pool-size', help: "transaction mode: a key's backends one client (a token's subject, else its address) holds at once; more wait their turn" },
+  maxPinnedSessions: { flag: 'max-pinned-sessions', env: 'EDGEPG_MAX_PINNED_SESSIONS', arg: 'n', kind: 'count', default: 'a quarter of --pool-size', help: "transaction mode: a key's sessions kept on their backend for state they hold; one more is closed with 53400" },
   poolStatements: { flag: 'pool-statements', env: 'EDGEPG_POOL_STATEMENTS', arg: 'n', kind: 'count', default: '100', help: "transaction mode: named statements each backend keeps for its sessions" },
   poolIdleTimeout: { flag: 'pool-idle-timeout', env: 'EDGEPG_POOL_IDLE_TIMEOUT', arg: 'ms', kind: 'ms', default: '60000', help: 'close a pooled backend idle this long' },
   poolMaxLifetime: { flag: 'pool-max-lifetime', env: 'EDGEPG_POOL_MAX_LIFETIME', arg: 'ms', kind: 'ms', default: '1800000', help: 'close a pooled backend this old (a changed password stops being honoured within it)' },
@@ -240,6 +243,9 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
         size: value('poolSize', number(1)),
         timeoutMs: value('poolTimeout', number(1)),
         statements: value('poolStatements', number(1)),
+        idleInTransactionMs: value('idleInTransactionTimeout', number(0)),
+        maxPerClient: value('maxBackendsPerClient', (t, s) => (t === SETTINGS.maxBackendsPerClient.default ? undefined : number(1)(t, s))),
+        maxPinned: value('maxPinnedSessions', (t, s) => (t === SETTINGS.maxPinnedSessions.default ? undefined : number(1)(t, s))),
       },
       sql: on('noSql')
         ? false

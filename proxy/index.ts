@@ -18,6 +18,7 @@ import { TokenLogins, type TokenLoginOptions } from './auth/token-login'
 import { ClientAddresses } from './listen/client-address'
 import type { ClusterLink } from './cluster/worker'
 import { localPlaces, type PlacesOf } from './cluster/places'
+import { loadReader, read } from './isolation/reader'
 
 export interface ProxyOptions {
   /** The Postgres this proxy relays to: `host:port`. */
@@ -132,8 +133,10 @@ export function createProxy(options: ProxyOptions): Proxy {
   const budget = new BufferBudget(options.maxClientBufferBytes ?? 256 << 20, options.maxMessageBytes ?? 64 << 20)
   const metrics = createMetrics(() => ({ pool: pool.size, logins: logins.counts, buffered: budget.total, lending: lenders?.counts ?? { lent: 0, waiting: 0 }, keys: lenders?.keys ?? [] }), options.cluster?.metrics)
   const handshakeTimeoutMs = options.handshakeTimeoutMs ?? 10_000
-  const { mode = 'transaction', enabled = true, timeoutMs = 5000, statements = 100, maxLifetimeMs: lifetimeMs = 30 * 60_000 } = options.pool ?? {}
-  const lenders = mode === 'transaction' && enabled ? new Lenders(pool, { size, timeoutMs, statements, lifetimeMs }, metrics.lending) : undefined
+  const { mode = 'transaction', enabled = true, timeoutMs = 5000, statements = 100, maxLifetimeMs: lifetimeMs = 30 * 60_000, reader = read } = options.pool ?? {}
+  // No one client, and no sessions that keep state, take every backend of a key: unpinned work always has some.
+  const shares = { perClient: options.pool?.maxPerClient ?? Math.ceil(size / 2), pinned: options.pool?.maxPinned ?? Math.ceil(size / 4) }
+  const lenders = mode === 'transaction' && enabled ? new Lenders(pool, { size, timeoutMs, statements, lifetimeMs, reader, shares }, metrics.lending) : undefined
   const tokens = options.tokens && new TokenLogins(options.tokens)
   const addresses = new ClientAddresses(options.trustProxy ?? [])
   const clientAddress = (req: http.IncomingMessage) => addresses.of(req.socket, req.headers)
@@ -153,6 +156,7 @@ export function createProxy(options: ProxyOptions): Proxy {
     places,
     offload: options.authOffload !== false,
     handshakeTimeoutMs,
+    idleInTransactionMs: options.pool?.idleInTransactionMs ?? 60_000,
   })
   let draining = false
   const health = healthHandler(upstream, { draining: () => draining })
@@ -212,7 +216,8 @@ export function createProxy(options: ProxyOptions): Proxy {
   return {
     server,
     admin,
-    listen(port = 0, host = '127.0.0.1') {
+    async listen(port = 0, host = '127.0.0.1') {
+      await loadReader()
       return new Promise((resolve, reject) => {
         front.once('error', reject)
         front.listen(port, host, () => {

@@ -27,7 +27,7 @@ const listening = (p: ChildProxy) => p.lines.filter((l) => l.listening).map((l) 
 async function clusterProxy(flags: string[] = []) {
   const { host, port } = testPostgres()
   // (The CLI as the package ships it: npm test builds dist/ first.)
-  const p = await startChildProxy(`${host}:${port}`, { built: true, env: { EDGEPG_WORKERS: '2' }, flags: ['--max-sessions-per-ip', '1000', '--shutdown-grace', '2000', ...flags] })
+  const p = await startChildProxy(`${host}:${port}`, { built: true, env: { EDGEPG_WORKERS: '2' }, flags: ['--max-sessions-per-ip', '1000', '--max-backends-per-client', '1000', '--shutdown-grace', '2000', ...flags] })
   await eventually(() => new Set(listening(p)).size === 2, 'both workers listening', 15_000)
   return p
 }

@@ -10,6 +10,12 @@ export function workerPart(o: ProxyOptions, n: number, index: number): ProxyOpti
   return {
     ...o,
     maxClientBufferBytes: part(o.maxClientBufferBytes, 256 << 20),
-    pool: { ...o.pool, size: part(o.pool?.size, 20), maxBackends: part(o.pool?.maxBackends, 100) },
+    pool: {
+      ...o.pool,
+      size: part(o.pool?.size, 20),
+      maxBackends: part(o.pool?.maxBackends, 100),
+      maxPerClient: o.pool?.maxPerClient && part(o.pool.maxPerClient, 0),
+      maxPinned: o.pool?.maxPinned && part(o.pool.maxPinned, 0),
+    },
   }
 }

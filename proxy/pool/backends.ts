@@ -17,6 +17,7 @@
  * elsewhere if it goes unanswered.)
  */
 import { createHmac, randomBytes } from 'node:crypto'
+import type { Reading } from '../isolation/reader'
 import { serialize } from 'pg-protocol'
 import { ByteQueue, messages } from '../wire/bytes'
 import { cancelRequest, type BackendKey } from '../wire/startup'
@@ -48,6 +49,14 @@ export interface PoolOptions {
   timeoutMs?: number
   /** Transaction mode: named statements each backend keeps for the sessions it serves. Default 100. */
   statements?: number
+  /** Transaction mode: backends one client (a token's subject, else its address) holds at once. Default half of `size`. */
+  maxPerClient?: number
+  /** Transaction mode: sessions kept on their backend for state they hold, at once. Default a quarter of `size`. */
+  maxPinned?: number
+  /** Transaction mode: end a session idle inside a transaction this long (ms; 0: never). Default 60 s. */
+  idleInTransactionMs?: number
+  /** Transaction mode: the first reading of what statements leave (default proxy/isolation/reader.ts; tests put a wrong one here). */
+  reader?: (sql: string) => Reading
 }
 
 export type PoolEvent = 'hit' | 'miss' | 'reset' | 'discard'

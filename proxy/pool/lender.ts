@@ -16,6 +16,9 @@ import type { Upstream } from '../upstream/connection'
 import { exchange } from '../upstream/exchange'
 import { TxStatus } from '../wire/codes'
 import type { Ending } from './idle-watch'
+import { parseStartupPacket } from '../wire/startup'
+import { read as readStatements, type Reading } from '../isolation/reader'
+import { runsCodeQuery, STATE_FUNCTIONS, verification } from '../isolation/verify'
 
 
 /** Random bytes for cancel secrets, drawn from a pool refilled 4 KiB at a time (one call per ~1,000 logins, not one each). */
@@ -30,26 +33,10 @@ function randomSecret(n: number): Buffer {
 /** How a session leaves a backend whose transaction ended cleanly: idle, nothing to undo. */
 const CLEAN: Ending = { pending: 0, status: TxStatus.Idle, reusable: true, clean: true }
 
-/**
- * Whether the database runs code of its own on reads and writes, which may set anything: triggers,
- * rules (on its own tables: OIDs from 16384), user functions (not an extension's, nor setup-auth's:
- * proxy/auth/setup.ts, which set no session state), or state-setting calls in policies, views,
- * defaults and checks.
- */
-export const RUNS_CODE = serialize.query(`SELECT
-  EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE NOT tgisinternal)
-  OR EXISTS (SELECT 1 FROM pg_catalog.pg_rewrite WHERE rulename <> '_RETURN' AND ev_class >= 16384)
-  OR EXISTS (SELECT 1 FROM pg_catalog.pg_policy
-             WHERE coalesce(pg_catalog.pg_get_expr(polqual, polrelid), '') || coalesce(pg_catalog.pg_get_expr(polwithcheck, polrelid), '') ~* 'set_config|advisory_lock|dblink')
-  OR EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger)
-  OR EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-             WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'edgepg')
-               AND NOT (n.nspname = 'auth' AND p.proname IN ('jwt', 'user_id') AND pg_catalog.pg_get_functiondef(p.oid) LIKE '%edgepg.claims()%')
-               AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'))
-  OR EXISTS (SELECT 1 FROM pg_catalog.pg_views WHERE schemaname NOT IN ('pg_catalog', 'information_schema') AND definition ~* 'set_config|advisory_lock|dblink')
-  OR EXISTS (SELECT 1 FROM pg_catalog.pg_attrdef WHERE pg_catalog.pg_get_expr(adbin, adrelid) ~* 'set_config|advisory_lock|dblink')
-  OR EXISTS (SELECT 1 FROM pg_catalog.pg_constraint WHERE contype = 'c' AND pg_catalog.pg_get_expr(conbin, conrelid) ~* 'set_config|advisory_lock|dblink')`)
 const DISCARD_SEQUENCES = serialize.query('DISCARD SEQUENCES')
+
+/** How long the database's word that it runs no code of its own is taken (then the next transaction that may run such code is verified). */
+const CODE_TRUSTED_MS = 1000
 
 /** Transaction pooling's events, for the metrics. */
 export interface LendingMetrics {
@@ -57,8 +44,10 @@ export interface LendingMetrics {
   lent(seconds: number): void
   /** A session waited past --pool-timeout. */
   timedOut(): void
-  /** A session keeps its backend to its end: its transactions may have left `reason` behind. */
-  pinned(reason: 'state' | 'code'): void
+  /** A session keeps its backend: its transactions left `reason` behind (what the backend's verification found first). */
+  pinned(reason: string): void
+  /** The proxy asked a backend what a transaction left (proxy/isolation/verify.ts). */
+  verified(): void
   /** A named statement prepared again on another backend than its session's last. */
   preparedAgain(): void
 }
@@ -78,6 +67,15 @@ interface Waiter {
   resolve(backend: Backend): void
   reject(err: Error): void
   timer: NodeJS.Timeout
+  client?: string
+}
+
+/** How far one client may take a key's backends (proxy/config.ts: --max-backends-per-client, --max-pinned-sessions). */
+export interface Shares {
+  /** Backends one client (a token's subject, else its address) holds at once, parked ones aside. */
+  perClient: number
+  /** Sessions kept on their backends for state they hold, at once. */
+  pinned: number
 }
 
 export class Lender {
@@ -91,8 +89,16 @@ export class Lender {
   /** Being logged in, or taken from the pool. */
   private opening = 0
   private readonly waiting: Waiter[] = []
-  /** Whether the database runs code of its own on reads and writes (undefined: not known yet, so yes). */
-  runsCode?: boolean
+  /** Whether the database runs code of its own on reads and writes (undefined: not known yet, so yes), and when it said. */
+  private runsCode?: boolean
+  private codeSaid = 0
+  /** The verification for this key's backends (proxy/isolation/verify.ts), once the database has named its state-setting built-ins. */
+  verification?: Buffer
+
+  /** The client each lent backend is lent to (none: not counted, as a /sql request's). */
+  private readonly holders = new Map<Backend, string>()
+  /** Sessions pinned now. */
+  private pinnedCount = 0
 
   /** Backends whose close this lender watches. */
   private readonly watched = new WeakSet<Backend>()
@@ -108,9 +114,20 @@ export class Lender {
     readonly size: number,
     readonly timeoutMs: number,
     private readonly login: () => Promise<{ upstream: Upstream; outcome: LoginOutcome }>,
-    readonly events: LendingMetrics
+    readonly events: LendingMetrics,
+    /** What statements may leave behind, by their text. */
+    readonly read: (sql: string) => Reading = readStatements,
+    readonly shares: Shares = { perClient: size, pinned: size }
   ) {
-    pool.giveBack(answer, CLEAN, this.exchange(answer, RUNS_CODE, (row) => (this.runsCode = row !== 'f')))
+    const startup = parseStartupPacket(Buffer.from((JSON.parse(key) as string[])[2], 'base64'))
+    const user = startup.kind === 'startup' ? startup.user : ''
+    let stateFunctions = ''
+    const learning = this.exchange(answer, STATE_FUNCTIONS, (row) => (stateFunctions = row)).then((ok) => {
+      if (!ok || !stateFunctions) return false
+      this.verification = verification(user, stateFunctions)
+      return this.exchange(answer, runsCodeQuery(stateFunctions), (row) => this.learned(row === 'code'))
+    })
+    pool.giveBack(answer, CLEAN, learning)
     this.afterReset(answer)
   }
 
@@ -127,20 +144,24 @@ export class Lender {
    * given back. If it has to wait in line, `waits` gets how to leave it (the wait then rejects with
    * the reason given), for a caller that gives up.
    */
-  async acquire(waits?: (leave: (reason: Error) => void) => void): Promise<Backend> {
+  async acquire(waits?: (leave: (reason: Error) => void) => void, client?: string): Promise<Backend> {
     const started = performance.now()
-    if (!this.waiting.length) {
+    if (!this.waiting.length && this.mayTake(client)) {
       const backend = await this.take()
-      if (backend) return this.events.lent((performance.now() - started) / 1000), backend
+      if (backend) return this.events.lent((performance.now() - started) / 1000), this.holdFor(backend, client)
     }
     return new Promise<Backend>((resolve, reject) => {
       const waiter: Waiter = {
-        resolve: (backend) => (this.events.lent((performance.now() - started) / 1000), resolve(backend)),
+        resolve: (backend) => (this.events.lent((performance.now() - started) / 1000), resolve(this.holdFor(backend, client))),
         reject,
+        client,
         timer: setTimeout(() => {
           this.waiting.splice(this.waiting.indexOf(waiter), 1)
           this.events.timedOut()
-          reject(new PoolTimeout(`no backend for this user and database within ${this.timeoutMs} ms: all ${this.size} are busy (raise --pool-size, or --pool-timeout)`))
+          const { perClient } = this.shares
+          reject(new PoolTimeout(this.mayTake(client) || this.busy >= this.size
+            ? `no backend for this user and database within ${this.timeoutMs} ms: all ${this.size} are busy (raise --pool-size, or --pool-timeout)`
+            : `no backend for this user and database within ${this.timeoutMs} ms: this client holds ${perClient} of its ${this.size} backends already, as many as one client may (--max-backends-per-client)`))
         }, this.timeoutMs),
       }
       waits?.((reason) => {
@@ -155,6 +176,10 @@ export class Lender {
     })
   }
 
+  private nextEligible(): boolean {
+    return this.waiting.some((w) => this.mayTake(w.client))
+  }
+
   /** Sessions and requests waiting for a backend now. */
   get waitingCount(): number {
     return this.waiting.length
@@ -165,27 +190,21 @@ export class Lender {
     return this.lent.size
   }
 
-  /**
-   * A transaction ended cleanly on `backend`: back to the pool, after DISCARD SEQUENCES if it may
-   * have called nextval(), and after asking the database again what it runs by itself if DDL has
-   * run since it last said.
-   */
+  /** A transaction ended cleanly on `backend`: back to the pool, after DISCARD SEQUENCES if it may have called nextval(). */
   giveBack(backend: Backend, { sequences = false } = {}) {
     this.parked.delete(backend)
     if (!this.lent.has(backend)) return
     if (sequences) this.sequences.add(backend)
-    const next = this.waiting[0]
-    if (next && this.runsCode !== undefined && !backend.upstream.gone) {
+    this.holders.delete(backend)
+    const next = this.nextWaiter()
+    if (next && !backend.upstream.gone) {
       // Straight to the next in line: clean, and still lent.
-      this.waiting.shift()
       clearTimeout(next.timer)
       return next.resolve(backend)
     }
     this.lent.delete(backend)
     const discard = this.sequences.delete(backend)
-    const resets = [discard && DISCARD_SEQUENCES, this.runsCode === undefined && RUNS_CODE].filter((q): q is Buffer => !!q)
-    const reset = resets.length ? this.exchange(backend, Buffer.concat(resets), (row) => (this.runsCode = row !== 'f'), resets.length) : undefined
-    this.pool.giveBack(backend, CLEAN, reset)
+    this.pool.giveBack(backend, CLEAN, discard ? this.exchange(backend, DISCARD_SEQUENCES) : undefined)
     this.afterReset(backend)
   }
 
@@ -196,14 +215,18 @@ export class Lender {
     this.afterReset(backend)
   }
 
-  /** DDL ran: what the database runs by itself is not known until it is asked again. */
-  stale() {
-    this.runsCode = undefined
+  /**
+   * Whether the database runs no code of its own, as it said within CODE_TRUSTED_MS: code made at
+   * any time, through the proxy or not, is seen by the next verification after that.
+   */
+  get runsNoCode(): boolean {
+    return this.runsCode === false && performance.now() - this.codeSaid < CODE_TRUSTED_MS
   }
 
-  /** What a session asked of the database, on its own backend (RUNS_CODE's answer). */
-  learned(value: string) {
-    this.runsCode = value !== 'f'
+  /** What the database said of the code it runs (undefined: it did not say). */
+  learned(code: boolean | undefined) {
+    this.runsCode = code
+    this.codeSaid = performance.now()
   }
 
   /**
@@ -213,6 +236,7 @@ export class Lender {
   endSession(backend: Backend, ending: Ending | undefined, reset?: Promise<boolean | undefined>) {
     this.parked.delete(backend)
     this.sequences.delete(backend) // (the pool's reset, DISCARD ALL, takes them)
+    this.holders.delete(backend)
     if (!this.lent.delete(backend)) return
     this.pool.giveBack(backend, ending, reset)
     this.afterReset(backend)
@@ -225,6 +249,7 @@ export class Lender {
   /** A backend that broke: gone, and its place free. */
   lost(backend: Backend) {
     this.parked.delete(backend)
+    this.holders.delete(backend)
     if (this.lent.delete(backend)) this.pool.giveBack(backend, undefined)
     this.serve()
   }
@@ -260,19 +285,52 @@ export class Lender {
     return this.lent.size + this.opening
   }
 
+  /**
+   * A session would keep its backend for state it holds: true if there is room for one more pinned
+   * session (then it counts until `unpin`), false when --max-pinned-sessions are already.
+   */
+  pin(): boolean {
+    if (this.pinnedCount >= this.shares.pinned) return false
+    this.pinnedCount++
+    return true
+  }
+
+  unpin() {
+    this.pinnedCount--
+  }
+
+  /** Whether `client` may have one more backend now. */
+  private mayTake(client: string | undefined): boolean {
+    if (client === undefined) return true
+    let held = 0
+    for (const [backend, holder] of this.holders) if (holder === client && !this.parked.has(backend)) held++
+    return held < this.shares.perClient
+  }
+
+  private holdFor(backend: Backend, client: string | undefined): Backend {
+    if (client !== undefined) this.holders.set(backend, client)
+    return backend
+  }
+
+  /** The first in line whose client may have one more backend, out of the line. */
+  private nextWaiter(): Waiter | undefined {
+    const at = this.waiting.findIndex((w) => this.mayTake(w.client))
+    return at < 0 ? undefined : this.waiting.splice(at, 1)[0]
+  }
+
   /** The next waiter's turn, if a backend can be had. */
   private serve() {
-    if (!this.waiting.length) return
+    if (!this.nextEligible()) return
     void this.take().then(
       (backend) => {
         if (!backend) return
-        const waiter = this.waiting.shift()
+        const waiter = this.nextWaiter()
         if (!waiter) return this.giveBack(backend)
         clearTimeout(waiter.timer)
         waiter.resolve(backend)
       },
       (err: Error) => {
-        const waiter = this.waiting.shift()
+        const waiter = this.nextWaiter()
         if (!waiter) return
         clearTimeout(waiter.timer)
         waiter.reject(err)
@@ -309,6 +367,7 @@ export class Lender {
   private reclaim(): Backend | undefined {
     for (const [backend, surrender] of this.parked) {
       this.parked.delete(backend)
+      this.holders.delete(backend)
       surrender()
       return backend
     }

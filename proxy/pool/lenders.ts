@@ -7,8 +7,9 @@
 import type { Upstream } from '../upstream/connection'
 import type { LoginOutcome } from '../login/in-upgrade'
 import type { Backend, BackendPool } from './backends'
-import { Lender, type LendingMetrics } from './lender'
+import { Lender, type LendingMetrics, type Shares } from './lender'
 import { parseStartupPacket } from '../wire/startup'
+import type { Reading } from '../isolation/reader'
 
 export interface LendingOptions {
   /** Backends per key, idle or lent (--pool-size). */
@@ -19,6 +20,9 @@ export interface LendingOptions {
   statements: number
   /** How long a lender answers logins with its first backend's answer. */
   lifetimeMs: number
+  /** What statements may leave behind, by their text (proxy/isolation/reader.ts). */
+  reader: (sql: string) => Reading
+  shares: Shares
 }
 
 /** Transaction pooling: the backends of one upstream, user and database (in the metrics, keys that differ otherwise are summed). */
@@ -62,7 +66,7 @@ export class Lenders {
     if (!opened.backend) return opened
     const existing = this.get(key)
     if (existing) return existing.spare(opened.backend), existing
-    const lender = new Lender(this.pool, key, opened.backend, this.o.size, this.o.timeoutMs, relogin, this.events)
+    const lender = new Lender(this.pool, key, opened.backend, this.o.size, this.o.timeoutMs, relogin, this.events, this.o.reader, this.o.shares)
     this.forgetExpired()
     this.byKey.set(key, lender)
     return lender

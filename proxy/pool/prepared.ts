@@ -18,6 +18,7 @@ import { serialize } from 'pg-protocol'
 import { Framer } from '../wire/bytes'
 import { ClientMessage, DescribeTarget, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse } from '../wire/startup'
+import { plainTag } from '../isolation/reader'
 
 /** A session's named statements: name → its Parse message. */
 export type SessionStatements = Map<string, Buffer>
@@ -110,6 +111,8 @@ export class StatementRelay {
   private heldFor?: string
   /** Statements prepared again during this lend to learn their result type. */
   private readonly checked = new Set<string>()
+  /** Postgres said it ran something other than plain reads and writes (a command tag, a function call's answer) since this was last cleared. */
+  unusual = false
 
   constructor(
     private readonly session: SessionStatements,
@@ -155,7 +158,7 @@ export class StatementRelay {
         if (type !== ServerMessage.ParameterDescription) this.awaited.shift(), own.described?.(resultType(msg))
         continue
       }
-      if (own?.swallow) {
+      if (own?.swallow && type !== ServerMessage.NotificationResponse) { // (a notification comes whenever, and is the session's)
         if (type === DATA_ROW && msg.readInt16BE(5) > 0 && msg.readInt32BE(7) >= 0) own.onRow?.(msg.toString('utf8', 11, 11 + msg.readInt32BE(7)))
         if (type === ServerMessage.ReadyForQuery) this.awaited.shift(), own.done?.()
         continue
@@ -182,7 +185,11 @@ export class StatementRelay {
           this.held = undefined
           this.forward(held)
         }
-      } else if (type === ServerMessage.CommandComplete) this.undo(cString(msg.subarray(5)))
+      } else if (type === ServerMessage.CommandComplete) {
+        const tag = cString(msg.subarray(5))
+        this.undo(tag)
+        if (!plainTag(tag)) this.unusual = true
+      } else if (type === ServerMessage.FunctionCallResponse) this.unusual = true
       out.push(msg)
     }
     return out.length === 1 ? out[0] : Buffer.concat(out)

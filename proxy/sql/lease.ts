@@ -9,7 +9,7 @@ import { formatHostPort, type HostPort } from '../upstream/address'
 import type { Backend, BackendPool } from '../pool/backends'
 import { Lender, LoginRefused, PoolTimeout } from '../pool/lender'
 import type { Lenders } from '../pool/lenders'
-import { NOTHING, type StatementEffects } from '../pool/state'
+import { NOTHING, type Reading } from '../isolation/reader'
 import { Upstream, type UpstreamTls } from '../upstream/connection'
 import { loginAs, type LoginOutcome } from '../login/in-upgrade'
 import { LoginWatch, parseStartupPacket, UpstreamError, type BackendKey } from '../wire/startup'
@@ -49,7 +49,7 @@ export interface Lease {
   timeoutSet: boolean
   /** Transaction pooling: the lender of `backend`, and what the request's statements may leave on it. */
   lender?: Lender
-  effects: StatementEffects
+  effects: Reading
   /** Transaction pooling: the request's statements leave nothing on the backend, so no reset was sent. */
   leavesNothing?: boolean
 }
@@ -292,8 +292,7 @@ export class Leases {
     const clean = !ctl.tainted && !statements.broken
     const ending = () => ({ pending: 0, status: statements.status.charCodeAt(0), reusable: !lease.customSetting })
     if (lender && backend) {
-      if (lease.effects.ddl) lender.stale()
-      if (clean && lease.leavesNothing && statements.status === 'I') return statements.detach(), lender.giveBack(backend, lease.effects)
+      if (clean && lease.leavesNothing && !statements.unusual && statements.status === 'I') return statements.detach(), lender.giveBack(backend, lease.effects)
       if (!clean || !reset) return statements.detach(), lender.endSession(backend, clean ? ending() : undefined)
       return lender.endSession(backend, ending(), afterReset(statements, reset))
     }

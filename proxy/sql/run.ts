@@ -3,11 +3,11 @@
  * protocol has them: a single statement, or a batch in one transaction. What the request sends first
  * rides in one write with its first statement (the timeout, which also pings a warm backend), and the
  * reset rides behind its last (in transaction pooling, only when its statements may leave something
- * behind: proxy/pool/state.ts).
+ * behind: proxy/isolation/reader.ts; Postgres's command tags can still call for it after).
  */
 import { DatabaseError } from 'pg-protocol'
 import { setsCustomSetting } from '../pool/idle-watch'
-import { effects, leftBehind, merge, NOTHING } from '../pool/state'
+import { merge, NOTHING } from '../isolation/reader'
 import type { Field } from './statements'
 import type { Control, Lease } from './lease'
 import { HttpError, ISOLATION_LEVELS, type Flags, type QueryData } from './request'
@@ -48,14 +48,15 @@ export async function runRequest(
   const { maxResponse, statementTimeout } = limits
   const { statements } = lease
   const budget = { used: 0 }
-  if (lease.lender) lease.effects = (payload.batch ?? [payload.single!]).reduce((e, q) => merge(e, effects(q.query)), NOTHING)
+  if (lease.lender) lease.effects = (payload.batch ?? [payload.single!]).reduce((e, q) => merge(e, lease.lender!.read(q.query)), NOTHING)
   // In one write with the first statement: the timeout (taken back by the reset), which is also
   // the ping a warm backend needs (one that died while idle never answers it: see Leases.with()).
   if (lease.timeoutSet) statements.query(`SET statement_timeout = ${statementTimeout}`).catch(() => {})
   else if (lease.unpinged) statements.sync().catch(() => {})
   /** The reset, in the same write as the last statement (unless that may be a COPY: see Statements.execute). */
   const resetBehind = (last: string) => {
-    if (lease.lender && !leftBehind(lease.effects, lease.lender.runsCode)) return void (lease.leavesNothing = true)
+    const e = lease.effects
+    if (lease.lender && e.plain && (!e.code || lease.lender.runsNoCode)) return void (lease.leavesNothing = true)
     if (!MAY_COPY.test(last)) lease.reset = statements.query('DISCARD ALL').then(() => statements.status === 'I', () => false)
   }
   if (payload.single) {
@@ -137,7 +138,7 @@ async function runStatement(
     charge(Buffer.byteLength(json) + 1)
   }
 
-  if (setsCustomSetting(data.query)) lease.customSetting = true
+  if (setsCustomSetting(data.query) || lease.lender?.read(data.query).unseen) lease.customSetting = true
   ctl.running = true
   // Postgres's statement_timeout fires by itself for a lone statement it was SET for; the proxy's
   // timer is for a batch, whose statements may lift it (SET in a batch), and for where nothing was

@@ -8,6 +8,7 @@ import { DatabaseError, serialize } from 'pg-protocol'
 import { Parser } from 'pg-protocol/dist/parser'
 import type { BackendMessage, CommandCompleteMessage, DataRowMessage, ReadyForQueryMessage, RowDescriptionMessage } from 'pg-protocol/dist/messages'
 import type { Upstream } from '../upstream/connection'
+import { plainTag } from '../isolation/reader'
 
 export interface Field {
   name: string
@@ -53,6 +54,8 @@ export class Statements {
   broken?: Error
   /** ReadyForQuery messages received: none means nothing sent here has run. */
   answered = 0
+  /** A command tag said a statement did more than plain reads and writes (proxy/isolation/reader.ts plainTag). */
+  unusual = false
   private readonly steps: Step[] = []
   private out: Buffer[] = []
   private readonly parser = new Parser()
@@ -123,7 +126,9 @@ export class Statements {
         step.onRow?.((msg as DataRowMessage).fields, step.outcome.fields)
         break
       case 'commandComplete': {
-        const match = COMMAND_TAG.exec((msg as CommandCompleteMessage).text)
+        const { text } = msg as CommandCompleteMessage
+        if (!plainTag(text)) this.unusual = true
+        const match = COMMAND_TAG.exec(text)
         if (match) {
           step.outcome.command = match[1]
           if (match[2]) step.outcome.rowCount = Number(match[3] ?? match[2])

@@ -14,6 +14,9 @@ export const ClientMessage = {
   Query: 0x51, // Q
   Sync: 0x53, // S
   Terminate: 0x58, // X
+  CopyData: 0x64, // d
+  CopyDone: 0x63, // c
+  CopyFail: 0x66, // f
   /** PasswordMessage, and the SASL responses. */
   Password: 0x70, // p
 } as const
@@ -34,6 +37,8 @@ export const ServerMessage = {
   RowDescription: 0x54, // T
   NoData: 0x6e, // n
   ParameterDescription: 0x74, // t
+  FunctionCallResponse: 0x56, // V
+  NotificationResponse: 0x41, // A
 } as const
 
 /** What a Describe or Close names. */

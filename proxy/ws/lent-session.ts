@@ -2,20 +2,22 @@
  * A session in transaction pooling: it holds a backend only while it runs something, from its
  * first message after ReadyForQuery(I) to the next ReadyForQuery(I), and none in between.
  *
- * When a transaction ends the session gives its backend back, unless the transaction may have left
- * state behind (proxy/pool/state.ts reads every statement it ran; the database is asked once
- * whether it runs code of its own): then the session keeps that backend to its end ("pinned"), so
- * that it keeps its state and no other session sees it. Named prepared statements follow it from
+ * When a transaction ends the session gives its backend back, unless it left state behind: a
+ * transaction that did more than plain reads and writes (by Postgres's parser and its command tags,
+ * proxy/isolation/reader.ts) is followed by the backend's own account of what is left
+ * (proxy/isolation/verify.ts), and where anything is, the session keeps that backend ("pinned"),
+ * until a later verification finds it clean. Named prepared statements follow it from
  * backend to backend (proxy/pool/prepared.ts). currval() and lastval() hold only within the
  * transaction that called nextval(): no other session runs on the backend before DISCARD SEQUENCES.
  */
 import type { WebSocket, RawData } from 'ws'
 import { serialize } from 'pg-protocol'
 import type { Backend } from '../pool/backends'
-import { RUNS_CODE, type Lender } from '../pool/lender'
+import type { Lender } from '../pool/lender'
 import { IdleWatch } from '../pool/idle-watch'
 import { BackendStatements, StatementRelay, type SessionStatements } from '../pool/prepared'
-import { effects, leftBehind, merge, NOTHING, type StatementEffects } from '../pool/state'
+import { merge, NOTHING, type Reading } from '../isolation/reader'
+import { found } from '../isolation/verify'
 import { Framer } from '../wire/bytes'
 import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse, type BackendKey } from '../wire/startup'
@@ -40,21 +42,28 @@ export interface LentSessionOptions {
   statementsPerBackend: number
   /** A login by token: its claims, set on each backend lent to the session before anything of its runs there (proxy/auth/claims.ts). */
   claims?: string
+  /** Who the session is for the per-client share of backends: a token's subject, else the client's address. */
+  client?: string
+  /** End a session idle inside a transaction this long (ms; 0: never), as Postgres's idle_in_transaction_session_timeout would. */
+  idleInTransactionMs?: number
 }
-
-/** What a session pinned to its backend holds that no other may see. */
-export type PinReason = 'state' | 'code'
 
 interface Lend {
   backend: Backend
   relay: StatementRelay
   watch: IdleWatch
-  /** What the transaction's statements may have left behind. */
-  effects: StatementEffects
+  /** What the transaction's statements may have left behind, as the parser reads them. */
+  effects: Reading
 }
 
 const HIGH_WATER = 1 << 20
 const DISCARD_SEQUENCES = serialize.query('DISCARD SEQUENCES')
+/** A FunctionCall: code no statement text shows, which may make a custom setting (no catalog shows it). */
+const CALLED: Reading = { plain: false, code: true, sequences: true, unseen: true }
+/** A message the proxy does not know how to read: whatever it did stays with the session. */
+const UNREAD: Reading = { plain: false, code: true, sequences: true, unseen: true }
+/** Client messages that run nothing by themselves (what they name was read at its Parse). */
+const INERT = new Set<number>([ClientMessage.Describe, ClientMessage.Execute, ClientMessage.Sync, ClientMessage.Flush, ClientMessage.Close, ClientMessage.CopyData, ClientMessage.CopyDone, ClientMessage.CopyFail])
 /** The statements each backend holds, by backend. */
 const held = new WeakMap<Backend, BackendStatements>()
 
@@ -72,15 +81,18 @@ class LentSession implements RunningSession {
   /** Client messages waiting for a backend. */
   private waiting: Buffer[] = []
   private acquiring = false
-  pinned?: PinReason
+  /** What the backend's verification found left, while the session keeps its backend for it. */
+  pinned?: string
+  /** It set what no catalog shows (proxy/isolation/reader.ts `unseen`): pinned to its end. */
+  private pinnedForGood = false
   /** Its transaction ended cleanly and it keeps its backend until another session needs it. */
   private parked = false
-  /** Asking the database, on its backend, whether it runs code of its own. */
-  private learning = false
+  /** Asking its backend what its transaction left (proxy/isolation/verify.ts). */
+  private verifying = false
   private readonly statements: SessionStatements = new Map()
   private readonly framer = new Framer()
   /** The unnamed statement's effects, as last parsed. */
-  private unnamed: StatementEffects = NOTHING
+  private unnamed: Reading = NOTHING
   private ended = false
   /** While it waits in line for a backend: how to leave it (when the session ends). */
   private leaveLine?: (reason: Error) => void
@@ -89,6 +101,7 @@ class LentSession implements RunningSession {
   /** The statement a cancel was sent for (by readies), so that it is sent once. */
   private cancelled = -1
   private readonly unfollow: () => void
+  private idleInTransaction?: NodeJS.Timeout
 
   constructor(private readonly ws: WebSocket, private readonly o: LentSessionOptions) {
     this.bytesIn = o.loginBytes
@@ -138,6 +151,8 @@ class LentSession implements RunningSession {
     const terminate = msgs.findIndex((m) => m[0] === ClientMessage.Terminate)
     if (terminate >= 0) msgs = msgs.slice(0, terminate)
     if (msgs.length) {
+      clearTimeout(this.idleInTransaction)
+      this.idleInTransaction = undefined
       if (this.lend && this.parked) this.o.lender.unpark(this.lend.backend), (this.parked = false)
       if (this.lend) this.send(msgs)
       else {
@@ -176,25 +191,30 @@ class LentSession implements RunningSession {
   }
 
   /** What running `msg` may leave behind. */
-  private effectsOf(msg: Buffer): StatementEffects {
-    if (msg[0] === ClientMessage.Query) return effects(cString(msg.subarray(5)))
-    if (msg[0] === ClientMessage.Parse) {
-      const name = cString(msg.subarray(5))
-      const e = effects(cString(msg.subarray(6 + Buffer.byteLength(name))))
-      if (!name) this.unnamed = e
-      return e
+  private effectsOf(msg: Buffer): Reading {
+    const type = msg[0]
+    const { read } = this.o.lender
+    if (type === ClientMessage.Query) return read(cString(msg.subarray(5)))
+    if (type === ClientMessage.Parse) {
+      // (The text follows the name's NUL, whatever bytes the name holds.)
+      const nameEnd = msg.indexOf(0, 5)
+      const r = read(cString(msg.subarray(nameEnd + 1)))
+      if (nameEnd === 5) this.unnamed = r
+      return r
     }
-    if (msg[0] === ClientMessage.Bind) {
-      const name = cString(msg.subarray(msg.indexOf(0, 5) + 1))
-      const parse = name ? this.statements.get(name) : undefined
-      return name ? (parse ? effects(cString(parse.subarray(6 + Buffer.byteLength(name)))) : NOTHING) : this.unnamed
+    if (type === ClientMessage.Bind) {
+      const portalEnd = msg.indexOf(0, 5)
+      if (msg[portalEnd + 1] === 0) return this.unnamed
+      const parse = this.statements.get(cString(msg.subarray(portalEnd + 1)))
+      return parse ? read(cString(parse.subarray(parse.indexOf(0, 5) + 1))) : NOTHING
     }
-    return NOTHING
+    if (type === ClientMessage.FunctionCall) return CALLED
+    return INERT.has(type) ? NOTHING : UNREAD
   }
 
   private acquire() {
     this.acquiring = true
-    this.o.lender.acquire((leave) => (this.leaveLine = leave)).then(
+    this.o.lender.acquire((leave) => (this.leaveLine = leave), this.o.client).then(
       (backend) => {
         this.leaveLine = undefined
         const { claims } = this.o
@@ -264,7 +284,30 @@ class LentSession implements RunningSession {
     // (which ends as it closes), and no other may take it meanwhile.
     if (this.parked && lend.watch.last === ServerMessage.ErrorResponse) return this.o.lender.unpark(lend.backend), void (this.parked = false)
     const ending = lend.watch.ending
-    if (this.lend === lend && ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) this.transactionEnded(lend)
+    if (this.lend !== lend || !ending || ending.pending !== 0 || this.waiting.length) return
+    if (ending.status === TxStatus.Idle) this.transactionEnded(lend)
+    else this.idleInside()
+  }
+
+  /** Nothing runs and the client sends nothing, inside a transaction: it may stay so for --idle-in-transaction-timeout. */
+  private idleInside() {
+    const ms = this.o.idleInTransactionMs
+    if (!ms || this.idleInTransaction) return
+    this.idleInTransaction = setTimeout(() => {
+      const message = `terminating connection due to idle-in-transaction timeout (edgepg-proxy: --idle-in-transaction-timeout ${ms} ms; the transaction was rolled back)`
+      this.evict('idle_in_transaction', '25P03', message)
+    }, ms)
+  }
+
+  /**
+   * Ends the session as Postgres ends a connection it will not keep: a FATAL error, then the close.
+   * Its backend is reset by the pool (rolled back first), or closed if it is busy or holds what no reset takes.
+   */
+  private evict(kind: OutcomeKind, code: string, message: string) {
+    this.end(kind, message)
+    this.toClient(errorResponse(code, message, 'FATAL'))
+    this.finish()
+    closeWebSocket(this.ws, 1000)
   }
 
   private readonly resumeBackend = () => this.lend?.backend.upstream.resume()
@@ -276,46 +319,73 @@ class LentSession implements RunningSession {
     if (congested) this.lend?.backend.upstream.pause()
   }
 
-  /** A transaction is over: the backend goes back, unless it may hold what the session set. */
+  /**
+   * A transaction is over: the backend goes back, unless it may hold what the session set. A plain
+   * one (by the parser and by Postgres's command tags, and in a database that runs no code of its
+   * own, or on a backend the session keeps anyway) is decided at once; any other by the backend's word.
+   */
   private transactionEnded(lend: Lend) {
-    if (this.parked || this.learning) return
+    if (this.parked || this.verifying) return
     const e = lend.effects
+    const plain = e.plain && !lend.relay.unusual
     lend.effects = NOTHING
-    if (e.ddl) this.o.lender.stale()
+    lend.relay.unusual = false
+    if (e.unseen) (this.pinnedForGood = true), this.pin('unseen')
+    if (this.pinnedForGood || (this.pinned && plain)) return
+    if (plain && (!e.code || this.o.lender.runsNoCode)) return this.lendOn(lend, e)
+    this.verify(lend)
+  }
+
+  /**
+   * Asks the backend what the transaction left, in a Query of the proxy's own (the client has had
+   * its answer: no round trip of its own). The session keeps the backend meanwhile; the transaction
+   * is then decided on the answer (or, if the session has begun another, with it).
+   */
+  private verify(lend: Lend) {
+    const { lender } = this.o
+    if (!lender.verification) return this.pin('unverified') // (the database has not yet named its state-setting built-ins)
+    this.verifying = true
+    lender.events.verified()
+    let answer: string | undefined
+    lend.relay.ownQuery(lender.verification, (value) => (answer = value), () => {
+      this.verifying = false
+      const f = found(answer)
+      lender.learned(f?.code)
+      if (this.lend !== lend) return
+      const statements = held.get(lend.backend)?.held.size ?? 0
+      const left = f ? (f.left[0] ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
+      if (left) return this.pin(left)
+      this.unpin()
+      const ending = lend.watch.ending
+      if (ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) this.transactionEnded(lend)
+    })
+  }
+
+  private pin(reason: string) {
     if (this.pinned) return
-    const reason = leftBehind(e, this.o.lender.runsCode)
-    if (reason === 'unknown') return this.learn(lend, e)
-    if (reason) {
-      this.pinned = reason
-      this.o.lender.events.pinned(reason)
-      return
+    const { lender } = this.o
+    if (!lender.pin()) {
+      const message = `edgepg-proxy: this session left ${reason === 'unseen' ? 'a setting no reset takes back' : reason} on its backend, and ${lender.shares.pinned} sessions of this user and database already keep theirs (--max-pinned-sessions): the session is closed, its backend cleaned. Keep such state in session pooling (--pool-mode session)`
+      return this.evict('over_share', '53400', message)
     }
-    // Left with this session while no other needs it (another session will not see its currval: see startLend).
+    this.pinned = reason
+    lender.events.pinned(reason)
+  }
+
+  private unpin() {
+    if (!this.pinned) return
+    this.pinned = undefined
+    this.o.lender.unpin()
+  }
+
+  /** A transaction that left nothing: the backend stays with this session while no other needs it (another will not see its currval: see startLend), else goes back. */
+  private lendOn(lend: Lend, e: Reading) {
     if (this.o.lender.park(lend.backend, this.surrender)) {
       if (e.sequences) this.o.lender.usedSequences(lend.backend)
       return void (this.parked = true)
     }
     this.detach(lend)
     this.o.lender.giveBack(lend.backend, e)
-  }
-
-  /**
-   * Whether the database runs code of its own is not known (DDL ran since it was asked): asked on
-   * this backend, which the session keeps meanwhile; the transaction is then decided on the answer
-   * (or, if the session has begun another, with it).
-   */
-  private learn(lend: Lend, e: StatementEffects) {
-    if (this.learning) return void (lend.effects = merge(lend.effects, e))
-    this.learning = true
-    lend.relay.ownQuery(RUNS_CODE, (value) => this.o.lender.learned(value), () => {
-      this.learning = false
-      if (this.lend !== lend) return
-      const ending = lend.watch.ending
-      if (ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) {
-        lend.effects = merge(lend.effects, e)
-        this.transactionEnded(lend)
-      } else lend.effects = merge(lend.effects, e)
-    })
   }
 
   /** Another session takes the parked backend: from now on this one acquires anew. */
@@ -361,6 +431,8 @@ class LentSession implements RunningSession {
   private finish() {
     if (this.ended) return
     this.ended = true
+    clearTimeout(this.idleInTransaction)
+    this.unpin()
     this.leaveLine?.(new Error('the session ended'))
     this.unfollow()
     const lend = this.lend
@@ -369,7 +441,7 @@ class LentSession implements RunningSession {
     if (this.parked) return this.o.lender.giveBack(lend.backend)
     // (The reset waits out what Postgres still owes: the session's answers, and the proxy's own.)
     const ending = lend.watch.ending
-    this.o.lender.endSession(lend.backend, ending && { ...ending, pending: ending.pending + lend.relay.ownReadiesDue })
+    this.o.lender.endSession(lend.backend, ending && { ...ending, pending: ending.pending + lend.relay.ownReadiesDue, reusable: ending.reusable && !this.pinnedForGood })
   }
 }
 

@@ -26,7 +26,15 @@ import { SUBPROTOCOL, SUBPROTOCOL_CANCEL } from '../../src/config'
 import { limitKey } from '../listen/client-address'
 import { giveAll, takeAll, type Places, type PlacesOf, type Wanted } from '../cluster/places'
 
+/** A token's subject (its claims' `sub`), or its claims whole where it names none. */
+function subjectOf(claims: string): string {
+  const sub = (JSON.parse(claims) as { sub?: unknown }).sub
+  return typeof sub === 'string' ? sub : claims
+}
+
 export interface RouteOptions {
+  /** Transaction mode: end a session idle inside a transaction this long (ms; 0: never). */
+  idleInTransactionMs?: number
   upstreams: Upstreams
   pool: BackendPool
   metrics: Metrics
@@ -241,6 +249,8 @@ export class WebSocketRoutes {
                 follow: (running) => this.o.cancels.follow(name, lent!.told, running),
                 statementsPerBackend: this.o.lenders!.o.statements,
                 claims: identity?.claims,
+                client: identity ? `token ${subjectOf(identity.claims)}` : limitKey(peer),
+                idleInTransactionMs: this.o.idleInTransactionMs,
               })
             : runSession(session, {
                 upstream: up ?? newUpstream(), opened, loginBytes: login?.bytes, peer, offload, passwordsAllowed, connect, routeCancel,

@@ -11,8 +11,8 @@ import { freePort } from './stack'
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url))
 
-/** For sessions that all come from 127.0.0.1: lift the proxy's default limits (10,000 in all, 100 per address). */
-export const LIFTED_LIMITS = ['--max-sessions', '5000', '--max-sessions-per-ip', '5000', '--shutdown-grace', '0']
+/** For sessions that all come from 127.0.0.1: lift the proxy's default limits (10,000 in all, 100 per address, half a key's backends per client). */
+export const LIFTED_LIMITS = ['--max-sessions', '5000', '--max-sessions-per-ip', '5000', '--max-backends-per-client', '5000', '--shutdown-grace', '0']
 
 export interface ChildProxyOptions {
   /** Node flags, before `--import tsx` (e.g. --expose-gc and a preload). */

@@ -1,0 +1,71 @@
+/**
+ * Section "isolation": what deciding isolation costs under transaction pooling. The parser's reading of
+ * a statement (proxy/isolation/reader.ts), at first sight and cached, in this process; and the backend's
+ * verification (proxy/isolation/verify.ts), in Postgres's time, beside `SELECT 1` and beside
+ * `DISCARD ALL` (what session mode runs at each session's end), each over a connection of pg's own.
+ */
+import pg from 'pg'
+import { loadReader, read } from '../proxy/isolation/reader'
+import { STATE_FUNCTIONS, verification } from '../proxy/isolation/verify'
+import { median, printGrid, type Section } from './lib'
+
+const TEXTS = 2000
+const ROUNDS = 300
+
+/** A simple Query's text, from the bytes the proxy sends. */
+const textOf = (query: Buffer) => query.toString('utf8', 5, query.length - 1)
+
+export const isolation: Section = {
+  name: 'isolation',
+  async run(ctx) {
+    await loadReader()
+    const statement = (i: number) => `select "id", "name", "email" from "public"."users" where "id" = $1 and "org" = ${i} order by "name" limit $2`
+    let t0 = performance.now()
+    for (let i = 0; i < TEXTS; i++) read(statement(i))
+    const first = ((performance.now() - t0) * 1000) / TEXTS
+    t0 = performance.now()
+    for (let round = 0; round < 10; round++) for (let i = 0; i < TEXTS; i++) read(statement(i))
+    const cached = ((performance.now() - t0) * 1000) / (TEXTS * 10)
+
+    const client = new pg.Client(ctx.pgConfig())
+    await client.connect()
+    try {
+      const stateFunctions = Object.values((await client.query(textOf(STATE_FUNCTIONS))).rows[0])[0] as string
+      const verify = textOf(verification(String(ctx.pgConfig().user), stateFunctions))
+      const timed = async (sql: string) => {
+        const times: number[] = []
+        for (let i = 0; i < ROUNDS; i++) {
+          const start = performance.now()
+          await client.query(sql)
+          times.push(performance.now() - start)
+        }
+        return median(times)
+      }
+      // Interleaved, so that a busy moment weighs on each alike.
+      const [one, check, discard] = [[] as number[], [] as number[], [] as number[]]
+      for (let i = 0; i < 5; i++) one.push(await timed('SELECT 1')), check.push(await timed(verify)), discard.push(await timed('DISCARD ALL'))
+      const [m1, mv, md] = [median(one), median(check), median(discard)]
+      printGrid(
+        'isolation: what deciding costs (transaction mode)',
+        ['what', 'cost'],
+        [
+          ['reading a statement with the parser, first sight', `${first.toFixed(1)} µs`],
+          ['reading it again (cached)', `${cached.toFixed(2)} µs`],
+          ['a round trip of SELECT 1 (pg over TCP)', `${(m1 * 1000).toFixed(0)} µs`],
+          ['a round trip of the verification', `${(mv * 1000).toFixed(0)} µs (+${((mv - m1) * 1000).toFixed(0)} µs of Postgres)`],
+          ['a round trip of DISCARD ALL (session mode, per session)', `${(md * 1000).toFixed(0)} µs (+${((md - m1) * 1000).toFixed(0)} µs)`],
+        ],
+        [
+          'The parse runs on the proxy, once per statement text. The verification runs on the backend after a transaction that was not',
+          "plain, behind the client's answer: the client waits for none of it.",
+        ]
+      )
+      return [
+        { metric: 'parse, first sight (µs)', edgepg: first.toFixed(1), baseline: '' },
+        { metric: 'verification, Postgres time (µs)', edgepg: ((mv - m1) * 1000).toFixed(0), baseline: ((md - m1) * 1000).toFixed(0) },
+      ]
+    } finally {
+      await client.end()
+    }
+  },
+}

@@ -1,0 +1,141 @@
+/**
+ * Isolation under transaction pooling decided by the backend itself (proxy/isolation/verify.ts):
+ * with a reader that is wrong on purpose, the catalogs alone catch what a transaction left; a session
+ * is pinned only while it holds state; an attacker's plants never reach another session; and code
+ * made at Postgres behind the proxy's back is seen. Against the real proxy and Postgres, --pool-size 1:
+ * a session that may see another's backend while it holds state would see it.
+ */
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import type { Client } from '../src/index'
+import { NOTHING } from '../proxy/isolation/reader'
+import { startProxy, edgeClient, scratchTable, within } from './support/helpers'
+
+let scratch: Awaited<ReturnType<typeof scratchTable>>
+before(async () => (scratch = await scratchTable('isolation', 'note text')))
+after(() => scratch?.drop())
+
+type Proxy = Awaited<ReturnType<typeof startProxy>>
+const proxy = (reader?: () => typeof NOTHING) => startProxy({ pool: { mode: 'transaction', size: 1, timeoutMs: 400, ...(reader && { reader }) } })
+
+async function session(p: Proxy): Promise<Client> {
+  const client = edgeClient(p.port, 'scram_user')
+  client.on('error', () => {})
+  await client.connect()
+  return client
+}
+
+async function counter(p: Proxy, name: string): Promise<number> {
+  const m = await p.metrics.registry.getSingleMetric(`edgepg_proxy_${name}`)!.get()
+  return m.values.reduce((n, v) => n + v.value, 0)
+}
+
+/** What another session gets: its pid and answer, or the SQLSTATE it fails with (53300: the backend is held). */
+const attempt = (c: Client, sql: string) =>
+  c.query(sql).then(
+    (r) => ({ rows: r.rows }),
+    (err) => ({ code: err.code as string })
+  )
+
+const LOOK = `SELECT current_setting('statement_timeout') AS st, current_setting('search_path') AS sp, current_user::text AS who,
+  (SELECT count(*)::int FROM pg_class WHERE relnamespace = pg_my_temp_schema()) AS temps, (SELECT count(*)::int FROM pg_prepared_statements) AS prepared,
+  (SELECT count(*)::int FROM pg_cursors) AS cursors, (SELECT count(*)::int FROM pg_listening_channels()) AS listens,
+  (SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS locks`
+
+// Each of these has a command tag other than plain reads' and writes': with a reader that calls
+// everything plain, only the tags and the backend's own account stand between it and the next session.
+const forms = [
+  'SET statement_timeout = 4321',
+  'SET search_path = pg_temp, public',
+  'SET ROLE trust_user',
+  'CREATE TEMP TABLE left_behind (x int)',
+  'CREATE TEMP VIEW left_view AS SELECT 1 AS x',
+  'PREPARE left_p AS SELECT 1',
+  'DECLARE left_c CURSOR WITH HOLD FOR SELECT 1',
+  'LISTEN left_channel',
+]
+
+test('a reader that calls everything plain is caught by the backend: each form pins its session, and the next session finds a clean backend', async () => {
+  const p = await proxy(() => NOTHING)
+  try {
+    const probe = await session(p)
+    const fresh = (await probe.query(LOOK)).rows[0]
+    for (const form of forms) {
+      const a = await session(p)
+      await a.query(form)
+      assert.deepEqual(await attempt(probe, 'SELECT 1 AS one'), { code: '53300' }, `${form}: the backend stays the session's`)
+      await a.end()
+      assert.deepEqual((await within(3000, 'a clean backend', probe.query(LOOK))).rows[0], fresh, `${form}: nothing left for the next session`)
+    }
+    assert.equal(await counter(p, 'pinned_sessions_total'), forms.length)
+    // And the verification is not everything: with nothing left, the backend goes on at once.
+    const plain = await session(p)
+    await plain.query("SELECT 'plain' AS x")
+    assert.deepEqual(await attempt(probe, 'SELECT 1 AS one'), { rows: [{ one: 1 }] })
+    await plain.end()
+    await probe.end()
+  } finally {
+    await p.close()
+  }
+})
+
+test('a session is pinned only while it holds state: once its advisory lock is released, its backend serves others', async () => {
+  const p = await proxy()
+  try {
+    const [a, b] = [await session(p), await session(p)]
+    const pid = (await a.query('SELECT pg_backend_pid() AS pid')).rows[0].pid
+    await a.query('SELECT pg_advisory_lock(7331)')
+    assert.deepEqual(await attempt(b, 'SELECT 1 AS one'), { code: '53300' }, 'held while the lock is')
+    await a.query('SELECT pg_advisory_unlock(7331)')
+    assert.deepEqual(await attempt(b, 'SELECT pg_backend_pid() AS pid'), { rows: [{ pid }] }, 'the same backend, lent on')
+    await Promise.all([a.end(), b.end()])
+  } finally {
+    await p.close()
+  }
+})
+
+test("an attacker's temporary view, function and rule never reach another session of the same role", async () => {
+  const p = await proxy()
+  const captured = `${scratch.name}_captured`
+  await scratch.tcp.query(`CREATE TABLE ${captured} (note text); GRANT ALL ON ${captured} TO PUBLIC`)
+  try {
+    const mallory = await session(p)
+    await mallory.query(`CREATE TEMP VIEW ${scratch.name} AS SELECT 'planted'::text AS note`)
+    await mallory.query(`CREATE FUNCTION pg_temp.grab(t text) RETURNS text LANGUAGE sql AS $$ INSERT INTO ${captured} VALUES (t) RETURNING t $$`)
+    await mallory.query(`CREATE RULE steal AS ON INSERT TO ${scratch.name} DO INSTEAD SELECT pg_temp.grab(NEW.note)`)
+    const alice = await session(p)
+    assert.deepEqual(await attempt(alice, `SELECT note FROM ${scratch.name}`), { code: '53300' }, 'the planted backend is not lent')
+    await mallory.end()
+    await within(3000, 'a clean backend', alice.query(`INSERT INTO ${scratch.name} VALUES ('alice')`))
+    assert.deepEqual((await alice.query(`SELECT note FROM ${scratch.name}`)).rows, [{ note: 'alice' }])
+    assert.deepEqual((await scratch.tcp.query(`SELECT note FROM ${captured}`)).rows, [], 'nothing captured')
+    await alice.end()
+  } finally {
+    await p.close()
+    await scratch.tcp.query(`DROP TABLE ${captured}; DELETE FROM ${scratch.name}`)
+  }
+})
+
+test('a trigger made at Postgres behind the proxy, after it started, is seen: what it sets pins the session that ran it', async () => {
+  const p = await proxy()
+  const table = `${scratch.name}_late`
+  await scratch.tcp.query(`CREATE TABLE ${table} (x int); GRANT ALL ON ${table} TO PUBLIC`)
+  try {
+    const [a, b] = [await session(p), await session(p)]
+    await a.query(`INSERT INTO ${table} VALUES (1)`)
+    assert.deepEqual(await attempt(b, 'SELECT 1 AS one'), { rows: [{ one: 1 }] }, 'no code yet: plain writes go on')
+    await scratch.tcp.query(`CREATE FUNCTION ${table}_f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM set_config('statement_timeout', '4321', false); RETURN NEW; END $$`)
+    await scratch.tcp.query(`CREATE TRIGGER t BEFORE INSERT ON ${table} FOR EACH ROW EXECUTE FUNCTION ${table}_f()`)
+    // The database's word that it runs no code is taken for a second (proxy/pool/lender.ts CODE_TRUSTED_MS).
+    await new Promise((resolve) => setTimeout(resolve, 1100))
+    await a.query(`INSERT INTO ${table} VALUES (2)`)
+    assert.deepEqual(await attempt(b, "SELECT current_setting('statement_timeout') AS st"), { code: '53300' }, "the trigger's setting stays a's")
+    assert.deepEqual((await a.query("SELECT current_setting('statement_timeout') AS st")).rows, [{ st: '4321ms' }])
+    await a.end()
+    assert.notDeepEqual((await within(3000, 'a clean backend', b.query("SELECT current_setting('statement_timeout') AS st"))).rows, [{ st: '4321ms' }])
+    await b.end()
+  } finally {
+    await p.close()
+    await scratch.tcp.query(`DROP TABLE ${table}; DROP FUNCTION ${table}_f()`)
+  }
+})

@@ -1,0 +1,101 @@
+/**
+ * No one client, and no sessions that keep state, take a key's every backend (transaction pooling):
+ * a client holds at most --max-backends-per-client at once, at most --max-pinned-sessions keep
+ * theirs, and a session idle inside a transaction past --idle-in-transaction-timeout is ended as
+ * Postgres ends one. Clients are told apart by address: the "other" client here connects from 127.0.0.2.
+ */
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { WebSocket } from 'ws'
+import type { Client } from '../src/index'
+import type { PoolOptions } from '../proxy/pool/backends'
+import { startProxy, edgeClient, scratchTable, eventually, within } from './support/helpers'
+
+let scratch: Awaited<ReturnType<typeof scratchTable>>
+before(async () => (scratch = await scratchTable('shares', 'x int')))
+after(() => scratch?.drop())
+
+type Proxy = Awaited<ReturnType<typeof startProxy>>
+const proxy = (pool: PoolOptions) => startProxy({ pool: { mode: 'transaction', timeoutMs: 500, ...pool } })
+
+/** A WebSocket from another loopback address: another client to the proxy. */
+class FromElsewhere extends WebSocket {
+  constructor(url: string, protocols?: string | string[]) {
+    super(url, protocols, { localAddress: '127.0.0.2' })
+  }
+}
+
+async function session(p: Proxy, elsewhere = false): Promise<Client & { errors: Error[] }> {
+  const client = Object.assign(edgeClient(p.port, 'scram_user', elsewhere ? { webSocketConstructor: FromElsewhere as any } : {}), { errors: [] as Error[] })
+  client.on('error', (err) => client.errors.push(err))
+  await client.connect()
+  return client
+}
+
+const outcome = (c: Client, sql: string) =>
+  c.query(sql).then(
+    (r) => ({ rows: r.rows }),
+    (err) => ({ code: err.code as string, message: err.message as string })
+  )
+
+test('one client holds at most --max-backends-per-client: its next waits (53300 naming the flag) while another client gets the rest', async () => {
+  const p = await proxy({ size: 4, maxPerClient: 2 })
+  const hog = await Promise.all([session(p, true), session(p, true), session(p, true)])
+  const other = await Promise.all([session(p), session(p)])
+  try {
+    await hog[0].query('BEGIN')
+    await hog[1].query('BEGIN')
+    const third = await outcome(hog[2], 'SELECT 1 AS one')
+    assert.equal((third as { code: string }).code, '53300')
+    assert.match((third as { message: string }).message, /--max-backends-per-client/)
+    for (const c of other) await c.query('BEGIN') // (the other two backends: the other client's)
+    assert.deepEqual(await Promise.all(other.map((c) => outcome(c, 'SELECT 2 AS two'))), [{ rows: [{ two: 2 }] }, { rows: [{ two: 2 }] }])
+    await hog[0].query('COMMIT')
+    assert.deepEqual(await outcome(hog[2], 'SELECT 1 AS one'), { rows: [{ one: 1 }] }, 'once one of its own is back, the client runs again')
+  } finally {
+    await Promise.all([...hog, ...other].map((c) => c.end().catch(() => {})))
+    await p.close()
+  }
+})
+
+test('past --max-pinned-sessions, a session that keeps state is closed with 53400 naming the flag; its backend is cleaned and lent on', async () => {
+  const p = await proxy({ size: 2, maxPinned: 1, maxPerClient: 2 })
+  const [a, b, c] = await Promise.all([session(p), session(p), session(p)])
+  try {
+    await a.query('SET statement_timeout = 1111') // pinned: one of two backends
+    const pidB = (await b.query('SELECT pg_backend_pid() AS pid')).rows[0].pid
+    await b.query('SET statement_timeout = 2222') // the transaction has run; keeping its state would pin past the cap
+    await eventually(async () => b.errors.length > 0, 'b to be told')
+    assert.equal((b.errors[0] as Error & { code?: string }).code, '53400')
+    assert.match(b.errors[0].message, /--max-pinned-sessions/)
+    // The backend b left is cleaned: c runs on it, without b's setting, at once.
+    const seen = (await within(3000, 'c', c.query("SELECT pg_backend_pid() AS pid, current_setting('statement_timeout') AS st"))).rows[0]
+    assert.deepEqual(seen, { pid: pidB, st: '0' })
+    assert.deepEqual((await a.query("SELECT current_setting('statement_timeout') AS st")).rows, [{ st: '1111ms' }], 'a keeps its state')
+  } finally {
+    await Promise.all([a, b, c].map((x) => x.end().catch(() => {})))
+    await p.close()
+  }
+})
+
+test('a session idle inside a transaction past --idle-in-transaction-timeout ends with 25P03, its transaction rolled back, its backend lent on', async () => {
+  const p = await proxy({ size: 1, timeoutMs: 3000, idleInTransactionMs: 300 })
+  const [idle, next] = await Promise.all([session(p), session(p)])
+  try {
+    await idle.query('BEGIN')
+    await idle.query(`INSERT INTO ${scratch.name} VALUES (1)`)
+    // The other session waits for the only backend, which comes free when the idle one is ended.
+    assert.deepEqual((await next.query(`SELECT count(*)::int AS n FROM ${scratch.name}`)).rows, [{ n: 0 }], 'rolled back')
+    await eventually(async () => idle.errors.length > 0, 'the idle session to be told')
+    assert.equal((idle.errors[0] as Error & { code?: string }).code, '25P03')
+    assert.match(idle.errors[0].message, /idle-in-transaction timeout.*--idle-in-transaction-timeout 300 ms/)
+    // A transaction that keeps working is not idle: statements 200 ms apart, 1.2 s in all.
+    await next.query('BEGIN')
+    for (let i = 0; i < 6; i++) await new Promise((r) => setTimeout(r, 200)).then(() => next.query('SELECT 1'))
+    await next.query('COMMIT')
+    assert.deepEqual(next.errors, [])
+  } finally {
+    await Promise.all([idle, next].map((x) => x.end().catch(() => {})))
+    await p.close()
+  }
+})

@@ -1,0 +1,115 @@
+/**
+ * No one user starves the rest (transaction pooling, the default proxy: two workers, --pool-size 20):
+ * 1,460 sessions query at a steady pace, first alone, then while another client (from 127.0.0.2) holds
+ * 20 sessions that keep state and 20 idle inside a transaction. The others get no error, and their
+ * median latency stays within 1.5x of the run without those 40. The proxy runs as it ships
+ * (dist/cli.mjs, in a child process), so the load (this process) does not share its event loop.
+ */
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { WebSocket } from 'ws'
+import { Client } from '../src/index'
+import { startChildProxy, type ChildProxy } from './support/child-proxy'
+import { edgeConfig, testPostgres, within } from './support/helpers'
+
+const GOOD = 1460
+const KEEPING_STATE = 20
+const IDLE_IN_TRANSACTION = 20
+/** Each good session's queries in a phase, spread at random over PHASE_MS. */
+const QUERIES = 2
+const PHASE_MS = 3000
+
+let proxy: ChildProxy
+before(async () => {
+  const { host, port } = testPostgres()
+  proxy = await startChildProxy(`${host}:${port}`, { built: true, env: { EDGEPG_WORKERS: '2' }, flags: ['--max-sessions-per-ip', '5000', '--shutdown-grace', '0'] })
+})
+after(() => proxy?.stop())
+
+class FromElsewhere extends WebSocket {
+  constructor(url: string, protocols?: string | string[]) {
+    super(url, protocols, { localAddress: '127.0.0.2' })
+  }
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]
+
+/** Codes of the errors sessions were ended with (53400: past --max-pinned-sessions). */
+const ended: string[] = []
+
+function session(elsewhere = false): Client {
+  const c = new Client(edgeConfig(proxy.port, 'scram_user', { ...(elsewhere && { webSocketConstructor: FromElsewhere as any }), application_name: 'edgepg-starvation' }))
+  c.on('error', (err: Error & { code?: string }) => ended.push(err.code ?? err.message))
+  return c
+}
+
+/** Every good session runs QUERIES queries at random moments over PHASE_MS: their latencies and errors. */
+async function phase(clients: Client[]): Promise<{ latencies: number[]; errors: string[] }> {
+  const latencies: number[] = []
+  const errors: string[] = []
+  await Promise.all(
+    clients.map(async (c, s) => {
+      for (let q = 0; q < QUERIES; q++) {
+        await sleep(Math.random() * (PHASE_MS / QUERIES))
+        const t0 = performance.now()
+        try {
+          const { rows } = await c.query('SELECT $1::int AS v', [s])
+          if (rows[0].v !== s) errors.push(`session ${s}: wrong answer`)
+          latencies.push(performance.now() - t0)
+        } catch (err) {
+          errors.push(`session ${s}: ${(err as Error & { code?: string }).code} ${(err as Error).message}`)
+        }
+      }
+    })
+  )
+  return { latencies, errors }
+}
+
+test(`${GOOD} sessions keep their pace while one client holds ${KEEPING_STATE} sessions with state and ${IDLE_IN_TRANSACTION} idle in a transaction`, { timeout: 180_000 }, async (t) => {
+  const good: Client[] = []
+  const bad: Client[] = []
+  try {
+    for (let i = 0; i < GOOD; i += 50) {
+      const batch = Array.from({ length: Math.min(50, GOOD - i) }, () => session())
+      good.push(...batch)
+      await within(30_000, 'connecting', Promise.all(batch.map((c) => c.connect().then(() => c.query('SELECT 1')))))
+    }
+    await phase(good) // (warm-up: both runs below measure warm code)
+    const alone = await phase(good)
+    assert.deepEqual(alone.errors.slice(0, 5), [], 'no errors without the other client')
+
+    // The other client: sessions that keep state (pinned, as far as --max-pinned-sessions lets them;
+    // the rest are closed with 53400) and sessions idle after BEGIN (as many as --max-backends-per-client
+    // lets hold a backend; the rest wait, and time out with 53300).
+    const keeps = ['SET statement_timeout = 4321', 'CREATE TEMP TABLE kept (x int)', 'SELECT pg_advisory_lock(9100 + pg_backend_pid())']
+    const outcomes = new Map<string, number>()
+    const count = (what: string) => outcomes.set(what, (outcomes.get(what) ?? 0) + 1)
+    const settled = Promise.all(
+      Array.from({ length: KEEPING_STATE + IDLE_IN_TRANSACTION }, async (_, i) => {
+        const c = session(true)
+        bad.push(c)
+        try {
+          await c.connect()
+          if (i < KEEPING_STATE) await c.query(keeps[i % keeps.length])
+          else await c.query('BEGIN').then(() => c.query('SELECT 1'))
+          count(i < KEEPING_STATE ? 'kept state' : 'idle in a transaction')
+        } catch (err) {
+          count(`refused ${(err as Error & { code?: string }).code}`)
+        }
+      })
+    )
+    await sleep(500)
+    const held = await phase(good)
+    await within(30_000, "the other client's sessions", settled)
+    for (const code of ended) count(`then ended ${code}`)
+    t.diagnostic(`the other client: ${JSON.stringify(Object.fromEntries(outcomes))}`)
+    const [p50Alone, p50Held] = [median(alone.latencies), median(held.latencies)]
+    t.diagnostic(`p50 alone ${p50Alone.toFixed(2)} ms, with the other client holding ${p50Held.toFixed(2)} ms (${(p50Held / p50Alone).toFixed(2)}x)`)
+    assert.deepEqual(held.errors.slice(0, 5), [], `no errors for the others (${held.errors.length} in all)`)
+    assert.equal(held.latencies.length, GOOD * QUERIES)
+    assert.ok(p50Held <= 1.5 * p50Alone, `p50 ${p50Held.toFixed(2)} ms against ${p50Alone.toFixed(2)} ms alone`)
+  } finally {
+    await within(30_000, 'closing', Promise.all([...good, ...bad].map((c) => c.end().catch(() => {}))))
+  }
+})
