@@ -501,11 +501,11 @@ test('/sql borrows from the pool: at most --pool-size backends, and no reset aft
 
 test('/sql: a request that may leave state behind is reset (or its backend closed), and the next request sees none of it', async () => {
   const p = await sqlProxy(1)
-  const look = "SELECT current_setting('statement_timeout') AS st, current_setting('app.sql_x', true) AS x, to_regclass('pg_temp.sql_left')::text AS t, (SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS locks"
+  const look = "SELECT current_setting('statement_timeout') AS st, current_setting('app.sql_x', true) AS x, to_regclass('pg_temp.sql_left')::text AS t, to_regclass('pg_temp.sql_into')::text AS i, (SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS locks"
   try {
     const fresh = rowsOf(await post(p, look))[0]
     const resets = await metric(p, 'pool_resets_total')
-    for (const leaves of ['SET statement_timeout = 4321', "SELECT set_config('app.sql_x', 'leak', false)", 'CREATE TEMP TABLE sql_left (x int)', 'SELECT pg_advisory_lock(4545)']) {
+    for (const leaves of ['SET statement_timeout = 4321', "SELECT set_config('app.sql_x', 'leak', false)", 'CREATE TEMP TABLE sql_left (x int)', 'SELECT pg_advisory_lock(4545)', 'SELECT 1 AS x INTO TEMP sql_into', 'SELECT 1 AS x -- a comment\r, pg_advisory_lock(4546) AS y']) {
       assert.equal((await post(p, leaves)).status, 200, leaves)
       assert.deepEqual(rowsOf(await post(p, look))[0], fresh, `after ${leaves}`)
     }
