@@ -145,6 +145,31 @@ test("behind a trusted balancer (PROXY protocol): per-IP limits, logs and the pa
   }
 })
 
+/** An edgepg Client whose connection a balancer on loopback declares (PROXY v1) to be from `address`. */
+function declaredClient(proxyPort: number, address: string) {
+  const line = () => Buffer.from(`PROXY TCP4 ${address} 127.0.0.1 40000 ${proxyPort}\r\n`)
+  const c = new Client(edgeConfig(proxyPort, 'scram_user', { webSocketConstructor: ProxiedWebSocket(line) as any }))
+  c.on('error', () => {})
+  return c
+}
+
+test('the password rule holds once the pool key is warm: a remote client over ws:// is refused after a local one warmed it (both pool modes)', async () => {
+  for (const mode of ['transaction', 'session'] as const) {
+    const p = await startProxy({ trustProxy: ['127.0.0.1/32'], pool: { mode } })
+    const idle = async () => (await p.metrics.registry.getSingleMetric('edgepg_proxy_pool_idle_backends')!.get()).values[0].value
+    try {
+      const local = declaredClient(p.port, '127.0.0.1')
+      await local.connect()
+      await local.query('SELECT 1')
+      await local.end()
+      await eventually(async () => (await idle()) > 0, `${mode}: a warm backend for the key`)
+      await assert.rejects(declaredClient(p.port, '203.0.113.9').connect(), /refuses passwords over unencrypted ws:\/\/ from a non-loopback client/, mode)
+    } finally {
+      await p.close()
+    }
+  }
+})
+
 test('a PROXY header from a peer that is not trusted is not taken: the request is refused, and limits stay its own', async () => {
   const p = await startProxy({ trustProxy: ['10.0.0.0/8'] })
   try {

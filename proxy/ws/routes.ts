@@ -12,6 +12,7 @@ import { Lender } from '../pool/lender'
 import type { Lenders } from '../pool/lenders'
 import { Upstream, type ClientTls, type UpstreamTls } from '../upstream/connection'
 import { loginAs, redactLogin, runLogin, takeLogin, type Login, type LoginOutcome } from '../login/in-upgrade'
+import { passwordsRefused } from '../login/in-band'
 import { UNUSED, type Backend, type BackendPool } from '../pool/backends'
 import { errorResponse, UpstreamError, type BackendKey } from '../wire/startup'
 import type { TokenLogins } from '../auth/token-login'
@@ -279,6 +280,8 @@ export class WebSocketRoutes {
     )
 
     function start(login: Login) {
+      // Before a warm backend may answer: the rule holds whether or not the key is warm.
+      if (login.first.kind === 'startup' && offload && !passwordsAllowed) return upgrade(passwordsRefused())
       // A login the proxy runs in full, with a password it can compare, may get a warm backend.
       const poolKey = offload || identity ? keyOf(login) : undefined
       const fresh = () => {
