@@ -24,7 +24,7 @@ import type { Cancels } from './cancels'
 import type { Metrics, RefusalReason } from '../admin/metrics'
 import type { Upstreams } from '../upstream/allowed'
 import { SUBPROTOCOL, SUBPROTOCOL_CANCEL } from '../../src/config'
-import { limitKey } from '../listen/client-address'
+import { isLoopback, limitKey } from '../listen/client-address'
 import { giveAll, takeAll, type Places, type PlacesOf, type Wanted } from '../cluster/places'
 
 export interface RouteOptions {
@@ -56,8 +56,6 @@ export interface RouteOptions {
 
 /** Sent to clients whose session is cut by a shutdown. */
 const SHUTDOWN_REASON = 'edgepg-proxy is shutting down'
-
-const isLoopback = (address: string) => /^(127\.|::1$|::ffff:127\.)/.test(address)
 
 export class WebSocketRoutes {
   /** Open sessions, by their WebSocket. */
