@@ -205,11 +205,13 @@ export class WebSocketRoutes {
       if (!ws) drop()
       loginGone()
     })
-    let expiry: NodeJS.Timeout | undefined
+    let expiry: (() => void) | undefined
     // A session outlives no token: at its exp, Postgres's kind of goodbye (a FATAL), then the close.
     const expireAt = (session: WebSocket, at: number) => {
-      const message = `edgepg-proxy: the session's token expired at ${new Date(at).toISOString()}; connect again with a fresh token`
-      expiry = setTimeout(() => this.sessions.get(session)?.close('token_expired', 1008, 'edgepg-proxy: token expired', errorResponse('28000', message)), Math.max(0, at - Date.now())).unref()
+      expiry = alarm(at, () => {
+        const message = `edgepg-proxy: the session's token expired at ${new Date(at).toISOString()}; connect again with a fresh token`
+        this.sessions.get(session)?.close('token_expired', 1008, 'edgepg-proxy: token expired', errorResponse('28000', message))
+      })
     }
     const upgrade = (opened?: LoginOutcome | Error) => {
       if (ws) return
@@ -227,7 +229,7 @@ export class WebSocketRoutes {
           release()
           loginGone()
           idle.stop()
-          clearTimeout(expiry)
+          expiry?.()
         })
         const log = (entry: SessionLog) => {
           metrics.sessionClosed(entry)
@@ -347,4 +349,19 @@ function timer(ms: number, fire: () => void) {
     touch: () => void (last = Date.now()),
     stop: () => clearTimeout(handle),
   }
+}
+
+/** Longest delay setTimeout takes (2^31-1 ms, ~24.8 days); a longer one would fire at once. */
+const MAX_DELAY = 2 ** 31 - 1
+
+/** Fires at `when` (ms since the epoch), however far ahead: a wait longer than MAX_DELAY is taken in steps. Returns its stop. */
+function alarm(when: number, fire: () => void): () => void {
+  let handle: NodeJS.Timeout
+  const arm = () => {
+    const left = when - Date.now()
+    handle = left > MAX_DELAY ? setTimeout(arm, MAX_DELAY) : setTimeout(fire, Math.max(0, left))
+    handle.unref()
+  }
+  arm()
+  return () => clearTimeout(handle)
 }
