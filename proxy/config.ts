@@ -191,7 +191,7 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
   let tokens: TokenLoginOptions | undefined
   if (jwksUrl || secret) {
     if (jwksUrl && !/^https?:\/\//.test(jwksUrl)) throw new ConfigError(`--jwks-url must be an http(s):// URL, got "${jwksUrl}"`)
-    const key = secret && Buffer.from(secret.toString('utf8').trim())
+    const key = secret && secretBytes(secret)
     if (key && key.length < 32) throw new ConfigError(`--jwt-secret-file: the secret must be at least 32 bytes, got ${key.length}`)
     const roles = list('jwtRoles')
     if (!roles.length) throw new ConfigError('tokens need --jwt-roles: the Postgres roles a token may name')
@@ -256,6 +256,21 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
       trustProxy: trustProxy.length ? trustProxy : undefined,
     },
   }
+}
+
+/**
+ * A --jwt-secret-file's secret: text (valid UTF-8 with no control characters once trimmed, as
+ * `echo secret > file` writes it) is its trimmed text's bytes; anything else (`head -c 32 /dev/urandom`)
+ * is its bytes as they are.
+ */
+export function secretBytes(file: Buffer): Buffer {
+  let text: string
+  try {
+    text = new TextDecoder('utf-8', { fatal: true }).decode(file).trim()
+  } catch {
+    return file
+  }
+  return /[\x00-\x1f\x7f-\x9f]/.test(text) ? file : Buffer.from(text)
 }
 
 /** Settings that are gone, and what took their place. */

@@ -571,6 +571,33 @@ test('a NUL (\\u0000) in claims, in a value or a name: refused with a clear mess
   }
 })
 
+test('--jwt-secret-file: raw bytes (head -c 32 /dev/urandom) are the secret as they are; text is trimmed; both verify tokens at the proxy', async () => {
+  const dir = await mkdtemp(join(tmpdir(), 'edgepg-jwt-raw-'))
+  try {
+    const file = join(dir, 'jwt.key')
+    // Starts with a space and ends with a newline, as random bytes may: trimmed, they would be another secret.
+    const raw = Buffer.from([0x20, ...Array.from({ length: 30 }, (_, i) => (i * 151 + 7) % 256), 0x0a])
+    const text = 'a secret of at least thirty-two bytes, for HS256'
+    for (const [content, secret] of [[raw, raw], [Buffer.from(`${text}\n`), Buffer.from(text)]] as const) {
+      await writeFile(file, content)
+      const config = parseConfig(['--upstream', '127.0.0.1:5432', '--jwt-secret-file', file, '--jwt-audience', AUDIENCE, '--jwt-roles', WEB_USER], {})
+      assert.ok(config !== 'help')
+      assert.deepEqual(Buffer.from(config.options.tokens!.secret!), secret)
+      const p = await startProxy({ tokens: { ...fx.options, secret: config.options.tokens!.secret } })
+      try {
+        const c = tokenClient(p, await token('alice', { secret }))
+        await c.connect()
+        assert.equal(await sub(c), 'alice')
+        await c.end()
+      } finally {
+        await p.close()
+      }
+    }
+  } finally {
+    await rm(dir, { recursive: true, force: true })
+  }
+})
+
 test('JWKS: while the issuer fails, unknown kids do not each fetch it (once per retry interval), and the refusal says the issuer is unreachable; a JWKS too large or with too many keys is not taken', async () => {
   const key = await generateKeyPair('ES256', { extractable: true })
   const jwk = { ...(await exportJWK(key.publicKey)), alg: 'ES256', use: 'sig' }
