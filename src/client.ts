@@ -373,7 +373,7 @@ Pool.prototype.query = function (this: any, config: any, values?: any, callback?
   const result = done
     ? undefined
     : new Promise((resolve, reject) => (done = (err: unknown, res: unknown) => (err ? reject(err) : resolve(res)))).catch((err) => {
-        Error.captureStackTrace?.(err)
+        Error.captureStackTrace(err) // (unguarded, as in pg: a runtime without it would fail in pg already)
         throw err
       })
   // pg-pool releases the connection, then calls back, in one go: _release has just said whether it was left open.
