@@ -23,7 +23,7 @@ export const SETTINGS = {
   workers: { flag: 'workers', env: 'EDGEPG_WORKERS', arg: 'n', kind: 'count', default: 'cores', help: "processes accepting on the one port (cores: the machine's, at most --pool-size); limits hold for the proxy as a whole" },
   upstream: { flag: 'upstream', env: 'EDGEPG_UPSTREAM', arg: 'host:port', kind: 'address', help: 'Postgres to relay to (required)' },
   listen: { flag: 'listen', env: 'EDGEPG_LISTEN', arg: '[host:]port', kind: 'listen', default: '127.0.0.1:8080', help: 'where to accept WebSockets (0.0.0.0:PORT for remote clients)' },
-  adminListen: { flag: 'admin-listen', env: 'EDGEPG_ADMIN_LISTEN', arg: '[host:]port', kind: 'listen', help: 'serve /metrics and /healthz here only, not on --listen (keep it off the internet)' },
+  adminListen: { flag: 'admin-listen', env: 'EDGEPG_ADMIN_LISTEN', arg: '[host:]port', kind: 'listen', help: 'serve /metrics and /healthz here only, not on --listen (keep it off the internet); without it, --listen serves /metrics to this machine only' },
   allow: { flag: 'allow', env: 'EDGEPG_ALLOW', arg: 'host:port', kind: 'addresses', help: 'another upstream clients may pick with /v1?address= (repeatable; env: comma-separated)' },
   cert: { flag: 'cert', env: 'EDGEPG_CERT', arg: 'file', kind: 'file', help: 'TLS certificate chain (PEM): serve wss:// and https://; reloaded on SIGHUP' },
   key: { flag: 'key', env: 'EDGEPG_KEY', arg: 'file', kind: 'file', help: 'TLS private key (PEM), with --cert' },
@@ -89,7 +89,8 @@ ${(Object.values(SETTINGS) as Setting[])
 Routes: /v2 relays to the upstream; /v1?address=host:port relays to that address if it is the
 upstream or allowed by --allow, and is refused with HTTP 403 otherwise. Never an open relay.
 POST /sql speaks Neon's SQL-over-HTTP protocol (edgepg's httpSql; neon() with fetchEndpoint
-https://<proxy>/sql). GET /healthz checks the upstream is reachable; GET /metrics serves metrics.
+https://<proxy>/sql). GET /healthz checks the upstream is reachable; GET /metrics serves metrics
+(on --listen, to this machine only).
 Logs one JSON line per session (peer, upstream, duration, bytes, outcome) to stdout.
 Signals: SIGTERM/SIGINT shut down gracefully; SIGHUP reloads --cert and --key.
 `
@@ -194,7 +195,7 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
   let tokens: TokenLoginOptions | undefined
   if (jwksUrl || secret) {
     if (jwksUrl && !/^https?:\/\//.test(jwksUrl)) throw new ConfigError(`--jwks-url must be an http(s):// URL, got "${jwksUrl}"`)
-    const key = secret && Buffer.from(secret.toString('utf8').trim())
+    const key = secret && secretBytes(secret)
     if (key && key.length < 32) throw new ConfigError(`--jwt-secret-file: the secret must be at least 32 bytes, got ${key.length}`)
     const roles = list('jwtRoles')
     if (!roles.length) throw new ConfigError('tokens need --jwt-roles: the Postgres roles a token may name')
@@ -262,6 +263,21 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
       trustProxy: trustProxy.length ? trustProxy : undefined,
     },
   }
+}
+
+/**
+ * A --jwt-secret-file's secret: text (valid UTF-8 with no control characters once trimmed, as
+ * `echo secret > file` writes it) is its trimmed text's bytes; anything else (`head -c 32 /dev/urandom`)
+ * is its bytes as they are.
+ */
+export function secretBytes(file: Buffer): Buffer {
+  let text: string
+  try {
+    text = new TextDecoder('utf-8', { fatal: true }).decode(file).trim()
+  } catch {
+    return file
+  }
+  return /[\x00-\x1f\x7f-\x9f]/.test(text) ? file : Buffer.from(text)
 }
 
 /** Settings that are gone, and what took their place. */

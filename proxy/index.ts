@@ -15,7 +15,7 @@ import { BufferBudget } from './ws/budget'
 import { LoginGate } from './login/gate'
 import { Cancels } from './ws/cancels'
 import { TokenLogins, type TokenLoginOptions } from './auth/token-login'
-import { ClientAddresses } from './listen/client-address'
+import { ClientAddresses, isLoopback } from './listen/client-address'
 import type { ClusterLink } from './cluster/worker'
 import { localPlaces, type PlacesOf } from './cluster/places'
 import { loadReader, read } from './isolation/reader'
@@ -72,7 +72,8 @@ export interface ProxyOptions {
   /**
    * Serve /metrics and /healthz on `proxy.admin` only (listen on it yourself), not on the public
    * listener, where they would tell anyone the proxy's load and its upstream's health. Default
-   * false: both serve them.
+   * false: the public listener serves /healthz without naming the upstream, and /metrics (which
+   * names upstreams, roles and databases) only to this machine.
    */
   adminApart?: boolean
   /** Called once per ended session; never given passwords or payloads. */
@@ -180,10 +181,17 @@ export function createProxy(options: ProxyOptions): Proxy {
           ...options.sql,
           pool: { max: size, ...options.sql?.pool },
         })
-  const onAdmin = (req: http.IncomingMessage, res: http.ServerResponse, path = pathOf(req.url)): boolean => {
-    if (path === '/healthz') return health(req, res), true
-    if (path === '/metrics') return void metrics.handle(req, res), true
-    return false
+  /** Whether a request on the public listener comes from this machine: its TCP peer, its declared client, and no forwarder in between. */
+  const fromHere = (req: http.IncomingMessage) =>
+    isLoopback(req.socket.remoteAddress ?? '') && isLoopback(clientAddress(req)) && !req.headers['x-forwarded-for'] && !req.headers.forwarded
+  /** `open`: the public listener, where nothing names an upstream, role or database to a stranger. */
+  const onAdmin = (req: http.IncomingMessage, res: http.ServerResponse, path = pathOf(req.url), open = false): boolean => {
+    if (path === '/healthz') return health(req, res, !open), true
+    if (path !== '/metrics') return false
+    if (!open || fromHere(req)) return void metrics.handle(req, res), true
+    res.writeHead(403, { 'content-type': 'text/plain' })
+    res.end('edgepg-proxy: /metrics is served to this machine only; serve it elsewhere with --admin-listen\n')
+    return true
   }
   const admin = http.createServer((req, res) => {
     if (onAdmin(req, res)) return
@@ -192,7 +200,7 @@ export function createProxy(options: ProxyOptions): Proxy {
   })
   const onRequest = (req: http.IncomingMessage, res: http.ServerResponse) => {
     const path = pathOf(req.url)
-    if (!options.adminApart && onAdmin(req, res, path)) return
+    if (!options.adminApart && onAdmin(req, res, path, true)) return
     if (path === '/sql' && sql) return sql.handle(req, res)
     res.writeHead(426, { 'content-type': 'text/plain', upgrade: 'websocket' })
     res.end('edgepg-proxy: connect with a WebSocket to /v1 or /v2\n')

@@ -368,7 +368,14 @@ Pool.prototype.query = function (this: any, config: any, values?: any, callback?
   if (typeof config === 'function') return poolQuery.call(this, config) // pg-pool's own refusal
   if (typeof values === 'function') [callback, values] = [values, undefined]
   let done = callback
-  const result = done ? undefined : new Promise((resolve, reject) => (done = (err: unknown, res: unknown) => (err ? reject(err) : resolve(res))))
+  // As pg-pool's own promise: an error's stack is taken anew where it reaches the caller's promise, so
+  // that it leads back through the caller's awaits rather than to the socket's read.
+  const result = done
+    ? undefined
+    : new Promise((resolve, reject) => (done = (err: unknown, res: unknown) => (err ? reject(err) : resolve(res)))).catch((err) => {
+        Error.captureStackTrace(err) // (unguarded, as in pg: a runtime without it would fail in pg already)
+        throw err
+      })
   // pg-pool releases the connection, then calls back, in one go: _release has just said whether it was left open.
   poolQuery.call(this, config, values, (err: unknown, res: unknown) => (this.leftOpen && !err ? done(transactionOnPool()) : done(err, res)))
   return result

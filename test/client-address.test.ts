@@ -56,7 +56,7 @@ test('X-Forwarded-For counts only from trusted peers, and only up to the nearest
   assert.equal(addresses.of(socket('::ffff:127.0.0.1'), xff('203.0.113.7')), '203.0.113.7')
   assert.equal(addresses.of(socket('127.0.0.1'), xff('6.6.6.6, 203.0.113.7, 10.1.2.3')), '203.0.113.7', 'a client cannot prepend its own claim')
   assert.equal(addresses.of(socket('127.0.0.1'), xff('10.0.0.1, 10.0.0.2')), '10.0.0.1')
-  assert.equal(addresses.of(socket('127.0.0.1'), xff('not an address')), '127.0.0.1')
+  assert.equal(addresses.of(socket('127.0.0.1'), xff('not an address')), 'not an address', 'what the balancer wrote, for all that')
   assert.equal(addresses.of(socket('127.0.0.1')), '127.0.0.1')
   assert.throws(() => new ClientAddresses(['10.0.0.0/8', 'example.com']), /not an address or CIDR range/)
 })
@@ -74,6 +74,80 @@ const ProxiedWebSocket = (header: () => Buffer) =>
       } as any)
     }
   }
+
+test('an X-Forwarded-For hop that is not a bare address ends the walk: that hop is the client (its port dropped), whatever the client claimed before it', () => {
+  const addresses = new ClientAddresses(['127.0.0.1'])
+  const of = (v: string) => addresses.of({ remoteAddress: '127.0.0.1', remotePort: 1 } as net.Socket, { 'x-forwarded-for': v })
+  assert.equal(of('127.0.0.9, 203.0.113.5:4444'), '203.0.113.5')
+  assert.equal(of('127.0.0.9, [2001:db8::5]:4444'), '2001:db8::5')
+  assert.equal(of('127.0.0.9, [::ffff:203.0.113.5]:4444'), '203.0.113.5')
+  assert.equal(of('127.0.0.9, unknown'), 'unknown')
+  assert.equal(of('127.0.0.9, 127.0.0.1:80x'), '127.0.0.1:80x')
+  assert.equal(of('127.0.0.9, 203.0.113.5:4444, 127.0.0.1'), '203.0.113.5', 'behind a second trusted hop')
+})
+
+/** Opens a WebSocket to `p` with `headers`: the socket, or the refusal's status and text. */
+const openWith = (p: { url: string }, headers: Record<string, string>) =>
+  new Promise<WebSocket | string>((resolve) => {
+    const ws = new WebSocket(p.url, { headers })
+    ws.once('open', () => resolve(ws))
+    ws.once('unexpected-response', (_req, res) => {
+      let body = ''
+      res.on('data', (d: Buffer) => (body += d)).on('end', () => resolve(`${res.statusCode} ${body.trim()}`))
+    })
+  })
+
+test('behind an HTTP balancer writing hops with their port: a claimed 127.0.0.9 gets no loopback password rule, and varied claims no more sessions than the per-IP limit', async () => {
+  const p = await startProxy({ trustProxy: ['127.0.0.1/32'], maxSessionsPerIp: 2 })
+  const opened: WebSocket[] = []
+  try {
+    const forwarded = (claim: string, port: number) => ({ 'x-forwarded-for': `${claim}, 203.0.113.5:${port}` })
+    const Forwarding = class extends WebSocket {
+      constructor(url: string, protocols?: string | string[]) {
+        super(url, protocols, { headers: forwarded('127.0.0.9', 4444) })
+      }
+    }
+    const c = new Client(edgeConfig(p.port, 'scram_user', { webSocketConstructor: Forwarding as any }))
+    c.on('error', () => {})
+    await assert.rejects(c.connect(), /refuses passwords over unencrypted ws:\/\/ from a non-loopback client/)
+    const answers = []
+    for (let i = 0; i < 5; i++) {
+      const answer = await openWith(p, forwarded(`198.51.100.${i}`, 5000 + i))
+      if (answer instanceof WebSocket) opened.push(answer)
+      answers.push(answer instanceof WebSocket ? 'open' : answer)
+    }
+    assert.deepEqual(answers, ['open', 'open', ...Array(3).fill('429 too many sessions from 203.0.113.5 (2)')])
+  } finally {
+    for (const ws of opened) ws.terminate()
+    await p.close()
+  }
+})
+
+test('PROXY v2 from a dual-stack balancer: an IPv4-mapped IPv6 client (::ffff:a.b.c.d) is counted as its IPv4 address, not by the /64 all of them share', async () => {
+  const mapped = (last: number) => [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 203, 0, 113, last]
+  assert.deepEqual(readProxyHeader(v2(mapped(7))), { kind: 'header', length: v2(mapped(7)).length, address: '203.0.113.7' })
+  const p = await startProxy({ trustProxy: ['127.0.0.1/32'], maxSessionsPerIp: 1 })
+  const open = (last: number) =>
+    new Promise<WebSocket | string>((resolve) => {
+      const ws = new (ProxiedWebSocket(() => v2(mapped(last))))(p.url)
+      ws.once('open', () => resolve(ws))
+      ws.once('unexpected-response', (_req, res) => resolve(String(res.statusCode)))
+      ws.once('error', (err) => resolve(err.message))
+    })
+  const opened: WebSocket[] = []
+  try {
+    const answers = []
+    for (const last of [7, 8, 7]) {
+      const answer = await open(last)
+      if (answer instanceof WebSocket) opened.push(answer)
+      answers.push(answer instanceof WebSocket ? 'open' : answer)
+    }
+    assert.deepEqual(answers, ['open', 'open', '429'])
+  } finally {
+    for (const ws of opened) ws.terminate()
+    await p.close()
+  }
+})
 
 test('per-IP limits count an IPv4 address as itself, and an IPv6 address by its /64', () => {
   assert.equal(limitKey('203.0.113.7'), '203.0.113.7')
@@ -142,6 +216,31 @@ test("behind a trusted balancer (PROXY protocol): per-IP limits, logs and the pa
   } finally {
     await p.close()
     await strict.close()
+  }
+})
+
+/** An edgepg Client whose connection a balancer on loopback declares (PROXY v1) to be from `address`. */
+function declaredClient(proxyPort: number, address: string) {
+  const line = () => Buffer.from(`PROXY TCP4 ${address} 127.0.0.1 40000 ${proxyPort}\r\n`)
+  const c = new Client(edgeConfig(proxyPort, 'scram_user', { webSocketConstructor: ProxiedWebSocket(line) as any }))
+  c.on('error', () => {})
+  return c
+}
+
+test('the password rule holds once the pool key is warm: a remote client over ws:// is refused after a local one warmed it (both pool modes)', async () => {
+  for (const mode of ['transaction', 'session'] as const) {
+    const p = await startProxy({ trustProxy: ['127.0.0.1/32'], pool: { mode } })
+    const idle = async () => (await p.metrics.registry.getSingleMetric('edgepg_proxy_pool_idle_backends')!.get()).values[0].value
+    try {
+      const local = declaredClient(p.port, '127.0.0.1')
+      await local.connect()
+      await local.query('SELECT 1')
+      await local.end()
+      await eventually(async () => (await idle()) > 0, `${mode}: a warm backend for the key`)
+      await assert.rejects(declaredClient(p.port, '203.0.113.9').connect(), /refuses passwords over unencrypted ws:\/\/ from a non-loopback client/, mode)
+    } finally {
+      await p.close()
+    }
   }
 })
 

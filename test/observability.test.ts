@@ -336,7 +336,7 @@ describe('proxy: /healthz and /metrics (need the wiring in proxy/index.ts)', () 
       assert.equal(r.status, 200, `GET /healthz answered ${r.status} (${r.body.trim()}): proxy/index.ts must route it to healthHandler(upstream)`)
       const body = JSON.parse(r.body)
       assert.equal(body.status, 'ok')
-      assert.equal(body.upstream, UPSTREAM)
+      assert.equal(body.upstream, undefined, 'the public listener names no upstream')
       assert.equal(await upgradeStatus(p.ws('/v2')), 101, 'WebSockets still served on the same port')
     })
     const closedPort = await freePort()
@@ -345,7 +345,6 @@ describe('proxy: /healthz and /metrics (need the wiring in proxy/index.ts)', () 
       assert.equal(r.status, 503, `status ${r.status}: ${r.body}`)
       const body = JSON.parse(r.body)
       assert.equal(body.status, 'unavailable')
-      assert.equal(body.upstream, `127.0.0.1:${closedPort}`)
       assert.equal(body.error, 'ECONNREFUSED')
     })
   })
@@ -363,6 +362,34 @@ describe('proxy: /healthz and /metrics (need the wiring in proxy/index.ts)', () 
     })
   })
 
+  test('the public listener names no role, database or upstream to another machine: /metrics only to this one (not through a forwarder), /healthz without the upstream', async () => {
+    const get = (port: number, path: string, headers: Record<string, string> = {}) =>
+      new Promise<Reply>((resolve, reject) => {
+        http.get(`http://127.0.0.1:${port}${path}`, { headers, agent: false }, (res) => {
+          let body = ''
+          res.setEncoding('utf8').on('data', (c: string) => (body += c)).on('end', () => resolve({ status: res.statusCode ?? 0, type: '', body }))
+        }).on('error', reject)
+      })
+    // Behind a trusted balancer, a remote client; without one, a request a forwarder on this machine passed on.
+    for (const [trustProxy, headers] of [[['127.0.0.1'], { 'x-forwarded-for': '203.0.113.5' }], [undefined, { 'x-forwarded-for': '203.0.113.5' }], [undefined, { forwarded: 'for=203.0.113.5' }]] as const) {
+      await withProxy({ trustProxy: trustProxy as string[] | undefined }, async (p) => {
+        const c = edgeClient(p.port) // (a pool key in the metrics: its user and database)
+        await c.connect()
+        await c.query('SELECT 1')
+        const local = await request(`${p.http}/metrics`)
+        assert.equal(local.status, 200, 'served to this machine')
+        assert.match(local.body, /user="scram_user"/)
+        const remote = await get(p.port, '/metrics', headers)
+        assert.equal(remote.status, 403, `${JSON.stringify(headers)}: ${remote.status}`)
+        assert.match(remote.body, /served to this machine only; serve it elsewhere with --admin-listen/)
+        for (const { body } of [remote, await get(p.port, '/healthz', headers)]) {
+          for (const secret of ['scram_user', PG.database, UPSTREAM]) assert.ok(!body.includes(secret), `${secret} in ${body}`)
+        }
+        await c.end()
+      })
+    }
+  })
+
   test('adminApart: /metrics and /healthz only on the admin listener (--admin-listen), not on the public one', async () => {
     const config = parseConfig(['--upstream', UPSTREAM, '--admin-listen', '9464'], {})
     assert.ok(config !== 'help')
@@ -375,7 +402,7 @@ describe('proxy: /healthz and /metrics (need the wiring in proxy/index.ts)', () 
       assert.equal(value(metrics.body, `${P}sessions_active`), 0)
       const health = await request(`http://127.0.0.1:${admin}/healthz`)
       assert.equal(health.status, 200, health.body)
-      assert.equal(JSON.parse(health.body).status, 'ok')
+      assert.deepEqual([JSON.parse(health.body).status, JSON.parse(health.body).upstream], ['ok', UPSTREAM], 'the admin listener names the upstream')
       assert.equal((await request(`http://127.0.0.1:${admin}/sql`, 'POST')).status, 404, 'nothing else on the admin listener')
       assert.equal(await upgradeStatus(p.ws('/v2')), 101, 'WebSockets still served on the public one')
       // Shutting down: a session still open holds the drain, and /healthz says so (a balancer sends no one new).

@@ -56,6 +56,23 @@ for (const [build, load] of Object.entries(builds)) {
     }
   })
 
+  test(`${build}: an error from pool.query() carries its caller's frames in its stack (async stack trace), as pg's Pool's does`, async () => {
+    const pool = await newPool()
+    try {
+      for (const text of ['SELECT test FROM no_such_table_at_all', 'BEGIN']) {
+        async function queryingCaller() {
+          await pool.query(text)
+        }
+        const err: Error = await (async function awaitingCaller() {
+          await queryingCaller()
+        })().then(() => assert.fail(`${text}: no error`), (e) => e)
+        assert.ok(err.stack?.includes('queryingCaller') && err.stack.includes('awaitingCaller'), `${text}: ${err.stack}`)
+      }
+    } finally {
+      await pool.end()
+    }
+  })
+
   test(`${build}: a client released inside a transaction is rolled back before the next caller gets it`, async () => {
     const pool = await newPool()
     const tag = `${build}-release`

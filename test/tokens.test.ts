@@ -509,3 +509,137 @@ test('the client sends a token only where the proxy can take it, and says why no
   c.on('error', () => {})
   await assert.rejects(c.connect(), /edgepg: authToken: signed out/)
 })
+
+/** An HS256 token for alice with exactly `claims` on top (exp included: none is set otherwise). */
+const withClaims = (claims: Record<string, unknown>, secret: Uint8Array = SECRET) =>
+  new SignJWT({ sub: 'alice', role: WEB_USER, ...claims }).setProtectedHeader({ alg: 'HS256' }).setAudience(AUDIENCE).setIssuer(ISSUER).sign(secret)
+
+test('exp far ahead: a session of a token good for 30 days stays open (setTimeout takes at most ~24.8 days); exp in milliseconds or past the year 9999 is refused, naming it, and the proxy goes on', async () => {
+  const p = await tokenProxy('transaction')
+  try {
+    const now = Math.floor(Date.now() / 1000)
+    const month = tokenClient(p, await withClaims({ exp: now + 30 * 86400 }))
+    const ended = new Promise<Error>((resolve) => month.on('error', resolve))
+    await month.connect()
+    // (Closed "expired" within a few ms before; a robust margin.)
+    const early = await Promise.race([ended, new Promise((r) => setTimeout(r, 1000, undefined))])
+    assert.equal(early, undefined, `the session ended: ${(early as Error | undefined)?.message}`)
+    assert.equal(await sub(month), 'alice')
+    await month.end()
+    const { host, port, database } = testPostgres()
+    for (const exp of [Date.now() + 300_000, 1e13]) {
+      const err: any = await tokenClient(p, await withClaims({ exp })).connect().then(() => assert.fail(`exp ${exp}: connected`), (e) => e)
+      assert.equal(err.code, '28000', err.message)
+      assert.match(err.message, /exp .* is past the year 9999: exp is in seconds since 1970, not milliseconds/)
+      const sql = httpSql(`postgres://${host}:${port}/${database}`, { fetchEndpoint: `http://127.0.0.1:${p.port}/sql`, authToken: await withClaims({ exp }) })
+      const httpErr: any = await sql.query('SELECT 1').then(() => assert.fail(`exp ${exp}: /sql answered`), (e) => e)
+      assert.equal(httpErr.status, 401, httpErr.message)
+    }
+    const after = await as(p, 'alice')
+    assert.equal(await sub(after), 'alice', 'the proxy still serves')
+    await after.end()
+  } finally {
+    await p.close()
+  }
+})
+
+test('a NUL (\\u0000) in claims, in a value or a name: refused with a clear message over /sql (401, no backend lost) and WebSockets (both modes)', async () => {
+  const { host, port, database } = testPostgres()
+  for (const mode of ['transaction', 'session'] as const) {
+    const p = await tokenProxy(mode, 1)
+    const discards = async () => (await p.metrics.registry.getSingleMetric('edgepg_proxy_pool_discards_total')!.get()).values[0]?.value ?? 0
+    try {
+      const endpoint = `http://127.0.0.1:${p.port}/sql`
+      const conn = `postgres://${host}:${port}/${database}`
+      assert.deepEqual(await httpSql(conn, { fetchEndpoint: endpoint, authToken: await token('alice') }).query(`SELECT edgepg.claims() ->> 'sub' AS sub`), [{ sub: 'alice' }])
+      const exp = Math.floor(Date.now() / 1000) + 300
+      for (const claims of [{ name: 'a\u0000b' }, { groups: ['x', '\u0000'] }, { 'odd\u0000name': 1 }]) {
+        const jwt = await withClaims({ exp, ...claims })
+        const httpErr: any = await httpSql(conn, { fetchEndpoint: endpoint, authToken: jwt }).query('SELECT 1').then(() => assert.fail(`${mode}: /sql answered`), (e) => e)
+        assert.equal(httpErr.status, 401, `${mode}: ${httpErr.message}`)
+        assert.match(httpErr.message, /claims hold a NUL character \(\\u0000\), which Postgres cannot store/)
+        const c = tokenClient(p, jwt)
+        const err: any = await c.connect().then(() => c.query('SELECT 1')).then(() => assert.fail(`${mode}: the session ran`), (e) => e)
+        assert.equal(err.code, '28000', `${mode}: ${err.message}`)
+        assert.match(err.message, /claims hold a NUL character/)
+      }
+      assert.deepEqual(await httpSql(conn, { fetchEndpoint: endpoint, authToken: await token('bob') }).query(`SELECT edgepg.claims() ->> 'sub' AS sub`), [{ sub: 'bob' }])
+      assert.equal(await discards(), 0, `${mode}: no backend closed`)
+    } finally {
+      await p.close()
+    }
+  }
+})
+
+test('--jwt-secret-file: raw bytes (head -c 32 /dev/urandom) are the secret as they are; text is trimmed; both verify tokens at the proxy', async () => {
+  const dir = await mkdtemp(join(tmpdir(), 'edgepg-jwt-raw-'))
+  try {
+    const file = join(dir, 'jwt.key')
+    // Starts with a space and ends with a newline, as random bytes may: trimmed, they would be another secret.
+    const raw = Buffer.from([0x20, ...Array.from({ length: 30 }, (_, i) => (i * 151 + 7) % 256), 0x0a])
+    const text = 'a secret of at least thirty-two bytes, for HS256'
+    for (const [content, secret] of [[raw, raw], [Buffer.from(`${text}\n`), Buffer.from(text)]] as const) {
+      await writeFile(file, content)
+      const config = parseConfig(['--upstream', '127.0.0.1:5432', '--jwt-secret-file', file, '--jwt-audience', AUDIENCE, '--jwt-roles', WEB_USER], {})
+      assert.ok(config !== 'help')
+      assert.deepEqual(Buffer.from(config.options.tokens!.secret!), secret)
+      const p = await startProxy({ tokens: { ...fx.options, secret: config.options.tokens!.secret } })
+      try {
+        const c = tokenClient(p, await token('alice', { secret }))
+        await c.connect()
+        assert.equal(await sub(c), 'alice')
+        await c.end()
+      } finally {
+        await p.close()
+      }
+    }
+  } finally {
+    await rm(dir, { recursive: true, force: true })
+  }
+})
+
+test('JWKS: while the issuer fails, unknown kids do not each fetch it (once per retry interval), and the refusal says the issuer is unreachable; a JWKS too large or with too many keys is not taken', async () => {
+  const key = await generateKeyPair('ES256', { extractable: true })
+  const jwk = { ...(await exportJWK(key.publicKey)), alg: 'ES256', use: 'sig' }
+  let serve: (res: http.ServerResponse) => void = (res) => (res.writeHead(500), res.end('down'))
+  let fetches = 0
+  const jwks = http.createServer((_req, res) => (fetches++, serve(res)))
+  await new Promise<void>((resolve) => jwks.listen(0, '127.0.0.1', resolve))
+  const jwksUrl = `http://127.0.0.1:${(jwks.address() as AddressInfo).port}/jwks.json`
+  const proxyOf = (retryMs: number) => startProxy({ tokens: { ...fx.options, secret: undefined, jwksUrl, jwksCooldownMs: 60_000, jwksRetryMs: retryMs } })
+  const signed = (kid: string) => new SignJWT({ sub: 'alice', role: WEB_USER }).setProtectedHeader({ alg: 'ES256', kid }).setAudience(AUDIENCE).setIssuer(ISSUER).setExpirationTime('5m').sign(key.privateKey)
+  const refusal = async (p: Proxy, kid: string) => {
+    const c = tokenClient(p, await signed(kid))
+    return c.connect().then(() => assert.fail(`${kid}: connected`), (e: any) => e)
+  }
+  let p = await proxyOf(60_000)
+  try {
+    for (let i = 0; i < 20; i++) {
+      const err = await refusal(p, `made-up-${i}`)
+      assert.equal(err.code, '08001', err.message)
+      assert.match(err.message, /the issuer's keys \(JWKS\) could not be fetched \(HTTP 500/)
+    }
+    assert.equal(fetches, 1, 'one fetch while the issuer fails')
+    await p.close()
+    // Too large (2 MiB), or too many keys: not taken, whatever the issuer sends.
+    const cases: Array<[(res: http.ServerResponse) => void, RegExp]> = [
+      [(res) => (res.writeHead(200, { 'content-type': 'application/json' }), res.end(JSON.stringify({ keys: [{ ...jwk, kid: 'k' }], pad: 'x'.repeat(2 << 20) }))), /larger than 1048576 bytes/],
+      [(res) => (res.writeHead(200, { 'content-type': 'application/json' }), res.end(JSON.stringify({ keys: Array.from({ length: 101 }, (_, i) => ({ ...jwk, kid: `k${i}` })) }))), /101 keys; at most 100/],
+    ]
+    for (const [how, says] of cases) {
+      serve = how
+      p = await proxyOf(0)
+      assert.match((await refusal(p, 'k0')).message, says)
+      await p.close()
+    }
+    serve = (res) => (res.writeHead(200, { 'content-type': 'application/json' }), res.end(JSON.stringify({ keys: [{ ...jwk, kid: 'k0' }] })))
+    p = await proxyOf(0)
+    const c = tokenClient(p, await signed('k0'))
+    await c.connect()
+    assert.equal(await sub(c), 'alice')
+    await c.end()
+  } finally {
+    await p.close()
+    jwks.close()
+  }
+})

@@ -50,22 +50,24 @@ export function checkUpstream(upstream: HostPort, timeoutMs = 2000): Promise<Hea
 export function healthHandler(upstream: HostPort, { draining = (): boolean => false, timeoutMs = 2000, probeEveryMs = 1000 } = {}) {
   let probe: Promise<HealthResult> | undefined
   let probedAt = -Infinity
-  return (req: IncomingMessage, res: ServerResponse): void => {
+  /** `named`: the answer names the upstream (not on the public listener, where it would tell anyone). */
+  return (req: IncomingMessage, res: ServerResponse, named = true): void => {
     if (req.method !== 'GET' && req.method !== 'HEAD') {
       res.writeHead(405, { allow: 'GET, HEAD', 'content-type': 'text/plain' })
       res.end('method not allowed\n')
       return
     }
-    if (draining()) return answer(req, res, { status: 'draining', upstream: formatHostPort(upstream) })
+    const told = ({ upstream, ...rest }: HealthResult) => (named ? { upstream, ...rest } : rest)
+    if (draining()) return answer(req, res, told({ status: 'draining', upstream: formatHostPort(upstream) }))
     if (performance.now() - probedAt >= probeEveryMs) {
       probedAt = performance.now()
       probe = checkUpstream(upstream, timeoutMs)
     }
-    probe!.then((result) => answer(req, res, result))
+    probe!.then((result) => answer(req, res, told(result)))
   }
 }
 
-function answer(req: IncomingMessage, res: ServerResponse, result: HealthResult) {
+function answer(req: IncomingMessage, res: ServerResponse, result: Omit<HealthResult, 'upstream'>) {
   if (res.destroyed || res.writableEnded) return // the caller gave up
   res.writeHead(result.status === 'ok' ? 200 : 503, { 'content-type': 'application/json', 'cache-control': 'no-store' })
   res.end(req.method === 'HEAD' ? undefined : JSON.stringify(result) + '\n')

@@ -6,8 +6,35 @@ import net, { BlockList, type Socket } from 'node:net'
 import type { IncomingMessage } from 'node:http'
 import { ProxyProtocolError, readProxyHeader } from './proxy-protocol'
 
-/** Addresses as one form: IPv4-mapped IPv6 as IPv4. */
-export const plainAddress = (address: string) => address.replace(/^::ffff:(?=\d+\.\d+\.\d+\.\d+$)/i, '')
+/** Addresses as one form: IPv4-mapped IPv6 (::ffff:a.b.c.d, or in hex) as IPv4. */
+export function plainAddress(address: string): string {
+  const mapped = /^(?:0{0,4}:){1,5}ffff:(?:(\d+\.\d+\.\d+\.\d+)|([\da-f]{1,4}):([\da-f]{1,4}))$/i.exec(address)
+  if (!mapped || !net.isIPv6(address)) return address
+  if (mapped[1]) return mapped[1]
+  const [high, low] = [parseInt(mapped[2], 16), parseInt(mapped[3], 16)]
+  return [high >> 8, high & 0xff, low >> 8, low & 0xff].join('.')
+}
+
+const LOOPBACK = new BlockList()
+LOOPBACK.addSubnet('127.0.0.0', 8, 'ipv4')
+LOOPBACK.addAddress('::1', 'ipv6')
+
+/** Whether `address` is this machine's: an address in 127/8 or ::1 (never a name, or whatever else a header holds). */
+export function isLoopback(address: string): boolean {
+  const plain = plainAddress(address)
+  const family = net.isIP(plain)
+  return family > 0 && LOOPBACK.check(plain, family === 6 ? 'ipv6' : 'ipv4')
+}
+
+/**
+ * What an X-Forwarded-For hop names: an address, also one written with its port (`203.0.113.5:4444`,
+ * `[2001:db8::5]:4444`, as some balancers write them), or anything else as it is (`unknown`).
+ */
+function hopAddress(hop: string): string {
+  const withPort = /^\[([^\]]+)\](?::\d+)?$|^(\d+\.\d+\.\d+\.\d+):\d+$/.exec(hop)
+  const address = withPort ? (withPort[1] ?? withPort[2]) : hop
+  return net.isIP(address) ? plainAddress(address) : hop
+}
 
 /**
  * Who per-IP limits count a client as: its IPv4 address, or the /64 its IPv6 address is in. A /64
@@ -58,8 +85,9 @@ export class ClientAddresses {
     if (declared) return declared
     const forwarded = headers?.['x-forwarded-for']
     if (!forwarded) return peer
-    const hops = (Array.isArray(forwarded) ? forwarded.join(',') : forwarded).split(',').map((h) => plainAddress(h.trim())).filter((h) => net.isIP(h))
-    // From the right: each trusted hop vouches for the one before it.
+    const hops = (Array.isArray(forwarded) ? forwarded.join(',') : forwarded).split(',').map((h) => hopAddress(h.trim())).filter(Boolean)
+    // From the right: each trusted hop vouches for the one before it. A hop that is not an address
+    // was written by a trusted one all the same: it ends the walk (skipping it would let the client's own claim through).
     for (let i = hops.length - 1; i >= 0; i--) if (!this.isTrusted(hops[i]) || i === 0) return hops[i]
     return peer
   }

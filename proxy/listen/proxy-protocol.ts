@@ -4,6 +4,8 @@
  */
 const V2_SIGNATURE = Buffer.from([0x0d, 0x0a, 0x0d, 0x0a, 0x00, 0x0d, 0x0a, 0x51, 0x55, 0x49, 0x54, 0x0a])
 const V1_PREFIX = Buffer.from('PROXY ')
+/** The first 12 bytes of an IPv4-mapped IPv6 address (::ffff:0:0/96). */
+const V4_MAPPED = Buffer.from([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff])
 /** A v1 header's longest form (the spec's 107 bytes, CRLF included). */
 const V1_MAX = 107
 
@@ -52,6 +54,8 @@ function readV2(bytes: Buffer): ProxyHeader {
   const body = at + 4
   if (family >> 4 === 1 && length >= body + 12) return { kind: 'header', length, address: [...bytes.subarray(body, body + 4)].join('.') }
   if (family >> 4 === 2 && length >= body + 36) {
+    // An IPv4 client of a dual-stack balancer (::ffff:a.b.c.d) is an IPv4 client: counted as itself, not by the /64 all of them share.
+    if (bytes.subarray(body, body + 12).equals(V4_MAPPED)) return { kind: 'header', length, address: [...bytes.subarray(body + 12, body + 16)].join('.') }
     const groups = Array.from({ length: 8 }, (_, i) => bytes.readUInt16BE(body + 2 * i).toString(16))
     return { kind: 'header', length, address: groups.join(':') }
   }

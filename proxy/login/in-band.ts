@@ -19,14 +19,17 @@ import { ServerMessage, SslAnswer } from '../wire/codes'
  * behind it), passes the answer on, and from then on only relays.
  */
 
-/** Refused unless a cleartext password may cross the client's link. */
-export function checkPasswordsAllowed(allowed: boolean) {
-  if (allowed) return
-  throw new ProtocolError(
+/** Why a cleartext password may not cross the client's link. */
+export const passwordsRefused = () =>
+  new ProtocolError(
     'edgepg-proxy refuses passwords over unencrypted ws:// from a non-loopback client; connect with wss://, ' +
       'use TLS inside the socket, or start the proxy with --allow-insecure-passwords if TLS ends in front of it',
     '28000'
   )
+
+/** Refused unless a cleartext password may cross the client's link. */
+export function checkPasswordsAllowed(allowed: boolean) {
+  if (!allowed) throw passwordsRefused()
 }
 
 /** Where a CancelRequest goes (proxy/ws/cancels.ts): on to Postgres as `packet`, or nowhere. */

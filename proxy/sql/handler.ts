@@ -64,7 +64,7 @@ import { Control, Leases } from './lease'
 import { runRequest, TooLarge, type Response } from './run'
 import { header, HttpError, parseFlags, parsePayload, readBody, singleHeader, type BodyBudget } from './request'
 import { databaseErrorJson, errorJson, type ArrayType } from './json'
-import { limitKey } from '../listen/client-address'
+import { isLoopback, limitKey } from '../listen/client-address'
 import { giveAll, localPlaces, takeAll, type PlacesOf, type Wanted } from '../cluster/places'
 
 export { ERROR_FIELDS } from './json'
@@ -190,8 +190,6 @@ const ECHOED_HEADERS = ['Neon-Batch-Isolation-Level', 'Neon-Batch-Read-Only', 'N
 
 /** How long cancelled statements may take to end at shutdown. */
 const CANCEL_TIMEOUT_MS = 5000
-
-const isLoopback = (address: string) => /^(127\.|::1$|::ffff:127\.)/.test(address)
 
 export function sqlHandler(options: SqlOptions): SqlHandler {
   const upstream = options.upstream

@@ -12,6 +12,7 @@ import { Lender } from '../pool/lender'
 import type { Lenders } from '../pool/lenders'
 import { Upstream, type ClientTls, type UpstreamTls } from '../upstream/connection'
 import { loginAs, redactLogin, runLogin, takeLogin, type Login, type LoginOutcome } from '../login/in-upgrade'
+import { passwordsRefused } from '../login/in-band'
 import { UNUSED, type Backend, type BackendPool } from '../pool/backends'
 import { errorResponse, UpstreamError, type BackendKey } from '../wire/startup'
 import type { TokenLogins } from '../auth/token-login'
@@ -23,7 +24,7 @@ import type { Cancels } from './cancels'
 import type { Metrics, RefusalReason } from '../admin/metrics'
 import type { Upstreams } from '../upstream/allowed'
 import { SUBPROTOCOL, SUBPROTOCOL_CANCEL } from '../../src/config'
-import { limitKey } from '../listen/client-address'
+import { isLoopback, limitKey } from '../listen/client-address'
 import { giveAll, takeAll, type Places, type PlacesOf, type Wanted } from '../cluster/places'
 
 /** A token's subject (its claims' `sub`), or its claims whole where it names none. */
@@ -63,8 +64,6 @@ export interface RouteOptions {
 
 /** Sent to clients whose session is cut by a shutdown. */
 const SHUTDOWN_REASON = 'edgepg-proxy is shutting down'
-
-const isLoopback = (address: string) => /^(127\.|::1$|::ffff:127\.)/.test(address)
 
 export class WebSocketRoutes {
   /** Open sessions, by their WebSocket. */
@@ -214,11 +213,13 @@ export class WebSocketRoutes {
       if (!ws) drop()
       loginGone()
     })
-    let expiry: NodeJS.Timeout | undefined
+    let expiry: (() => void) | undefined
     // A session outlives no token: at its exp, Postgres's kind of goodbye (a FATAL), then the close.
     const expireAt = (session: WebSocket, at: number) => {
-      const message = `edgepg-proxy: the session's token expired at ${new Date(at).toISOString()}; connect again with a fresh token`
-      expiry = setTimeout(() => this.sessions.get(session)?.close('token_expired', 1008, 'edgepg-proxy: token expired', errorResponse('28000', message)), Math.max(0, at - Date.now())).unref()
+      expiry = alarm(at, () => {
+        const message = `edgepg-proxy: the session's token expired at ${new Date(at).toISOString()}; connect again with a fresh token`
+        this.sessions.get(session)?.close('token_expired', 1008, 'edgepg-proxy: token expired', errorResponse('28000', message))
+      })
     }
     const upgrade = (opened?: LoginOutcome | Error) => {
       if (ws) return
@@ -236,7 +237,7 @@ export class WebSocketRoutes {
           release()
           loginGone()
           idle.stop()
-          clearTimeout(expiry)
+          expiry?.()
         })
         const log = (entry: SessionLog) => {
           metrics.sessionClosed(entry)
@@ -289,6 +290,8 @@ export class WebSocketRoutes {
     )
 
     function start(login: Login) {
+      // Before a warm backend may answer: the rule holds whether or not the key is warm.
+      if (login.first.kind === 'startup' && offload && !passwordsAllowed) return upgrade(passwordsRefused())
       // A login the proxy runs in full, with a password it can compare, may get a warm backend.
       const poolKey = offload || identity ? keyOf(login) : undefined
       const fresh = () => {
@@ -356,4 +359,19 @@ function timer(ms: number, fire: () => void) {
     touch: () => void (last = Date.now()),
     stop: () => clearTimeout(handle),
   }
+}
+
+/** Longest delay setTimeout takes (2^31-1 ms, ~24.8 days); a longer one would fire at once. */
+const MAX_DELAY = 2 ** 31 - 1
+
+/** Fires at `when` (ms since the epoch), however far ahead: a wait longer than MAX_DELAY is taken in steps. Returns its stop. */
+function alarm(when: number, fire: () => void): () => void {
+  let handle: NodeJS.Timeout
+  const arm = () => {
+    const left = when - Date.now()
+    handle = left > MAX_DELAY ? setTimeout(arm, MAX_DELAY) : setTimeout(fire, Math.max(0, left))
+    handle.unref()
+  }
+  arm()
+  return () => clearTimeout(handle)
 }
