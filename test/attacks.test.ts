@@ -300,6 +300,7 @@ describe("a logged-in client's memory and CPU (transaction pooling)", { concurre
         answered++
       }
     })()
+    querying.catch(() => {}) // (its failure is reported below, once the attack is over)
     try {
       return await during()
     } finally {
@@ -335,34 +336,36 @@ describe("a logged-in client's memory and CPU (transaction pooling)", { concurre
     const BUDGET = 96 * MiB
     const LIMIT = 48 * MiB
     const child = await startGcProxy(`${host}:${port}`, ['--max-client-buffer', String(BUDGET), '--max-message-bytes', String(LIMIT)], { MALLOC_MMAP_THRESHOLD_: '65536' })
+    const before = await child.memoryAfterGc()
+    let peak = child.rss()
     try {
-      const before = await child.memoryAfterGc()
       const ended = child.logs.length
-      let peak = child.rss()
       const sampler = setInterval(() => (peak = Math.max(peak, child.rss())), 50)
       let held = 0
       let codes: number[] = []
       let tooLarge = { code: 0, reason: '' }
       await servedThroughout(child.port, async () => {
-        // One message of 40 MiB, all but its last byte sent: counted while it is held.
-        const holder = await attacker(child.port, loginProtocols())
-        assert.ok(await sendCut(holder, 'd', 40 * MiB, 4 * MiB, true), 'the 32 MiB went')
-        await eventually(async () => (held = await bufferBytes(child.port)) >= 40 * MiB, 'the message under way to be counted', 10_000).catch(() => {})
-        assert.ok(held >= 40 * MiB && held <= BUDGET, `client_buffer_bytes ${held} while a 40 MiB message is held`)
-        // 16 sessions, each 32 MiB of a message: those the budget has no room for are closed.
-        const sockets = await Promise.all(Array.from({ length: 16 }, () => attacker(child.port, loginProtocols())))
-        const closes = sockets.map(closing)
-        await Promise.all(sockets.map((ws) => within(30_000, 'a 32 MiB message to be sent or refused', sendCut(ws, 'd', 32 * MiB, 4 * MiB, true))))
-        await new Promise((r) => setTimeout(r, 300))
-        // One over --max-message-bytes is refused at its header.
-        const large = await attacker(child.port, loginProtocols())
-        const largeClosed = closing(large)
-        large.send(header('d', 64 * MiB))
-        tooLarge = await within(2000, 'a message over --max-message-bytes to be refused at its header', largeClosed)
-        for (const ws of [holder, ...sockets]) ws.terminate()
-        codes = (await Promise.all(closes)).map((c) => c.code)
+        try {
+          // One message of 40 MiB, all but its last byte sent: counted while it is held.
+          const holder = await attacker(child.port, loginProtocols())
+          assert.ok(await sendCut(holder, 'd', 40 * MiB, 4 * MiB, true), 'the 40 MiB went')
+          await eventually(async () => (held = await bufferBytes(child.port)) >= 40 * MiB, 'the message under way to be counted', 5000).catch(() => {})
+          // 16 sessions, each 32 MiB of a message: those the budget has no room for are closed.
+          const sockets = await Promise.all(Array.from({ length: 16 }, () => attacker(child.port, loginProtocols())))
+          const closes = sockets.map(closing)
+          await Promise.all(sockets.map((ws) => within(30_000, 'a 32 MiB message to be sent or refused', sendCut(ws, 'd', 32 * MiB, 4 * MiB, true))))
+          await new Promise((r) => setTimeout(r, 300))
+          // One over --max-message-bytes is refused at its header.
+          const large = await attacker(child.port, loginProtocols())
+          const largeClosed = closing(large)
+          large.send(header('d', 64 * MiB))
+          tooLarge = await within(2000, 'a message over --max-message-bytes to be refused at its header', largeClosed).catch(() => tooLarge)
+          for (const ws of [holder, ...sockets, large]) ws.terminate()
+          codes = (await Promise.all(closes)).map((c) => c.code)
+        } finally {
+          clearInterval(sampler)
+        }
       })
-      clearInterval(sampler)
       peak = Math.max(peak, child.rss())
       await eventually(() => child.logs.length >= ended + 19, 'every session to end')
       await eventually(async () => (await bufferBytes(child.port)) === 0, 'client_buffer_bytes back to 0')
@@ -370,16 +373,17 @@ describe("a logged-in client's memory and CPU (transaction pooling)", { concurre
       await eventually(async () => (after = await child.memoryAfterGc()).arrayBuffers - before.arrayBuffers < 8 * MiB, 'the Buffers to be freed', 5000, 250).catch(() => {})
       const growth = { peak: (peak - before.rss) / MiB, after: (after.rss - before.rss) / MiB, buffers: (after.arrayBuffers - before.arrayBuffers) / MiB }
       t.diagnostic(`RSS grew by ${growth.peak.toFixed(1)} MiB at the peak, ${growth.after.toFixed(1)} MiB once the sessions had gone (Buffers ${growth.buffers.toFixed(1)} MiB); client_buffer_bytes ${held} while held; closed with ${codes}`)
-      assert.equal(tooLarge.code, 1009)
+      assert.ok(held >= 40 * MiB && held <= BUDGET, `client_buffer_bytes ${held} while a 40 MiB message is held`)
+      assert.equal(tooLarge.code, 1009, 'a message over --max-message-bytes refused at its header')
       assert.match(tooLarge.reason, /over --max-message-bytes/)
       // (A client still sending may miss the close frame: the connection is cut 100 ms after it, and the reset can overtake it.)
       const shed = child.logs.slice(ended).filter((l) => l.kind === 'over_budget').length
       assert.ok(shed >= 16 - Math.floor((BUDGET - 40 * MiB) / (32 * MiB)), `closed over the budget: ${shed} of 16 (codes ${codes})`)
-      assert.ok(codes.every((c) => c === 1009 || c === 1006) && codes.includes(1009), `close codes ${codes}`)
       assert.ok(growth.peak <= BUDGET / MiB + 64, `the proxy grew by ${growth.peak.toFixed(1)} MiB (budget ${BUDGET / MiB} MiB)`)
       assert.ok(growth.buffers < 8, `Buffers ${growth.buffers.toFixed(1)} MiB above where they were once the sessions had gone`)
       assert.ok(growth.after < 32, `RSS ${growth.after.toFixed(1)} MiB above where it was once the sessions had gone`)
     } finally {
+      t.diagnostic(`RSS peak ${((peak - before.rss) / MiB).toFixed(1)} MiB above where it was`)
       await child.stop()
     }
   })
