@@ -20,8 +20,8 @@ import assert from 'node:assert/strict'
 import net from 'node:net'
 import { WebSocket } from 'ws'
 import { startProxy, pgConfig, within, eventually, edgeClient } from './support/helpers'
-import { startGcProxy, type GcProxy } from './support/child-proxy'
-import { passwordMessage, startupMessage } from './support/protocol'
+import { startChildProxy, startGcProxy, type GcProxy } from './support/child-proxy'
+import { int32, message, passwordMessage, queryMessage, startupMessage } from './support/protocol'
 import { LOGIN_PREFIX, SUBPROTOCOL } from '../src/config'
 import { Cancels } from '../proxy/ws/cancels'
 import { BackendPool } from '../proxy/pool/backends'
@@ -236,6 +236,192 @@ describe('memory', { concurrency: false }, () => {
     assert.ok(growth.peak <= BUDGET / MiB + 64, `the proxy grew by ${growth.peak.toFixed(1)} MiB (budget ${BUDGET / MiB} MiB)`)
     assert.ok(growth.buffers < 8, `nothing held once the sessions ended: Buffers ${growth.buffers.toFixed(1)} MiB above where they were`)
     assert.ok(growth.after < 32, `given back once the sessions ended: RSS ${growth.after.toFixed(1)} MiB above where it was`)
+  })
+})
+
+// ── a logged-in client's memory and CPU ────────────────────────────────────────────────────
+
+/** A protocol message's header: its type and the length its body will make it. */
+const header = (type: string, bodyBytes: number) => Buffer.concat([Buffer.from(type), int32(4 + bodyBytes)])
+const sync = message('S', Buffer.alloc(0))
+
+/**
+ * Sends one protocol message of `type` with a body of `bodyBytes` (or all but its last byte:
+ * `unfinished`), cut into binary WebSocket messages of `frame` bytes, a few MiB in flight at most.
+ * Stops once the proxy closes `ws`; resolves with whether all of it went.
+ */
+async function sendCut(ws: WebSocket, type: string, bodyBytes: number, frame: number, unfinished = false): Promise<boolean> {
+  const closed = new Promise<void>((r) => (ws.readyState >= ws.CLOSING ? r() : ws.once('close', () => r())))
+  const fill = Buffer.alloc(frame, 0x61)
+  const total = 5 + bodyBytes - (unfinished ? 1 : 0)
+  for (let at = 0; at < total; at += frame) {
+    if (ws.readyState !== ws.OPEN) return false
+    const piece = at === 0 ? Buffer.concat([header(type, bodyBytes), fill.subarray(0, Math.min(frame, total) - 5)]) : fill.subarray(0, Math.min(frame, total - at))
+    const sent = new Promise<void>((r) => ws.send(piece, () => r()))
+    // (Yielding now and then, so that this process serves the legitimate session meanwhile.)
+    if (ws.bufferedAmount > 4 * MiB || at % MiB < frame) await Promise.race([sent, closed])
+  }
+  return ws.readyState === ws.OPEN
+}
+
+/** The proxy's client_buffer_bytes, from /metrics. */
+async function bufferBytes(port: number): Promise<number> {
+  const metrics = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text()
+  return Number(/^edgepg_proxy_client_buffer_bytes (\d+)$/m.exec(metrics)?.[1])
+}
+
+/** Sends `messages` on a logged-in session; resolves once a ReadyForQuery is back. */
+function ask(ws: WebSocket, messages: Buffer): Promise<void> {
+  let seen = Buffer.alloc(0)
+  return new Promise((resolve) => {
+    const onMessage = (data: Buffer) => {
+      seen = Buffer.concat([seen.subarray(-5), data])
+      if (seen.includes(Buffer.from('Z\0\0\0\x05'))) ws.off('message', onMessage), resolve()
+    }
+    ws.on('message', onMessage)
+    ws.send(messages)
+  })
+}
+
+/** A logged-in session's close: its code and reason. */
+const closing = (ws: WebSocket) => new Promise<{ code: number; reason: string }>((r) => ws.once('close', (code, reason) => r({ code, reason: String(reason) })))
+
+describe("a logged-in client's memory and CPU (transaction pooling)", { concurrency: false }, () => {
+  /** A legitimate session kept querying while `during` runs: each SELECT 1 answered within 2 s. */
+  async function servedThroughout<T>(port: number, during: () => Promise<T>): Promise<T> {
+    const client = edgeClient(port)
+    await client.connect()
+    await client.query('SELECT 1') // (its backend in the pool)
+    let stop = false
+    let answered = 0
+    const querying = (async () => {
+      for (; !stop; await new Promise((r) => setTimeout(r, 20))) {
+        assert.deepEqual((await within(2000, 'a legitimate query under attack', client.query('SELECT 1 AS one'))).rows, [{ one: 1 }])
+        answered++
+      }
+    })()
+    querying.catch(() => {}) // (its failure is reported below, once the attack is over)
+    try {
+      return await during()
+    } finally {
+      stop = true
+      await querying
+      await client.end()
+      assert.ok(answered > 0, 'the legitimate session was served throughout')
+    }
+  }
+
+  test('16 MB in one protocol message, in 2 KB WebSocket messages: under 2 s of the proxy’s CPU, another session served meanwhile', async (t) => {
+    const child = await startChildProxy(`${host}:${port}`)
+    try {
+      const ws = await attacker(child.port, loginProtocols())
+      await new Promise((r) => setTimeout(r, 200)) // (the login's answer is in)
+      const cpu = child.cpuSeconds()
+      const started = performance.now()
+      await servedThroughout(child.port, async () => {
+        // CopyData outside COPY, which Postgres ignores, then a Sync: its ReadyForQuery says the proxy has relayed it all.
+        assert.ok(await within(20_000, 'the 16 MB message to be sent', sendCut(ws, 'd', 16 << 20, 2048)), 'the proxy took it all')
+        await within(20_000, 'the ReadyForQuery behind the 16 MB message', ask(ws, sync))
+      })
+      const spent = child.cpuSeconds() - cpu
+      t.diagnostic(`16 MB in 2 KB frames: ${spent.toFixed(2)} s of the proxy's CPU, ${((performance.now() - started) / 1000).toFixed(1)} s in all`)
+      assert.ok(spent < 2, `the proxy spent ${spent.toFixed(2)} s of CPU`)
+      ws.close()
+    } finally {
+      await child.stop()
+    }
+  })
+
+  test('512 MiB in 4 MiB WebSocket messages, 32 MiB protocol messages from 16 sessions: held within --max-client-buffer, counted in client_buffer_bytes, refused past it (1009), given back', async (t) => {
+    const BUDGET = 96 * MiB
+    const LIMIT = 48 * MiB
+    const child = await startGcProxy(`${host}:${port}`, ['--max-client-buffer', String(BUDGET), '--max-message-bytes', String(LIMIT)], { MALLOC_MMAP_THRESHOLD_: '65536' })
+    const before = await child.memoryAfterGc()
+    let peak = child.rss()
+    try {
+      const ended = child.logs.length
+      const sampler = setInterval(() => (peak = Math.max(peak, child.rss())), 50)
+      let held = 0
+      let codes: number[] = []
+      let tooLarge = { code: 0, reason: '' }
+      await servedThroughout(child.port, async () => {
+        try {
+          // One message of 40 MiB, all but its last byte sent: counted while it is held.
+          const holder = await attacker(child.port, loginProtocols())
+          assert.ok(await sendCut(holder, 'd', 40 * MiB, 4 * MiB, true), 'the 40 MiB went')
+          await eventually(async () => (held = await bufferBytes(child.port)) >= 40 * MiB, 'the message under way to be counted', 5000).catch(() => {})
+          // 16 sessions, each 32 MiB of a message: those the budget has no room for are closed.
+          const sockets = await Promise.all(Array.from({ length: 16 }, () => attacker(child.port, loginProtocols())))
+          const closes = sockets.map(closing)
+          await Promise.all(sockets.map((ws) => within(30_000, 'a 32 MiB message to be sent or refused', sendCut(ws, 'd', 32 * MiB, 4 * MiB, true))))
+          await new Promise((r) => setTimeout(r, 300))
+          // One over --max-message-bytes is refused at its header.
+          const large = await attacker(child.port, loginProtocols())
+          const largeClosed = closing(large)
+          large.send(header('d', 64 * MiB))
+          tooLarge = await within(2000, 'a message over --max-message-bytes to be refused at its header', largeClosed).catch(() => tooLarge)
+          for (const ws of [holder, ...sockets, large]) ws.terminate()
+          codes = (await Promise.all(closes)).map((c) => c.code)
+        } finally {
+          clearInterval(sampler)
+        }
+      })
+      peak = Math.max(peak, child.rss())
+      await eventually(() => child.logs.length >= ended + 19, 'every session to end')
+      await eventually(async () => (await bufferBytes(child.port)) === 0, 'client_buffer_bytes back to 0')
+      let after = await child.memoryAfterGc()
+      await eventually(async () => (after = await child.memoryAfterGc()).arrayBuffers - before.arrayBuffers < 8 * MiB, 'the Buffers to be freed', 5000, 250).catch(() => {})
+      const growth = { peak: (peak - before.rss) / MiB, after: (after.rss - before.rss) / MiB, buffers: (after.arrayBuffers - before.arrayBuffers) / MiB }
+      t.diagnostic(`RSS grew by ${growth.peak.toFixed(1)} MiB at the peak, ${growth.after.toFixed(1)} MiB once the sessions had gone (Buffers ${growth.buffers.toFixed(1)} MiB); client_buffer_bytes ${held} while held; closed with ${codes}`)
+      assert.ok(held >= 40 * MiB && held <= BUDGET, `client_buffer_bytes ${held} while a 40 MiB message is held`)
+      assert.equal(tooLarge.code, 1009, 'a message over --max-message-bytes refused at its header')
+      assert.match(tooLarge.reason, /over --max-message-bytes/)
+      // (A client still sending may miss the close frame: the connection is cut 100 ms after it, and the reset can overtake it.)
+      const shed = child.logs.slice(ended).filter((l) => l.kind === 'over_budget').length
+      assert.ok(shed >= 16 - Math.floor((BUDGET - 40 * MiB) / (32 * MiB)), `closed over the budget: ${shed} of 16 (codes ${codes})`)
+      assert.ok(growth.peak <= BUDGET / MiB + 64, `the proxy grew by ${growth.peak.toFixed(1)} MiB (budget ${BUDGET / MiB} MiB)`)
+      assert.ok(growth.buffers < 8, `Buffers ${growth.buffers.toFixed(1)} MiB above where they were once the sessions had gone`)
+      assert.ok(growth.after < 32, `RSS ${growth.after.toFixed(1)} MiB above where it was once the sessions had gone`)
+    } finally {
+      t.diagnostic(`RSS peak ${((peak - before.rss) / MiB).toFixed(1)} MiB above where it was`)
+      await child.stop()
+    }
+  })
+
+  test('the wait for a backend is bounded: messages queued meanwhile are counted, and past --max-message-bytes the session is closed (1009); the proxy goes on', async (t) => {
+    const CAP = 8 * MiB
+    const child = await startChildProxy(`${host}:${port}`, { flags: ['--pool-size', '1', '--pool-timeout', '30000', '--max-message-bytes', String(CAP)] })
+    // Sessions of one login (one pool key), the first holding the one backend in a transaction.
+    const holder = await attacker(child.port, loginProtocols())
+    try {
+      await new Promise((r) => setTimeout(r, 200)) // (the login's answer is in)
+      await within(5000, 'BEGIN', ask(holder, queryMessage('BEGIN')))
+      const ws = await attacker(child.port, loginProtocols())
+      const closed = closing(ws)
+      // 1 MiB queries, one a WebSocket message, while it waits: counted as they queue.
+      const query = queryMessage(`SELECT 1 -- ${'x'.repeat(MiB - 20)}`)
+      for (let i = 0; i < 4; i++) ws.send(query)
+      let held = 0
+      await eventually(async () => (held = await bufferBytes(child.port)) >= 4 * MiB, 'the queued messages to be counted', 5000).catch(() => {})
+      assert.ok(held >= 4 * MiB, `client_buffer_bytes ${held} with 4 MiB queued`)
+      for (let sent = 4; sent < 64 && ws.readyState === ws.OPEN; sent++) await new Promise((r) => ws.send(query, r))
+      const { code, reason } = await within(5000, 'the session to be closed past the cap', closed)
+      await eventually(() => child.logs.some((l) => l.kind === 'client_error'), 'the session to end')
+      const { bytesIn, outcome } = child.logs.find((l) => l.kind === 'client_error')!
+      t.diagnostic(`closed after ${(Number(bytesIn) / MiB).toFixed(1)} MiB read: ${code} ${reason} (${outcome})`)
+      assert.equal(code, 1009)
+      assert.match(reason, /waiting for a backend over --max-message-bytes/)
+      assert.ok(Number(bytesIn) <= CAP + 2 * MiB, `closed after ${bytesIn} bytes read`)
+      await eventually(async () => (await bufferBytes(child.port)) === 0, 'client_buffer_bytes back to 0')
+      // The proxy goes on: the transaction ends, and another session is served on that backend.
+      await within(5000, 'COMMIT', ask(holder, queryMessage('COMMIT')))
+      const other = await attacker(child.port, loginProtocols())
+      await within(5000, 'a query once the backend is free', ask(other, queryMessage('SELECT 1')))
+      other.close()
+    } finally {
+      holder.terminate()
+      await child.stop()
+    }
   })
 })
 

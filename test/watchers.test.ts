@@ -10,7 +10,7 @@ import assert from 'node:assert/strict'
 import { IdleWatch, type Ending } from '../proxy/pool/idle-watch'
 import { LoginWatch } from '../proxy/wire/startup'
 import { BackendStatements, StatementRelay } from '../proxy/pool/prepared'
-import { Framer, FramingError } from '../proxy/wire/bytes'
+import { Framer, FramingError, MessageTooLarge } from '../proxy/wire/bytes'
 import { cstrings, int32, message, queryMessage, TERMINATE } from './support/protocol'
 
 const z = (status: string) => message('Z', Buffer.from(status))
@@ -162,12 +162,74 @@ test('StatementRelay: the same bytes to Postgres and to the client wherever they
   for (const backendChunks of cuts(backend)) assert.ok(run([client], backendChunks).seen.equals(whole.seen), `backend cut ${backendChunks.map((c) => c.length)}`)
 })
 
-test('Framer: whole messages wherever the bytes are cut; a length no message can have is an error, not a stall', () => {
-  const stream = Buffer.concat([queryMessage('SELECT 1'), sync, z('I')])
-  for (const chunks of cuts(stream)) {
-    const framer = new Framer()
-    assert.ok(Buffer.concat(chunks.flatMap((c) => framer.push(c))).equals(stream), `cut ${chunks.map((c) => c.length)}`)
+const bigMessage = message('d', Buffer.alloc(300, 0x61)) // (CopyData: its body longer than a header's worth)
+const sequences: Record<string, Buffer[]> = {
+  'a query, a Sync, a ReadyForQuery': [queryMessage('SELECT 1'), sync, z('I')],
+  'empty bodies back to back': [sync, sync, message('H', none), sync],
+  'extended protocol': [parse('SELECT $1'), bind, describe, execute, sync],
+  'a long message between short ones': [sync, bigMessage, queryMessage('SELECT 2'), bigMessage],
+}
+
+for (const [name, sequence] of Object.entries(sequences)) {
+  test(`Framer, ${name}: the same messages wherever the bytes are cut`, () => {
+    const stream = Buffer.concat(sequence)
+    const expected = sequence.map((m) => m.toString('hex'))
+    for (const chunks of cuts(stream)) {
+      const framer = new Framer()
+      const out: Buffer[] = []
+      let fed = 0
+      for (const chunk of chunks) {
+        out.push(...framer.push(chunk))
+        fed += chunk.length
+        // What is held is the message under way: its declared length once its header is in, else the bytes so far.
+        const done = out.reduce((n, m) => n + m.length, 0)
+        const underWay = fed - done >= 5 ? 1 + stream.readInt32BE(done + 1) : fed - done
+        assert.equal(framer.holding, underWay, `holding after ${fed} bytes, cut ${chunks.map((c) => c.length)}`)
+      }
+      assert.deepEqual(out.map((m) => m.toString('hex')), expected, `cut ${chunks.map((c) => c.length)}`)
+      assert.equal(framer.holding, 0)
+    }
+    // Three chunks, cut at every pair of bytes.
+    for (let i = 0; i <= stream.length; i++) {
+      for (let j = i; j <= stream.length; j++) {
+        const framer = new Framer()
+        const out = [stream.subarray(0, i), stream.subarray(i, j), stream.subarray(j)].flatMap((c) => framer.push(c))
+        assert.deepEqual(out.map((m) => m.toString('hex')), expected, `cut at ${i} and ${j}`)
+      }
+    }
+  })
+}
+
+test('Framer: a length no message can have is an error, not a stall, wherever its header is cut', () => {
+  for (const bad of [Buffer.from([0x51, 0xff, 0xff, 0xff, 0xfe]), Buffer.from([0x51, 0, 0, 0, 3])]) {
+    for (const chunks of cuts(Buffer.concat([sync, bad]))) {
+      const framer = new Framer()
+      assert.throws(() => chunks.forEach((c) => framer.push(c)), FramingError, `cut ${chunks.map((c) => c.length)}`)
+    }
   }
-  assert.throws(() => new Framer().push(Buffer.from([0x51, 0xff, 0xff, 0xff, 0xfe])), FramingError)
-  assert.throws(() => new Framer().push(Buffer.from([0x51, 0, 0, 0, 3])), FramingError)
+})
+
+test('Framer: a message longer than its limit is refused at its header, before its body is in', () => {
+  const limit = bigMessage.length - 1
+  const tooLarge = (err: unknown) => err instanceof MessageTooLarge && err.length === bigMessage.length && err.limit === limit
+  for (let at = 0; at < 5; at++) {
+    const framer = new Framer(limit)
+    assert.equal(framer.push(Buffer.concat([sync, bigMessage.subarray(0, at)])).length, 1)
+    assert.throws(() => framer.push(bigMessage.subarray(at, 5)), tooLarge, `header cut at ${at}`)
+  }
+  assert.throws(() => new Framer(limit).push(Buffer.concat([sync, bigMessage.subarray(0, 5)])), tooLarge, 'header whole')
+  assert.equal(new Framer(bigMessage.length).push(bigMessage).length, 1, 'one of the limit is taken')
+})
+
+test('Framer: a message cut into many small pieces costs time in proportion to its size', () => {
+  const body = Buffer.alloc(16 << 20, 0x62)
+  const whole = message('d', body)
+  const framer = new Framer()
+  const started = performance.now()
+  let out: Buffer[] = []
+  for (let at = 0; at < whole.length; at += 2048) out = out.concat(framer.push(whole.subarray(at, at + 2048)))
+  const ms = performance.now() - started
+  assert.equal(out.length, 1)
+  assert.ok(out[0].equals(whole))
+  assert.ok(ms < 2000, `16 MB in 2 KB pieces took ${ms.toFixed(0)} ms`) // (re-copied at each piece, it took minutes)
 })

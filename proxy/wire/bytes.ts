@@ -92,17 +92,86 @@ export function messages(bytes: Buffer): Buffer[] {
 /** Bytes that do not frame as protocol messages (left unread in the queue). */
 export class FramingError extends ProtocolError {}
 
-/** Splits a byte stream into whole protocol messages, keeping a partial one for the next chunk. */
-export class Framer {
-  private rest = Buffer.alloc(0)
+/**
+ * `bytes`, to be held a while. A view pins the whole buffer it was cut from (a socket read): kept
+ * only while it is most of that buffer, else copied, so that what is held is what is counted.
+ */
+export const kept = (bytes: Buffer): Buffer => (bytes.length * 2 >= bytes.buffer.byteLength ? bytes : Buffer.from(bytes))
 
-  /** The whole messages so far; throws a FramingError on a length no message can have. */
+/** A message declares more bytes than its reader may hold (`length`: what it declared). */
+export class MessageTooLarge extends FramingError {
+  constructor(readonly length: number, readonly limit: number) {
+    super(`a message of ${length} bytes, over the limit of ${limit}`)
+  }
+}
+
+/**
+ * Splits a byte stream into whole protocol messages. Whole messages within a chunk are views into
+ * it; one cut across chunks is kept as a list of pieces and joined once, when its last byte is in,
+ * so its cost is linear in its size however finely it is cut.
+ */
+export class Framer {
+  private pieces: Buffer[] = []
+  /** Bytes in `pieces`. */
+  private have = 0
+  /** The length of the message under way (type byte included), once its header is in. */
+  private need = 0
+
+  /** `maxLength`: the largest message it holds (a length past it is refused at its header). */
+  constructor(private readonly maxLength = 0x7fffffff) {}
+
+  /** What the message under way holds, or has declared it will. */
+  get holding(): number {
+    return Math.max(this.have, this.need)
+  }
+
+  /** The whole messages so far; throws a FramingError on a length no message can have, or one over maxLength. */
   push(chunk: Buffer): Buffer[] {
-    const buf = this.rest.length ? Buffer.concat([this.rest, chunk]) : chunk
-    const out = messages(buf)
-    const used = out.reduce((n, m) => n + m.length, 0)
-    if (buf.length - used >= 5 && buf.readInt32BE(used + 1) < 4) throw new FramingError(`invalid message length ${buf.readInt32BE(used + 1)}`)
-    this.rest = used < buf.length ? Buffer.from(buf.subarray(used)) : Buffer.alloc(0)
+    const out: Buffer[] = []
+    let at = 0
+    if (this.have) at = this.continue(chunk, out)
+    while (at + 5 <= chunk.length) {
+      const end = at + this.declared(chunk.readInt32BE(at + 1))
+      if (end > chunk.length) break
+      out.push(chunk.subarray(at, end))
+      at = end
+    }
+    if (at < chunk.length) {
+      this.need = at + 5 <= chunk.length ? this.declared(chunk.readInt32BE(at + 1)) : 0
+      this.hold(chunk.subarray(at))
+    }
     return out
+  }
+
+  /** Feeds the message under way from the start of `chunk`; returns where the rest begins. */
+  private continue(chunk: Buffer, out: Buffer[]): number {
+    let at = 0
+    if (!this.need) {
+      // Its header was cut: gathered first (at most 4 bytes copied).
+      at = Math.min(5 - this.have, chunk.length)
+      this.pieces = [Buffer.concat([...this.pieces, chunk.subarray(0, at)])]
+      this.have += at
+      if (this.have < 5) return at
+      this.need = this.declared(this.pieces[0].readInt32BE(1))
+    }
+    const n = Math.min(this.need - this.have, chunk.length - at)
+    if (n) this.hold(chunk.subarray(at, at + n))
+    if (this.have < this.need) return chunk.length
+    out.push(this.pieces.length === 1 ? this.pieces[0] : Buffer.concat(this.pieces, this.have))
+    this.pieces = []
+    this.have = this.need = 0
+    return at + n
+  }
+
+  /** A message's whole length from the length field of its header. */
+  private declared(length: number): number {
+    if (length < 4) throw new FramingError(`invalid message length ${length}`)
+    if (length + 1 > this.maxLength) throw new MessageTooLarge(length + 1, this.maxLength)
+    return length + 1
+  }
+
+  private hold(piece: Buffer) {
+    this.pieces.push(kept(piece))
+    this.have += piece.length
   }
 }

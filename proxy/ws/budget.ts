@@ -7,10 +7,11 @@ import type { Socket } from 'node:net'
  * three ways:
  * - before login, a message may be no larger than a first flight needs (FIRST_FLIGHT_BYTES);
  * - after it, no larger than `maxMessageBytes`;
- * - what all clients' unfinished messages (and /sql bodies) hold stays under `limitBytes`. A
- *   message counts for the size its frame headers declare, from the moment they arrive, so one
- *   that does not fit is refused before it is buffered: the newest offender's WebSocket is closed
- *   with 1009, and messages already under way, and other sessions, go on.
+ * - what all clients' unfinished messages (WebSocket messages, protocol messages cut across them
+ *   or waiting for a backend, and /sql bodies) hold stays under `limitBytes`. A message counts for
+ *   the size its header declares, from the moment it arrives, so one that does not fit is refused
+ *   before it is buffered: the newest offender's WebSocket is closed with 1009, and messages
+ *   already under way, and other sessions, go on.
  *
  * ws has no per-connection limit, nor a count of what a connection holds: both are its Receiver's
  * fields (ws 8), checked once here so that a ws that changed them fails loudly, not open.
@@ -36,6 +37,16 @@ function internals(ws: WebSocket): { receiver: Receiver; socket: Socket } {
   return { receiver, socket }
 }
 
+export interface SessionMemory {
+  loggedIn(): void
+  /**
+   * The session holds `bytes` of the client's beside what ws holds (a protocol message cut across
+   * WebSocket messages, messages waiting for a backend): false if that does not fit, and the
+   * WebSocket is being closed for it (or was).
+   */
+  hold(bytes: number): boolean
+}
+
 export class BufferBudget {
   /** Bytes held (or declared) by unfinished messages and bodies, all clients together. */
   total = 0
@@ -44,23 +55,26 @@ export class BufferBudget {
 
   /**
    * Counts what `ws` holds, with the first-flight limit on its messages until `loggedIn()`
-   * lifts it to `maxMessageBytes`. `onShed` is told before it is closed for the budget.
+   * lifts it to `maxMessageBytes`; and what its session holds of the client's beside it, as the
+   * session tells `hold()`. `onShed` is told before it is closed for the budget.
    */
-  watch(ws: WebSocket, onShed?: () => void): { loggedIn(): void } {
+  watch(ws: WebSocket, onShed?: () => void): SessionMemory {
     const { receiver, socket } = internals(ws)
     receiver._maxPayload = Math.min(FIRST_FLIGHT_BYTES, this.maxMessageBytes)
+    /** What ws holds (or has been told is coming), and what the session holds beside it. */
+    let inWs = 0
+    let inSession = 0
     let held = 0
     let watching = true
-    const update = (now: number) => {
-      this.total += now - held
-      held = now
+    const update = () => {
+      this.total += inWs + inSession - held
+      held = inWs + inSession
     }
-    // After ws's own listener: what the receiver holds, or has been told is coming, once it has taken this chunk.
-    const onData = () => {
-      const before = held
-      update(Math.max(receiver._bufferedBytes, receiver._totalPayloadLength))
-      if (this.total <= this.limitBytes || held <= before) return
-      update(0)
+    /** Whether it is within the budget; if not (and it grew), it is closed. */
+    const check = (before: number) => {
+      if (this.total <= this.limitBytes || held <= before) return true
+      inWs = inSession = 0
+      update()
       watching = false
       socket.off('data', onData)
       onShed?.()
@@ -69,10 +83,29 @@ export class BufferBudget {
       ws.pause()
       ws.close(1009, 'edgepg-proxy: over its memory budget for unfinished messages; try again later')
       setTimeout(() => ws.terminate(), SHED_CUT_MS).unref()
+      return false
+    }
+    // After ws's own listener: what the receiver holds, or has been told is coming, once it has taken this chunk.
+    const onData = () => {
+      if (!watching) return // (shed by hold() as ws read this very chunk: this listener was already due)
+      const before = held
+      inWs = Math.max(receiver._bufferedBytes, receiver._totalPayloadLength)
+      update()
+      check(before)
     }
     socket.on('data', onData)
-    ws.once('close', () => watching && update(0))
-    return { loggedIn: () => void (receiver._maxPayload = this.maxMessageBytes) }
+    ws.once('close', () => watching && ((inWs = inSession = 0), update()))
+    return {
+      loggedIn: () => void (receiver._maxPayload = this.maxMessageBytes),
+      hold: (bytes) => {
+        if (!watching) return false
+        const before = held
+        inWs = Math.max(receiver._bufferedBytes, receiver._totalPayloadLength) // (the message just taken is no longer ws's)
+        inSession = bytes
+        update()
+        return check(before)
+      },
+    }
   }
 
   /** Takes `n` bytes of a /sql body: false (nothing taken) when that would pass the limit. */

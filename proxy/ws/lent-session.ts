@@ -18,10 +18,10 @@ import { IdleWatch } from '../pool/idle-watch'
 import { BackendStatements, StatementRelay, type SessionStatements } from '../pool/prepared'
 import { merge, NOTHING, type Reading } from '../isolation/reader'
 import { found } from '../isolation/verify'
-import { Framer } from '../wire/bytes'
+import { Framer, kept, MessageTooLarge } from '../wire/bytes'
 import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse, type BackendKey } from '../wire/startup'
-import type { BufferBudget } from './budget'
+import type { BufferBudget, SessionMemory } from './budget'
 import { cancelNamed } from './cancels'
 import { setClaims, type ClaimsError } from '../auth/claims'
 import { closeWebSocket, type OutcomeKind, type RunningSession, type SessionLog } from './session'
@@ -57,6 +57,8 @@ interface Lend {
 }
 
 const HIGH_WATER = 1 << 20
+/** What a message waiting for a backend costs beside its bytes (its Buffer: ~110 bytes of heap, measured). */
+const QUEUED_COST = 128
 const DISCARD_SEQUENCES = serialize.query('DISCARD SEQUENCES')
 /** A FunctionCall: code no statement text shows, which may make a custom setting (no catalog shows it). */
 const CALLED: Reading = { plain: false, code: true, sequences: true, unseen: true }
@@ -78,8 +80,9 @@ class LentSession implements RunningSession {
   private outcome = 'closed by client'
   private kind: OutcomeKind = 'ok'
   private lend?: Lend
-  /** Client messages waiting for a backend. */
+  /** Client messages waiting for a backend, and what they cost (counted with the budget). */
   private waiting: Buffer[] = []
+  private queued = 0
   private acquiring = false
   /** What the backend's verification found left, while the session keeps its backend for it. */
   pinned?: string
@@ -90,7 +93,10 @@ class LentSession implements RunningSession {
   /** Asking its backend what its transaction left (proxy/isolation/verify.ts). */
   private verifying = false
   private readonly statements: SessionStatements = new Map()
-  private readonly framer = new Framer()
+  private readonly framer: Framer
+  /** The most it may hold of the client's: one protocol message under way, and what waits for a backend (--max-message-bytes). */
+  private readonly maxHeld: number
+  private readonly memory?: SessionMemory
   /** The unnamed statement's effects, as last parsed. */
   private unnamed: Reading = NOTHING
   private ended = false
@@ -105,7 +111,13 @@ class LentSession implements RunningSession {
 
   constructor(private readonly ws: WebSocket, private readonly o: LentSessionOptions) {
     this.bytesIn = o.loginBytes
-    o.budget?.watch(ws, () => this.end('over_budget', 'closed: over the memory budget (--max-client-buffer)')).loggedIn()
+    this.maxHeld = o.budget?.maxMessageBytes ?? Infinity
+    this.framer = new Framer(this.maxHeld)
+    this.memory = o.budget?.watch(ws, () => {
+      this.end('over_budget', 'closed: over the memory budget (--max-client-buffer)')
+      this.finish() // (what it held goes with it)
+    })
+    this.memory?.loggedIn()
     // (A lend not parked may be running something: a portal's Execute awaits no Sync. Postgres ignores a cancel while idle.)
     this.unfollow = o.follow(() => (this.lend && !this.parked ? this.lend.backend.key : undefined))
     this.toClient(o.answer)
@@ -146,6 +158,7 @@ class LentSession implements RunningSession {
       msgs = this.framer.push(chunk)
     } catch (err) {
       this.end('client_error', `client error: ${(err as Error).message}`)
+      if (err instanceof MessageTooLarge) return this.holdsTooMuch(`a protocol message of ${err.length} bytes`)
       return closeWebSocket(this.ws, 1002, 'edgepg-proxy: not protocol messages')
     }
     const terminate = msgs.findIndex((m) => m[0] === ClientMessage.Terminate)
@@ -156,14 +169,43 @@ class LentSession implements RunningSession {
       if (this.lend && this.parked) this.o.lender.unpark(this.lend.backend), (this.parked = false)
       if (this.lend) this.send(msgs)
       else {
-        this.waiting.push(...msgs)
+        for (const m of msgs) this.waiting.push(kept(m)), (this.queued += m.length + QUEUED_COST)
         if (!this.acquiring) this.acquire()
       }
     }
+    if (!this.holds()) return
     if (terminate >= 0) {
       this.finish()
       closeWebSocket(this.ws, 1000)
     }
+  }
+
+  /**
+   * What it holds of the client's (a message under way, messages waiting for a backend) is within
+   * --max-message-bytes and counted in the budget: false once it is closed for it.
+   */
+  private holds(): boolean {
+    const bytes = this.framer.holding + this.queued
+    if (bytes > this.maxHeld) {
+      this.end('client_error', `client error: held ${bytes} bytes of its messages, over the limit of ${this.maxHeld}`)
+      return this.holdsTooMuch(this.queued ? 'messages waiting for a backend' : 'a protocol message'), false
+    }
+    return this.memory?.hold(bytes) ?? true
+  }
+
+  /** Closed as ws closes a WebSocket message over the limit. */
+  private holdsTooMuch(what: string) {
+    this.finish()
+    closeWebSocket(this.ws, 1009, `edgepg-proxy: ${what} over --max-message-bytes (${this.maxHeld})`)
+  }
+
+  /** What waits for a backend, taken out of the queue. */
+  private unqueue(): Buffer[] {
+    const msgs = this.waiting
+    this.waiting = []
+    this.queued = 0
+    this.memory?.hold(this.framer.holding)
+    return msgs
   }
 
   /**
@@ -240,17 +282,14 @@ class LentSession implements RunningSession {
     this.acquiring = false
     if (this.ended) return this.o.lender.giveBack(backend)
     this.startLend(backend)
-    const msgs = this.waiting
-    this.waiting = []
-    this.send(msgs)
+    this.send(this.unqueue())
   }
 
   /** No backend for what waits: each Query and Sync gets Postgres's way of saying no, an error and ReadyForQuery. */
   private refuseWaiting(err: Error & { code?: string }, message = err.message) {
     this.acquiring = false
     if (this.ended) return
-    const answers = this.waiting.filter((m) => m[0] === ClientMessage.Query || m[0] === ClientMessage.Sync).length
-    this.waiting = []
+    const answers = this.unqueue().filter((m) => m[0] === ClientMessage.Query || m[0] === ClientMessage.Sync).length
     for (let i = 0; i < answers; i++) this.toClient(Buffer.concat([errorResponse(err.code ?? '08006', message, 'ERROR'), READY_IDLE]))
     this.readies += answers
   }
@@ -433,6 +472,7 @@ class LentSession implements RunningSession {
     this.ended = true
     clearTimeout(this.idleInTransaction)
     this.unpin()
+    this.waiting = []
     this.leaveLine?.(new Error('the session ended'))
     this.unfollow()
     const lend = this.lend
