@@ -222,6 +222,21 @@ test('named prepared statements follow a session to another backend', async () =
   }
 })
 
+test("a backend reset after a session that kept state there forgets its named statements: another session's is prepared again on it", async () => {
+  const p = await txProxy(1)
+  const a = await session(p.port)
+  try {
+    assert.deepEqual((await a.query({ name: 'kept_across', text: 'SELECT 1 AS x' })).rows, [{ x: 1 }])
+    const b = await session(p.port)
+    await b.query('CREATE TEMP TABLE txpool_reset_me (x int)') // pinned: its end resets the backend (DISCARD ALL)
+    await b.end()
+    assert.deepEqual((await within(3000, 'the named statement', a.query({ name: 'kept_across', text: 'SELECT 1 AS x' }))).rows, [{ x: 1 }])
+  } finally {
+    await a.end()
+    await p.close()
+  }
+})
+
 test("DDL that changes a named statement's result type gives Postgres's 0A000 on the backend it is prepared again on, as pg over TCP gets", async () => {
   const table = `${scratch.name}_shape`
   await scratch.tcp.query(`CREATE TABLE ${table} (x int); INSERT INTO ${table} VALUES (1)`)

@@ -83,6 +83,8 @@ export class Backend {
   queue?: ByteQueue
   /** Its reset, while under way: whether it succeeded. */
   resetting?: Promise<boolean>
+  /** Resets given to it so far (each drops its prepared statements, for those who keep count of them). */
+  resets = 0
   idleTimer?: NodeJS.Timeout
 
   constructor(readonly upstream: Upstream, readonly poolKey: string, answer: Buffer[]) {
@@ -237,6 +239,7 @@ export class BackendPool {
     if (!ending.reusable || this.closed || this.expired(backend) || backend.upstream.gone || list.length >= this.maxIdlePerKey) return this.discard(backend)
     list.push(backend)
     this.idle.set(backend.poolKey, list)
+    if (!ending.clean) backend.resets++
     const own = () => this.exchange(backend, ending.pending === 0 && ending.status === TxStatus.Idle ? [DISCARD_ALL] : [ROLLBACK, DISCARD_ALL], ending.pending)
     const done = reset
       ? reset.then((ok) => (ok === undefined ? own() : ok && (this.watchIdle(backend), true)))

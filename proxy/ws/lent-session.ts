@@ -66,8 +66,14 @@ const CALLED: Reading = { plain: false, code: true, sequences: true, unseen: tru
 const UNREAD: Reading = { plain: false, code: true, sequences: true, unseen: true }
 /** Client messages that run nothing by themselves (what they name was read at its Parse). */
 const INERT = new Set<number>([ClientMessage.Describe, ClientMessage.Execute, ClientMessage.Sync, ClientMessage.Flush, ClientMessage.Close, ClientMessage.CopyData, ClientMessage.CopyDone, ClientMessage.CopyFail])
-/** The statements each backend holds, by backend. */
-const held = new WeakMap<Backend, BackendStatements>()
+/** The statements each backend holds, by backend, as of its last reset (which drops them all). */
+const held = new WeakMap<Backend, { resets: number; statements: BackendStatements }>()
+
+function statementsOn(backend: Backend, limit: number): BackendStatements {
+  let entry = held.get(backend)
+  if (entry?.resets !== backend.resets) held.set(backend, (entry = { resets: backend.resets, statements: new BackendStatements(limit) }))
+  return entry.statements
+}
 
 export function runLentSession(ws: WebSocket, o: LentSessionOptions): RunningSession {
   return new LentSession(ws, o)
@@ -295,8 +301,7 @@ class LentSession implements RunningSession {
   }
 
   private startLend(backend: Backend) {
-    let statements = held.get(backend)
-    if (!statements) held.set(backend, (statements = new BackendStatements(this.o.statementsPerBackend)))
+    const statements = statementsOn(backend, this.o.statementsPerBackend)
     const { events } = this.o.lender
     const relay = new StatementRelay(this.statements, statements, (bytes) => void (backend.upstream.write(bytes) || this.ws.pause()), events.preparedAgain)
     this.lend = { backend, relay, watch: new IdleWatch(), effects: NOTHING }
@@ -391,7 +396,7 @@ class LentSession implements RunningSession {
       const f = found(answer)
       lender.learned(f?.code)
       if (this.lend !== lend) return
-      const statements = held.get(lend.backend)?.held.size ?? 0
+      const statements = statementsOn(lend.backend, this.o.statementsPerBackend).held.size
       const left = f ? (f.left[0] ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
       if (left) return this.pin(left)
       this.unpin()
