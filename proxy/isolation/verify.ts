@@ -4,12 +4,13 @@
  * qualified and every operator spelled OPERATOR(pg_catalog.…), and no literal holds a backslash:
  * the session may have changed search_path, made temporary types, or turned standard strings off.
  */
+import { randomBytes } from 'node:crypto'
 import { serialize } from 'pg-protocol'
 
 /** What a verification found: state by kind (`statements`: protocol-level prepared statements, which the proxy keeps itself). */
 export interface Found {
-  /** The database runs code of its own on reads and writes (triggers, rules, user functions, state-setting calls in definitions). */
-  code: boolean
+  /** The database runs code of its own on reads and writes (triggers, rules, user functions, state-setting calls in definitions), if it was asked. */
+  code?: boolean
   left: string[]
   statements: number
 }
@@ -42,37 +43,61 @@ function runsCode(stateFunctions: string): string {
     WHERE t OPERATOR(pg_catalog.~) ${literal(stateFunctions)})`
 }
 
-/** Only whether the database runs code of its own (at a lender's start, and after DDL). */
-export const runsCodeQuery = (stateFunctions: string) => serialize.query(`SELECT CASE WHEN ${runsCode(stateFunctions)} THEN 'code' ELSE '' END`)
+/** Only whether the database runs code of its own, as one Query (at a lender's start). */
+export const runsCodeQuery = (stateFunctions: string) => serialize.query(runsCodeSelect(stateFunctions))
+const runsCodeSelect = (stateFunctions: string) => `SELECT CASE WHEN ${runsCode(stateFunctions)} THEN 'code' ELSE '' END`
+
+/** The name the verification is prepared under on each backend: one no client picks by chance. */
+const NAME = `edgepg_verify_${randomBytes(6).toString('hex')}`
+
+/** The verification's messages, for one key's backends. */
+export interface Verification {
+  /** Where the backend may not hold it prepared: Close and Parse of it (planned once per backend, not at each run). */
+  prepare: Buffer
+  /** DISCARD SEQUENCES (nextval's traces, which no catalog shows), then its one row, then Sync. */
+  run: Buffer
+  /** The same, first asking whether the database runs code of its own (a row before the other). */
+  runAsking: Buffer
+}
 
 /**
- * The verification, as one Query: DISCARD SEQUENCES (nextval's traces, which no catalog shows), then
- * one row naming what is left: temporary objects of any kind, cursors (WITH HOLD), SQL prepared
- * statements, LISTEN channels, advisory locks, settings made for the session, a role other than the
- * login's, and the count of protocol-level prepared statements (the proxy's to match).
+ * What is left on a backend, as one row: temporary objects of any kind, cursors (WITH HOLD), SQL
+ * prepared statements, LISTEN channels, advisory locks, settings made for the session, a role other
+ * than the login's, and the count of protocol-level prepared statements (the proxy's to match).
  */
-export function verification(user: string, stateFunctions: string): Buffer {
+export function verificationSql(user: string): string {
   const is = (kind: string, test: string) => `CASE WHEN ${test} THEN '${kind}' END`
-  return serialize.query(`DISCARD SEQUENCES; SELECT pg_catalog.concat_ws(' ',
-  ${is('code', runsCode(stateFunctions))},
+  return `SELECT pg_catalog.concat_ws(' ',
   ${is('temporary', `EXISTS (SELECT FROM pg_catalog.pg_depend WHERE refclassid ${EQ} 2615 AND refobjid ${EQ} pg_catalog.pg_my_temp_schema())`)},
-  ${is('cursor', 'EXISTS (SELECT FROM pg_catalog.pg_cursors)')},
+  ${is('cursor', 'EXISTS (SELECT FROM pg_catalog.pg_cursors WHERE is_holdable)')},
   ${is('prepare', 'EXISTS (SELECT FROM pg_catalog.pg_prepared_statements WHERE from_sql)')},
   ${is('listen', 'EXISTS (SELECT FROM pg_catalog.pg_listening_channels())')},
   ${is('lock', `EXISTS (SELECT FROM pg_catalog.pg_locks WHERE locktype ${EQ} 'advisory' AND pid ${EQ} pg_catalog.pg_backend_pid())`)},
   ${is('setting', `EXISTS (SELECT FROM pg_catalog.pg_settings WHERE source ${EQ} 'session')`)},
   ${is('role', `NOT (current_user ${EQ} ${literal(user)} AND session_user ${EQ} ${literal(user)})`)},
-  'statements', (SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE NOT from_sql))`)
+  'statements', (SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE NOT from_sql AND name OPERATOR(pg_catalog.<>) '${NAME}'))`
 }
 
-/** A verification's answer (undefined: it failed, or never came). */
-export function found(answer: string | undefined): Found | undefined {
-  const words = answer?.split(' ')
-  if (!words || words.length < 2 || words[words.length - 2] !== 'statements') return undefined
+/** The verification's messages (see Verification). */
+export function verification(user: string, stateFunctions: string): Verification {
+  const text = verificationSql(user)
+  const unnamed = (sql: string) => [serialize.parse({ text: sql }), serialize.bind(), serialize.execute()]
+  const verify = [serialize.bind({ statement: NAME }), serialize.execute(), serialize.sync()]
+  const discard = unnamed('DISCARD SEQUENCES')
+  return {
+    prepare: Buffer.concat([serialize.close({ type: 'S', name: NAME }), serialize.parse({ name: NAME, text })]),
+    run: Buffer.concat([...discard, ...verify]),
+    runAsking: Buffer.concat([...discard, ...unnamed(runsCodeSelect(stateFunctions)), ...verify]),
+  }
+}
+
+/** A verification's answer, from the first column of its rows (`asked`: runAsking's); undefined: it failed, or never came. */
+export function found(rows: string[], asked: boolean): Found | undefined {
+  const words = rows[asked ? 1 : 0]?.split(' ')
+  if (rows.length !== (asked ? 2 : 1) || !words || words.length < 2 || words[words.length - 2] !== 'statements') return undefined
   const statements = Number(words.pop())
   words.pop()
-  const code = words[0] === 'code'
-  return { code, left: code ? words.slice(1) : words, statements }
+  return { code: asked ? rows[0] === 'code' : undefined, left: words, statements }
 }
 
 /** A string literal Postgres reads the same with standard_conforming_strings on or off (a backslash reads as itself only with it on: then no match, which is safe). */

@@ -18,7 +18,7 @@ import { TxStatus } from '../wire/codes'
 import type { Ending } from './idle-watch'
 import { parseStartupPacket } from '../wire/startup'
 import { read as readStatements, type Reading } from '../isolation/reader'
-import { runsCodeQuery, STATE_FUNCTIONS, verification } from '../isolation/verify'
+import { runsCodeQuery, STATE_FUNCTIONS, verification, type Verification } from '../isolation/verify'
 
 
 /** Random bytes for cancel secrets, drawn from a pool refilled 4 KiB at a time (one call per ~1,000 logins, not one each). */
@@ -93,7 +93,7 @@ export class Lender {
   private runsCode?: boolean
   private codeSaid = 0
   /** The verification for this key's backends (proxy/isolation/verify.ts), once the database has named its state-setting built-ins. */
-  verification?: Buffer
+  verification?: Verification
 
   /** The client each lent backend is lent to (none: not counted, as a /sql request's). */
   private readonly holders = new Map<Backend, string>()
@@ -220,7 +220,12 @@ export class Lender {
    * any time, through the proxy or not, is seen by the next verification after that.
    */
   get runsNoCode(): boolean {
-    return this.runsCode === false && performance.now() - this.codeSaid < CODE_TRUSTED_MS
+    return this.runsCode === false && this.codeFresh
+  }
+
+  /** Whether the database said within CODE_TRUSTED_MS whether it runs code of its own (else the next verification asks again). */
+  get codeFresh(): boolean {
+    return this.runsCode !== undefined && performance.now() - this.codeSaid < CODE_TRUSTED_MS
   }
 
   /** What the database said of the code it runs (undefined: it did not say). */

@@ -69,6 +69,9 @@ const INERT = new Set<number>([ClientMessage.Describe, ClientMessage.Execute, Cl
 /** The statements each backend holds, by backend, as of its last reset (which drops them all). */
 const held = new WeakMap<Backend, { resets: number; statements: BackendStatements }>()
 
+/** Backends that hold the verification prepared (proxy/isolation/verify.ts), as of which reset. */
+const prepared = new WeakMap<Backend, number>()
+
 function statementsOn(backend: Backend, limit: number): BackendStatements {
   let entry = held.get(backend)
   if (entry?.resets !== backend.resets) held.set(backend, (entry = { resets: backend.resets, statements: new BackendStatements(limit) }))
@@ -390,11 +393,17 @@ class LentSession implements RunningSession {
     if (!lender.verification) return this.pin('unverified') // (the database has not yet named its state-setting built-ins)
     this.verifying = true
     lender.events.verified()
-    let answer: string | undefined
-    lend.relay.ownQuery(lender.verification, (value) => (answer = value), () => {
+    const { backend } = lend
+    const v = lender.verification
+    const asked = !lender.codeFresh
+    const rows: string[] = []
+    const run = asked ? v.runAsking : v.run
+    lend.relay.ownQuery(prepared.get(backend) === backend.resets ? run : Buffer.concat([v.prepare, run]), (value) => rows.push(value), () => {
       this.verifying = false
-      const f = found(answer)
-      lender.learned(f?.code)
+      const f = found(rows, asked)
+      if (f) prepared.set(backend, backend.resets)
+      else prepared.delete(backend) // (prepared again next time, in case that is what failed)
+      if (asked) lender.learned(f?.code)
       if (this.lend !== lend) return
       const statements = statementsOn(lend.backend, this.o.statementsPerBackend).held.size
       const left = f ? (f.left[0] ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
