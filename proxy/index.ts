@@ -19,6 +19,7 @@ import { ClientAddresses, isLoopback } from './listen/client-address'
 import type { ClusterLink } from './cluster/worker'
 import { localPlaces, type PlacesOf } from './cluster/places'
 import { loadReader, read } from './isolation/reader'
+import { Signals } from './ws/signals'
 
 export interface ProxyOptions {
   /** The Postgres this proxy relays to: `host:port`. */
@@ -143,6 +144,8 @@ export function createProxy(options: ProxyOptions): Proxy {
   const clientAddress = (req: http.IncomingMessage) => addresses.of(req.socket, req.headers)
   const places: PlacesOf = options.cluster?.places ?? localPlaces
   const logins = new LoginGate(options.maxLogins ?? 64, options.maxLoginsPerIp ?? 8, places)
+  const signals = new Signals(options.cluster?.index ?? 0, options.cluster?.signal)
+  if (options.cluster) options.cluster.onSignal = (m) => signals.hear(m)
   const routes = new WebSocketRoutes({
     ...options,
     upstreams,
@@ -158,6 +161,7 @@ export function createProxy(options: ProxyOptions): Proxy {
     offload: options.authOffload !== false,
     handshakeTimeoutMs,
     idleInTransactionMs: options.pool?.idleInTransactionMs ?? 60_000,
+    signals,
   })
   let draining = false
   const health = healthHandler(upstream, { draining: () => draining })

@@ -32,6 +32,10 @@ export function runPrimary(o: PrimaryOptions) {
     live.set(index, worker)
     worker.on('message', (m: ToPrimary) => {
       if (m?.edgepg === 'places') places.hear(index, m)
+      else if (m?.edgepg === 'signal') {
+        const to = live.get(m.to)
+        if (to) send(to, m)
+      }
       else if (m?.edgepg === 'metrics') {
         metrics.clusterMetrics().then(
           (body) => send(worker, { edgepg: 'metrics', id: m.id, body }),

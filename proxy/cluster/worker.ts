@@ -4,9 +4,10 @@
  */
 import { AggregatorRegistry, type Registry } from 'prom-client'
 import { SharedPlaces, type PlacesOf, type PlacesToPrimary, type PlacesToWorker } from './places'
+import type { SignalMessage } from '../ws/signals'
 
-export type ToPrimary = PlacesToPrimary | { edgepg: 'metrics'; id: number }
-export type ToWorker = PlacesToWorker | { edgepg: 'metrics'; id: number; body?: string; error?: string }
+export type ToPrimary = PlacesToPrimary | { edgepg: 'metrics'; id: number } | SignalMessage
+export type ToWorker = PlacesToWorker | { edgepg: 'metrics'; id: number; body?: string; error?: string } | SignalMessage
 
 /** What a proxy in a worker asks its primary for. */
 export interface ClusterLink {
@@ -14,6 +15,12 @@ export interface ClusterLink {
   places: PlacesOf
   /** The whole proxy's metrics, as /metrics serves them. */
   metrics(): Promise<string>
+  /** This worker's index, among --workers. */
+  index: number
+  /** A signal for a session of another worker (proxy/ws/signals.ts), through the primary. */
+  signal(m: SignalMessage): void
+  /** Signals other workers send this one's sessions. */
+  onSignal?: (m: SignalMessage) => void
 }
 
 /** This worker's link, once the primary has told it what a replacement worker needs to know. */
@@ -29,7 +36,8 @@ export async function workerLink(workers: number, index: number) {
     if (m?.edgepg === 'metrics') {
       metricsWaiting.get(m.id)?.(m)
       metricsWaiting.delete(m.id)
-    } else if (m?.edgepg === 'places') {
+    } else if (m?.edgepg === 'signal') link.onSignal?.(m)
+    else if (m?.edgepg === 'places') {
       if (m.op !== 'known') return limits.get(m.name)?.hear(m)
       leases = m.leases
       known()
@@ -39,6 +47,8 @@ export async function workerLink(workers: number, index: number) {
   await hello
 
   const link: ClusterLink = {
+    index,
+    signal: send,
     places(name, limit) {
       const places = new SharedPlaces(name, limit, workers, index, send)
       for (const [of, key, lease] of leases) if (of === name) places.lease(key, lease)
@@ -57,5 +67,5 @@ export async function workerLink(workers: number, index: number) {
     AggregatorRegistry.setRegistries([registry])
     new AggregatorRegistry() // (its listener answers the primary's requests for this worker's metrics)
   }
-  return { ...link, report }
+  return Object.assign(link, { report }) // (one object: the proxy sets its onSignal)
 }

@@ -15,6 +15,15 @@ export interface Reading {
   sequences: boolean
   /** Sets what no catalog shows (a custom setting's placeholder, setseed, LOAD, dblink): the backend stays the session's. */
   unseen: boolean
+  /** pg_cancel_backend / pg_terminate_backend of a constant or a parameter ($n): what the proxy acts on (proxy/ws/signals.ts). */
+  signals?: Signal[]
+}
+
+export interface Signal {
+  kind: 'cancel' | 'terminate'
+  /** The processID, or the parameter that holds it (1 for $1). */
+  pid?: number
+  param?: number
 }
 
 export const NOTHING: Reading = { plain: true, code: false, sequences: false, unseen: false }
@@ -24,7 +33,8 @@ const UNPARSED: Reading = { plain: false, code: true, sequences: false, unseen: 
 export function merge(a: Reading, b: Reading): Reading {
   if (b === NOTHING) return a
   if (a === NOTHING) return b
-  return { plain: a.plain && b.plain, code: a.code || b.code, sequences: a.sequences || b.sequences, unseen: a.unseen || b.unseen }
+  const signals = a.signals || b.signals ? [...(a.signals ?? []), ...(b.signals ?? [])] : undefined
+  return { plain: a.plain && b.plain, code: a.code || b.code, sequences: a.sequences || b.sequences, unseen: a.unseen || b.unseen, ...(signals && { signals }) }
 }
 
 let loaded = false
@@ -147,7 +157,17 @@ function call(fn: Node, r: Reading) {
   if (name === 'nextval' || name === 'setval') return void (r.sequences = true)
   if (UNSEEN.test(name)) r.unseen = true
   if (name === 'set_config') return setConfig(fn, r)
+  if (name === 'pg_cancel_backend' || name === 'pg_terminate_backend') signal(name === 'pg_cancel_backend' ? 'cancel' : 'terminate', fn, r)
   if (!HARMLESS.has(name)) r.plain = false
+}
+
+/** A signal's target, where the statement names it: a constant, or a parameter (either perhaps cast). */
+function signal(kind: Signal['kind'], fn: Node, r: Reading) {
+  let arg = ((fn.args as Node[]) ?? [])[0]
+  while (arg?.TypeCast) arg = (arg.TypeCast as Node).arg as Node
+  const pid = ((arg?.A_Const as Node | undefined)?.ival as Node | undefined)?.ival
+  const param = (arg?.ParamRef as Node | undefined)?.number
+  if (typeof pid === 'number' || typeof param === 'number') (r.signals ??= []).push({ kind, ...(typeof pid === 'number' ? { pid } : { param: param as number }) })
 }
 
 /** set_config(name, value, true) lasts until the transaction ends; a custom name with any other third argument leaves a placeholder. */

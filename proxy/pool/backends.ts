@@ -93,9 +93,14 @@ export class Backend {
     this.key = { pid: k.readInt32BE(5), secret: k.subarray(9) }
   }
 
-  /** Postgres's login answer as a session on this backend sees it: with its own cancel secret. */
-  answerWith(secret: Buffer): Buffer {
-    return Buffer.concat(this.answer.map((m) => (m[0] === ServerMessage.BackendKeyData ? Buffer.concat([m.subarray(0, 9), secret]) : m)))
+  /** Postgres's login answer as a session on this backend sees it: with its own cancel secret (and processID, in transaction pooling). */
+  answerWith(secret: Buffer, pid?: number): Buffer {
+    const keyData = (m: Buffer) => {
+      const head = Buffer.from(m.subarray(0, 9))
+      if (pid !== undefined) head.writeInt32BE(pid, 5)
+      return Buffer.concat([head, secret])
+    }
+    return Buffer.concat(this.answer.map((m) => (m[0] === ServerMessage.BackendKeyData ? keyData(m) : m)))
   }
 
   /** A ParameterStatus Postgres sent after the login (a reset, a configuration reload). */

@@ -99,6 +99,8 @@ export class Lender {
   private readonly holders = new Map<Backend, string>()
   /** Sessions pinned now. */
   private pinnedCount = 0
+  /** Upstream and user: who may signal whom (proxy/ws/signals.ts). */
+  readonly role: string
 
   /** Backends whose close this lender watches. */
   private readonly watched = new WeakSet<Backend>()
@@ -121,6 +123,7 @@ export class Lender {
   ) {
     const startup = parseStartupPacket(Buffer.from((JSON.parse(key) as string[])[2], 'base64'))
     const user = startup.kind === 'startup' ? startup.user : ''
+    this.role = `${(JSON.parse(key) as string[])[0]} ${user}`
     let stateFunctions = ''
     const learning = this.exchange(answer, STATE_FUNCTIONS, (row) => (stateFunctions = row)).then((ok) => {
       if (!ok || !stateFunctions) return false
@@ -133,11 +136,13 @@ export class Lender {
 
   readonly born = Date.now()
 
-  /** A login of this key, answered as the first was, with a cancel secret of its own: the answer, and the key it tells. */
-  welcome(): { outcome: LoginOutcome; told: BackendKey } {
+  /** A login of this key, answered as the first was, with a processID and a cancel secret of its own: the answer, and the key it tells. */
+  welcome(pid: number): { outcome: LoginOutcome; told: BackendKey } {
     const secret = randomSecret(this.answer.key.secret.length)
-    return { outcome: { kind: 'ready', answer: this.answer.answerWith(secret) }, told: { pid: this.answer.key.pid, secret } }
+    return { outcome: { kind: 'ready', answer: this.answer.answerWith(secret, pid) }, told: { pid, secret } }
   }
+
+
 
   /**
    * A backend to run on: an idle one, a new one while there are fewer than `size`, or the next one

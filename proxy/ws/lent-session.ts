@@ -16,7 +16,8 @@ import type { Backend } from '../pool/backends'
 import type { Lender } from '../pool/lender'
 import { IdleWatch } from '../pool/idle-watch'
 import { BackendStatements, StatementRelay, type SessionStatements } from '../pool/prepared'
-import { merge, NOTHING, type Reading } from '../isolation/reader'
+import { merge, NOTHING, type Reading, type Signal } from '../isolation/reader'
+import type { Signals } from './signals'
 import { found } from '../isolation/verify'
 import { Framer, kept, MessageTooLarge } from '../wire/bytes'
 import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
@@ -46,6 +47,9 @@ export interface LentSessionOptions {
   client?: string
   /** End a session idle inside a transaction this long (ms; 0: never), as Postgres's idle_in_transaction_session_timeout would. */
   idleInTransactionMs?: number
+  /** The processID the session was told (none a backend has), and where sessions are found by it. */
+  pid: number
+  signals: Signals
 }
 
 interface Lend {
@@ -116,6 +120,7 @@ class LentSession implements RunningSession {
   /** The statement a cancel was sent for (by readies), so that it is sent once. */
   private cancelled = -1
   private readonly unfollow: () => void
+  private readonly unsignal: () => void
   private idleInTransaction?: NodeJS.Timeout
 
   constructor(private readonly ws: WebSocket, private readonly o: LentSessionOptions) {
@@ -128,6 +133,12 @@ class LentSession implements RunningSession {
     })
     this.memory?.loggedIn()
     // (A lend not parked may be running something: a portal's Execute awaits no Sync. Postgres ignores a cancel while idle.)
+    this.unsignal = o.signals.attach(o.pid, {
+      role: o.lender.role,
+      // Its statement running now, if any (as a CancelRequest for its processID would).
+      cancel: () => this.lend && !this.parked && this.lend.watch.pending > 0 && this.lend.backend.upstream.cancel(this.lend.backend.key),
+      terminate: () => this.evict('ok', '57P01', 'terminating connection due to administrator command'),
+    })
     this.unfollow = o.follow(() => (this.lend && !this.parked ? this.lend.backend.key : undefined))
     this.toClient(o.answer)
     ws.on('message', this.onClientMessage)
@@ -235,10 +246,20 @@ class LentSession implements RunningSession {
 
   private send(msgs: Buffer[]) {
     const lend = this.lend!
-    for (const m of msgs) lend.effects = merge(lend.effects, this.effectsOf(m))
+    let signals: Array<[Signal, Buffer]> | undefined
+    for (const m of msgs) {
+      const r = this.effectsOf(m)
+      lend.effects = merge(lend.effects, r)
+      if (r.signals && m[0] !== ClientMessage.Parse) for (const s of r.signals) (signals ??= []).push([s, m])
+    }
     const bytes = Buffer.concat(msgs)
     lend.watch.fromClient(bytes)
     lend.relay.forward(msgs) // (framed once, above)
+    // pg_cancel_backend / pg_terminate_backend of a processID the proxy told: for the session told it (this one, perhaps).
+    for (const [s, m] of signals ?? []) {
+      const pid = s.pid ?? (m[0] === ClientMessage.Bind ? bindParameter(m, s.param!) : undefined)
+      if (pid !== undefined) this.o.signals.send(s.kind, pid, this.o.lender.role)
+    }
   }
 
   /** What running `msg` may leave behind. */
@@ -485,6 +506,7 @@ class LentSession implements RunningSession {
     if (this.ended) return
     this.ended = true
     clearTimeout(this.idleInTransaction)
+    this.unsignal()
     this.unpin()
     this.waiting = []
     this.leaveLine?.(new Error('the session ended'))
@@ -497,6 +519,22 @@ class LentSession implements RunningSession {
     const ending = lend.watch.ending
     this.o.lender.endSession(lend.backend, ending && { ...ending, pending: ending.pending + lend.relay.ownReadiesDue, reusable: ending.reusable && !this.pinnedForGood })
   }
+}
+
+/** A Bind's parameter `n` (1-based) as an integer, text or binary; undefined if it is none. */
+function bindParameter(bind: Buffer, n: number): number | undefined {
+  let at = bind.indexOf(0, bind.indexOf(0, 5) + 1) + 1
+  const formats = bind.readInt16BE(at)
+  const format = formats === 0 ? 0 : bind.readInt16BE(at + 2 + 2 * (formats === 1 ? 0 : n - 1))
+  at += 2 + 2 * formats
+  if (n > bind.readInt16BE(at)) return undefined
+  at += 2
+  for (let i = 1; i < n; i++) at += 4 + Math.max(0, bind.readInt32BE(at))
+  const length = bind.readInt32BE(at)
+  const value = bind.subarray(at + 4, at + 4 + Math.max(0, length))
+  if (length < 0) return undefined
+  if (format === 0) return /^\s*[+-]?\d+\s*$/.test(value.toString('latin1')) ? Number(value.toString('latin1')) : undefined
+  return length === 4 ? value.readInt32BE(0) : length === 8 ? Number(value.readBigInt64BE(0)) : undefined
 }
 
 const READY_IDLE = Buffer.from([ServerMessage.ReadyForQuery, 0, 0, 0, 5, TxStatus.Idle])

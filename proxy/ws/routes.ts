@@ -8,6 +8,7 @@ import { WebSocketServer, type WebSocket } from 'ws'
 import { formatHostPort, parseHostPort, type HostPort } from '../upstream/address'
 import { runSession, type RunningSession, type SessionLog } from './session'
 import { runLentSession } from './lent-session'
+import type { Signals } from './signals'
 import { Lender } from '../pool/lender'
 import type { Lenders } from '../pool/lenders'
 import { Upstream, type ClientTls, type UpstreamTls } from '../upstream/connection'
@@ -36,6 +37,8 @@ function subjectOf(claims: string): string {
 export interface RouteOptions {
   /** Transaction mode: end a session idle inside a transaction this long (ms; 0: never). */
   idleInTransactionMs?: number
+  /** Transaction mode: sessions by the processID they were told. */
+  signals: Signals
   upstreams: Upstreams
   pool: BackendPool
   metrics: Metrics
@@ -252,6 +255,8 @@ export class WebSocketRoutes {
                 claims: identity?.claims,
                 client: identity ? `token ${subjectOf(identity.claims)}` : limitKey(peer),
                 idleInTransactionMs: this.o.idleInTransactionMs,
+                signals: this.o.signals,
+                pid: lent!.told.pid,
               })
             : runSession(session, {
                 upstream: up ?? newUpstream(), opened, loginBytes: login?.bytes, peer, offload, passwordsAllowed, connect, routeCancel,
@@ -271,7 +276,7 @@ export class WebSocketRoutes {
       socket.uncork()
     }
 
-    const { lenders, upstreamTls } = this.o
+    const { lenders, upstreamTls, signals } = this.o
     const keyOf = (login: Login) =>
       login.first.kind === 'startup' && pool.enabled ? pool.key(name, login.tls, login.first.packet, login.password, identity !== undefined) : undefined
     if (problem || !login) return upgrade(problem)
@@ -301,7 +306,7 @@ export class WebSocketRoutes {
       }
       // Transaction pooling: a key's logins are answered by its lender, once its first login has made one.
       const welcome = (lender: Lender) => {
-        const { outcome, told } = lender.welcome()
+        const { outcome, told } = lender.welcome(signals.issue())
         lent = { lender, told }
         upgrade(outcome)
       }
