@@ -20,7 +20,6 @@ import { parseStartupPacket } from '../wire/startup'
 import { read as readStatements, type Reading } from '../isolation/reader'
 import { runsCodeQuery, STATE_FUNCTIONS, verification, type Verification } from '../isolation/verify'
 
-
 /** Random bytes for cancel secrets, drawn from a pool refilled 4 KiB at a time (one call per ~1,000 logins, not one each). */
 let randomPool = Buffer.alloc(0)
 function randomSecret(n: number): Buffer {
@@ -121,9 +120,10 @@ export class Lender {
     readonly read: (sql: string) => Reading = readStatements,
     readonly shares: Shares = { perClient: size, pinned: size }
   ) {
-    const startup = parseStartupPacket(Buffer.from((JSON.parse(key) as string[])[2], 'base64'))
+    const [upstream, , loginB64] = JSON.parse(key) as string[]
+    const startup = parseStartupPacket(Buffer.from(loginB64, 'base64'))
     const user = startup.kind === 'startup' ? startup.user : ''
-    this.role = `${(JSON.parse(key) as string[])[0]} ${user}`
+    this.role = `${upstream} ${user}`
     let stateFunctions = ''
     const learning = this.exchange(answer, STATE_FUNCTIONS, (row) => (stateFunctions = row)).then((ok) => {
       if (!ok || !stateFunctions) return false
@@ -141,8 +141,6 @@ export class Lender {
     const secret = randomSecret(this.answer.key.secret.length)
     return { outcome: { kind: 'ready', answer: this.answer.answerWith(secret, pid) }, told: { pid, secret } }
   }
-
-
 
   /**
    * A backend to run on: an idle one, a new one while there are fewer than `size`, or the next one

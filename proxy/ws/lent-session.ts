@@ -64,9 +64,10 @@ const HIGH_WATER = 1 << 20
 /** What a message waiting for a backend costs beside its bytes (its Buffer: ~110 bytes of heap, measured). */
 const QUEUED_COST = 128
 const DISCARD_SEQUENCES = serialize.query('DISCARD SEQUENCES')
-/** A FunctionCall: code no statement text shows, which may make a custom setting (no catalog shows it). */
-const CALLED: Reading = { plain: false, code: true, sequences: true, unseen: true }
-/** A message the proxy does not know how to read: whatever it did stays with the session. */
+/**
+ * A FunctionCall (code no statement text shows, which may make a custom setting no catalog shows),
+ * or a message the proxy does not know how to read: whatever it did stays with the session.
+ */
 const UNREAD: Reading = { plain: false, code: true, sequences: true, unseen: true }
 /** Client messages that run nothing by themselves (what they name was read at its Parse). */
 const INERT = new Set<number>([ClientMessage.Describe, ClientMessage.Execute, ClientMessage.Sync, ClientMessage.Flush, ClientMessage.Close, ClientMessage.CopyData, ClientMessage.CopyDone, ClientMessage.CopyFail])
@@ -132,13 +133,13 @@ class LentSession implements RunningSession {
       this.finish() // (what it held goes with it)
     })
     this.memory?.loggedIn()
-    // (A lend not parked may be running something: a portal's Execute awaits no Sync. Postgres ignores a cancel while idle.)
     this.unsignal = o.signals.attach(o.pid, {
       role: o.lender.role,
       // Its statement running now, if any (as a CancelRequest for its processID would).
       cancel: () => this.lend && !this.parked && this.lend.watch.pending > 0 && this.lend.backend.upstream.cancel(this.lend.backend.key),
       terminate: () => this.evict('ok', '57P01', 'terminating connection due to administrator command'),
     })
+    // (A lend not parked may be running something: a portal's Execute awaits no Sync. Postgres ignores a cancel while idle.)
     this.unfollow = o.follow(() => (this.lend && !this.parked ? this.lend.backend.key : undefined))
     this.toClient(o.answer)
     ws.on('message', this.onClientMessage)
@@ -280,7 +281,6 @@ class LentSession implements RunningSession {
       const parse = this.statements.get(cString(msg.subarray(portalEnd + 1)))
       return parse ? read(cString(parse.subarray(parse.indexOf(0, 5) + 1))) : NOTHING
     }
-    if (type === ClientMessage.FunctionCall) return CALLED
     return INERT.has(type) ? NOTHING : UNREAD
   }
 
