@@ -69,9 +69,22 @@ interface Waiter {
   client?: string
 }
 
+/** Who a backend is lent to, for the per-client share (none: not counted, as a /sql request). */
+export interface Holder {
+  /** A token's subject, else the client's address. */
+  client: string
+  /** Whether it sits idle inside a transaction now: then it may be ended for another client's sake. */
+  idleInTransaction(): boolean
+  /** Ends the session (its transaction rolled back), naming the flag. */
+  evict(message: string): void
+}
+
 /** How far one client may take a key's backends (proxy/config.ts: --max-backends-per-client, --max-pinned-sessions). */
 export interface Shares {
-  /** Backends one client (a token's subject, else its address) holds at once, parked ones aside. */
+  /**
+   * Backends one client (a token's subject, else its address) holds at once, parked ones aside,
+   * while another client waits: alone, a client may have them all.
+   */
   perClient: number
   /** Sessions kept on their backends for state they hold, at once. */
   pinned: number
@@ -88,6 +101,8 @@ export class Lender {
   /** Being logged in, or taken from the pool. */
   private opening = 0
   private readonly waiting: Waiter[] = []
+  /** Waiters by client. */
+  private readonly waitingBy = new Map<string | undefined, number>()
   /** Whether the database runs code of its own on reads and writes (undefined: not known yet, so yes), and when it said. */
   private runsCode?: boolean
   private codeSaid = 0
@@ -95,7 +110,7 @@ export class Lender {
   verification?: Verification
 
   /** The client each lent backend is lent to (none: not counted, as a /sql request's). */
-  private readonly holders = new Map<Backend, string>()
+  private readonly holders = new Holders()
   /** Sessions pinned now. */
   private pinnedCount = 0
   /** Upstream and user: who may signal whom (proxy/ws/signals.ts). */
@@ -147,19 +162,20 @@ export class Lender {
    * given back. If it has to wait in line, `waits` gets how to leave it (the wait then rejects with
    * the reason given), for a caller that gives up.
    */
-  async acquire(waits?: (leave: (reason: Error) => void) => void, client?: string): Promise<Backend> {
+  async acquire(waits?: (leave: (reason: Error) => void) => void, holder?: Holder): Promise<Backend> {
     const started = performance.now()
-    if (!this.waiting.length && this.mayTake(client)) {
+    const client = holder?.client
+    if (!this.waiting.length) {
       const backend = await this.take()
-      if (backend) return this.events.lent((performance.now() - started) / 1000), this.holdFor(backend, client)
+      if (backend) return this.events.lent((performance.now() - started) / 1000), this.holdFor(backend, holder)
     }
     return new Promise<Backend>((resolve, reject) => {
       const waiter: Waiter = {
-        resolve: (backend) => (this.events.lent((performance.now() - started) / 1000), resolve(this.holdFor(backend, client))),
+        resolve: (backend) => (this.events.lent((performance.now() - started) / 1000), resolve(this.holdFor(backend, holder))),
         reject,
         client,
         timer: setTimeout(() => {
-          this.waiting.splice(this.waiting.indexOf(waiter), 1)
+          this.unqueue(waiter)
           this.events.timedOut()
           const { perClient } = this.shares
           reject(new PoolTimeout(this.mayTake(client) || this.busy >= this.size
@@ -168,19 +184,48 @@ export class Lender {
         }, this.timeoutMs),
       }
       waits?.((reason) => {
-        const at = this.waiting.indexOf(waiter)
-        if (at < 0) return
-        this.waiting.splice(at, 1)
+        if (!this.unqueue(waiter)) return
         clearTimeout(waiter.timer)
         reject(reason)
       })
       this.waiting.push(waiter)
+      this.waitingBy.set(client, (this.waitingBy.get(client) ?? 0) + 1)
       this.serve() // (a parked backend may be taken back for it)
+      this.makeRoom(waiter)
     })
   }
 
   private nextEligible(): boolean {
     return this.waiting.some((w) => this.mayTake(w.client))
+  }
+
+  /** A session of this key sits idle inside a transaction: the first waiter within its share may end it (see makeRoom). */
+  idleInTransaction() {
+    const first = this.waiting.find((w) => this.mayTake(w.client))
+    if (first) this.makeRoom(first)
+  }
+
+  /** Out of the line: false if it was not in it. */
+  private unqueue(waiter: Waiter): boolean {
+    const at = this.waiting.indexOf(waiter)
+    if (at < 0) return false
+    this.waiting.splice(at, 1)
+    const n = this.waitingBy.get(waiter.client)! - 1
+    if (n) this.waitingBy.set(waiter.client, n)
+    else this.waitingBy.delete(waiter.client)
+    return true
+  }
+
+  /**
+   * A waiter within its client's share finds every backend lent: a session of a client past its
+   * share that sits idle inside a transaction is ended for it (its backend, rolled back, is next).
+   */
+  private makeRoom(waiter: Waiter) {
+    if (!this.mayTake(waiter.client) || this.busy + this.pool.idleCount(this.key) < this.size) return
+    const over = this.holders.over(this.shares.perClient, waiter.client)
+    over?.evict(
+      `terminating connection: idle in a transaction while its client holds more than ${this.shares.perClient} of this user's ${this.size} backends and another client waits (--max-backends-per-client; the transaction was rolled back)`
+    )
   }
 
   /** Sessions and requests waiting for a backend now. */
@@ -270,6 +315,7 @@ export class Lender {
   park(backend: Backend, surrender: () => void): boolean {
     if (this.waiting.length || !this.lent.has(backend)) return false
     this.parked.set(backend, surrender)
+    this.holders.counted(backend, false) // (another may take it)
     return true
   }
 
@@ -286,6 +332,7 @@ export class Lender {
   /** The session runs on its parked backend again. */
   unpark(backend: Backend) {
     this.parked.delete(backend)
+    this.holders.counted(backend, true)
   }
 
   /** Lent now, and being logged in: what counts against `size` beside the pool's idle ones. */
@@ -308,22 +355,21 @@ export class Lender {
   }
 
   /** Whether `client` may have one more backend now. */
+  /** Whether `client` may have one more backend now: within its share, or with no other client waiting. */
   private mayTake(client: string | undefined): boolean {
-    if (client === undefined) return true
-    let held = 0
-    for (const [backend, holder] of this.holders) if (holder === client && !this.parked.has(backend)) held++
-    return held < this.shares.perClient
+    return client === undefined || this.holders.count(client) < this.shares.perClient || this.waiting.length === (this.waitingBy.get(client) ?? 0)
   }
 
-  private holdFor(backend: Backend, client: string | undefined): Backend {
-    if (client !== undefined) this.holders.set(backend, client)
+  private holdFor(backend: Backend, holder: Holder | undefined): Backend {
+    this.holders.set(backend, holder)
     return backend
   }
 
   /** The first in line whose client may have one more backend, out of the line. */
   private nextWaiter(): Waiter | undefined {
-    const at = this.waiting.findIndex((w) => this.mayTake(w.client))
-    return at < 0 ? undefined : this.waiting.splice(at, 1)[0]
+    const next = this.waiting.find((w) => this.mayTake(w.client))
+    if (next) this.unqueue(next)
+    return next
   }
 
   /** The next waiter's turn, if a backend can be had. */
@@ -394,5 +440,50 @@ export class Lender {
   /** Sends `query` (`readies` statements) on an idle backend; true if it all went well and left it idle. */
   private exchange(backend: Backend, query: Buffer, onRow?: (value: string) => void, readies = 1): Promise<boolean> {
     return exchange(backend.upstream, query, readies, onRow).then((answer) => !!answer && !answer.error && answer.idle)
+  }
+}
+
+/** Who each lent backend is lent to, and how many each client holds (parked ones not counted). */
+class Holders {
+  private readonly by = new Map<Backend, { holder: Holder; counted: boolean }>()
+  private readonly held = new Map<string, number>()
+
+  set(backend: Backend, holder: Holder | undefined) {
+    this.delete(backend)
+    if (!holder) return
+    this.by.set(backend, { holder, counted: true })
+    this.add(holder.client, 1)
+  }
+
+  /** A holder idle inside a transaction whose client holds more than `share`, other than `client`. */
+  over(share: number, client: string | undefined): Holder | undefined {
+    for (const { holder, counted } of this.by.values()) {
+      if (counted && holder.client !== client && this.count(holder.client) > share && holder.idleInTransaction()) return holder
+    }
+    return undefined
+  }
+
+  delete(backend: Backend) {
+    const holder = this.by.get(backend)
+    if (!holder) return
+    this.by.delete(backend)
+    if (holder.counted) this.add(holder.holder.client, -1)
+  }
+
+  counted(backend: Backend, counted: boolean) {
+    const holder = this.by.get(backend)
+    if (!holder || holder.counted === counted) return
+    holder.counted = counted
+    this.add(holder.holder.client, counted ? 1 : -1)
+  }
+
+  count(client: string): number {
+    return this.held.get(client) ?? 0
+  }
+
+  private add(client: string, n: number) {
+    const now = this.count(client) + n
+    if (now) this.held.set(client, now)
+    else this.held.delete(client)
   }
 }

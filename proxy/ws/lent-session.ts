@@ -13,7 +13,7 @@
 import type { WebSocket, RawData } from 'ws'
 import { serialize } from 'pg-protocol'
 import type { Backend } from '../pool/backends'
-import type { Lender } from '../pool/lender'
+import type { Holder, Lender } from '../pool/lender'
 import { IdleWatch } from '../pool/idle-watch'
 import { BackendStatements, StatementRelay, type SessionStatements } from '../pool/prepared'
 import { merge, NOTHING, type Reading, type Signal } from '../isolation/reader'
@@ -123,9 +123,14 @@ class LentSession implements RunningSession {
   private readonly unfollow: () => void
   private readonly unsignal: () => void
   private idleInTransaction?: NodeJS.Timeout
+  /** Nothing runs and the client sends nothing, inside a transaction. */
+  private idleInTx = false
+  /** Who the session is to the per-client share of backends. */
+  private readonly holder?: Holder
 
   constructor(private readonly ws: WebSocket, private readonly o: LentSessionOptions) {
     this.bytesIn = o.loginBytes
+    if (o.client !== undefined) this.holder = { client: o.client, idleInTransaction: () => this.idleInTx, evict: (message) => this.evict('over_share', '25P03', message) }
     this.maxHeld = o.budget?.maxMessageBytes ?? Infinity
     this.framer = new Framer(this.maxHeld)
     this.memory = o.budget?.watch(ws, () => {
@@ -186,7 +191,7 @@ class LentSession implements RunningSession {
     if (terminate >= 0) msgs = msgs.slice(0, terminate)
     if (msgs.length) {
       clearTimeout(this.idleInTransaction)
-      this.idleInTransaction = undefined
+      this.idleInTx = false
       if (this.lend && this.parked) this.o.lender.unpark(this.lend.backend), (this.parked = false)
       if (this.lend) this.send(msgs)
       else {
@@ -286,7 +291,7 @@ class LentSession implements RunningSession {
 
   private acquire() {
     this.acquiring = true
-    this.o.lender.acquire((leave) => (this.leaveLine = leave), this.o.client).then(
+    this.o.lender.acquire((leave) => (this.leaveLine = leave), this.holder).then(
       (backend) => {
         this.leaveLine = undefined
         const { claims } = this.o
@@ -359,8 +364,11 @@ class LentSession implements RunningSession {
 
   /** Nothing runs and the client sends nothing, inside a transaction: it may stay so for --idle-in-transaction-timeout. */
   private idleInside() {
+    if (this.idleInTx) return
+    this.idleInTx = true
+    this.o.lender.idleInTransaction() // (another client may be waiting for this backend)
     const ms = this.o.idleInTransactionMs
-    if (!ms || this.idleInTransaction) return
+    if (!ms) return
     this.idleInTransaction = setTimeout(() => {
       const message = `terminating connection due to idle-in-transaction timeout (edgepg-proxy: --idle-in-transaction-timeout ${ms} ms; the transaction was rolled back)`
       this.evict('idle_in_transaction', '25P03', message)
