@@ -27,7 +27,7 @@ globalThis.edgepgChecks = async function edgepgChecks(mod, { proxyPort, host, po
   // with Postgres's own DatabaseError.
   const early = new Client(base('scram_user'))
   const connecting = early.connect()
-  const first = early.query('SELECT 7 AS seven, pg_backend_pid() AS pid')
+  const first = early.query('SELECT 7 AS seven')
   await connecting
   out.login = { taken: early.connection.stream.loginTaken, processID: early.processID, rows: plain((await first).rows) }
   await early.end()
