@@ -100,3 +100,18 @@ test('a session idle inside a transaction past --idle-in-transaction-timeout end
     await p.close()
   }
 })
+
+test("by default a small pool (3 backends, as a worker's part of --pool-size 5) lets two sessions keep state at once, and others still run", async () => {
+  const p = await proxy({ size: 3, maxPerClient: 3 })
+  const [a, b, c] = await Promise.all([session(p), session(p), session(p)])
+  try {
+    await a.query('CREATE TEMP TABLE kept_a (x int)')
+    await b.query('CREATE TEMP TABLE kept_b (x int)')
+    assert.deepEqual(await outcome(c, 'SELECT 3 AS three'), { rows: [{ three: 3 }] })
+    assert.deepEqual([...a.errors, ...b.errors], [])
+    assert.deepEqual((await b.query('SELECT count(*)::int AS n FROM kept_b')).rows, [{ n: 0 }], 'b keeps its table')
+  } finally {
+    await Promise.all([a, b, c].map((x) => x.end().catch(() => {})))
+    await p.close()
+  }
+})

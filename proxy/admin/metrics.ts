@@ -180,7 +180,6 @@ export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => P
       }
     },
   })
-  for (const reason of ['state', 'code']) pins.inc({ reason }, 0)
   // Every series exists from the start, at 0, so rate() and alerts work before the first event.
   for (const kind of OUTCOME_KINDS) sessions.inc({ outcome_kind: kind }, 0)
   for (const reason of REFUSAL_REASONS) refusals.inc({ reason }, 0)
