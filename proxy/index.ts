@@ -136,11 +136,12 @@ export function createProxy(options: ProxyOptions): Proxy {
   const metrics = createMetrics(() => ({ pool: pool.size, logins: logins.counts, buffered: budget.total, lending: lenders?.counts ?? { lent: 0, waiting: 0 }, keys: lenders?.keys ?? [] }), options.cluster?.metrics)
   const handshakeTimeoutMs = options.handshakeTimeoutMs ?? 10_000
   const { mode = 'transaction', enabled = true, timeoutMs = 5000, statements = 100, maxLifetimeMs: lifetimeMs = 30 * 60_000, reader = read } = options.pool ?? {}
-  // No one client, and no sessions that keep state, take every backend of a key: unpinned work always has some.
+  // No one client, and no sessions that keep state, take every backend of a key: unpinned work always has some,
+  // and others' sessions go first once a client holds a quarter (the share orders the line; it idles no backend).
   // (A quarter of the backends may be pinned, but at least two where there are three or more: a worker's
   // part of a small pool is small, and pg's own suite keeps two sessions with temp tables at once.)
   const pinned = size < 3 ? 1 : Math.max(2, Math.ceil(size / 4))
-  const shares = { perClient: options.pool?.maxPerClient ?? Math.ceil(size / 2), pinned: options.pool?.maxPinned ?? pinned }
+  const shares = { perClient: options.pool?.maxPerClient ?? Math.ceil(size / 4), pinned: options.pool?.maxPinned ?? pinned }
   const lenders = mode === 'transaction' && enabled ? new Lenders(pool, { size, timeoutMs, statements, lifetimeMs, reader, shares }, metrics.lending) : undefined
   const tokens = options.tokens && new TokenLogins(options.tokens)
   const addresses = new ClientAddresses(options.trustProxy ?? [])

@@ -32,6 +32,9 @@ async function session(p: Proxy, elsewhere = false): Promise<Client & { errors: 
   return client
 }
 
+/** Sessions waiting for a backend now, as /metrics tells. */
+const waiting = async (p: Proxy) => Number((await p.metrics!.registry.metrics()).match(/^edgepg_proxy_lend_waiting (\d+)/m)![1])
+
 const outcome = (c: Client, sql: string) =>
   c.query(sql).then(
     (r) => ({ rows: r.rows }),
@@ -112,6 +115,26 @@ test("by default a small pool (3 backends, as a worker's part of --pool-size 5) 
     assert.deepEqual((await b.query('SELECT count(*)::int AS n FROM kept_b')).rows, [{ n: 0 }], 'b keeps its table')
   } finally {
     await Promise.all([a, b, c].map((x) => x.end().catch(() => {})))
+    await p.close()
+  }
+})
+
+test('a backend given back while every waiting client is past its share still serves one of them (no backend idle while sessions wait)', async () => {
+  const p = await proxy({ size: 3, maxPerClient: 1 })
+  const [a1, a2, a3] = await Promise.all([session(p, true), session(p, true), session(p, true)])
+  const [b1, b2] = await Promise.all([session(p), session(p)])
+  try {
+    for (const c of [a1, a2, b1]) await c.query('BEGIN') // all three backends, each taken while no one waited
+    const a3Ran = outcome(a3, 'SELECT 3 AS three') // waits: its client holds 2 of a share of 1
+    await eventually(async () => (await waiting(p)) === 1, 'a3 to wait')
+    const b2Ran = outcome(b2, 'SELECT 4 AS four') // waits: its client holds 1 of 1
+    await eventually(async () => (await waiting(p)) === 2, 'b2 to wait')
+    await a1.query('COMMIT')
+    assert.deepEqual(await a3Ran, { rows: [{ three: 3 }] }, 'served by the backend a1 gave back, not 53300 after --pool-timeout')
+    await b1.query('COMMIT')
+    assert.deepEqual(await b2Ran, { rows: [{ four: 4 }] })
+  } finally {
+    await Promise.all([a1, a2, a3, b1, b2].map((c) => c.end().catch(() => {})))
     await p.close()
   }
 })

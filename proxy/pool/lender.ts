@@ -82,8 +82,9 @@ export interface Holder {
 /** How far one client may take a key's backends (proxy/config.ts: --max-backends-per-client, --max-pinned-sessions). */
 export interface Shares {
   /**
-   * Backends one client (a token's subject, else its address) holds at once, parked ones aside,
-   * while another client waits: alone, a client may have them all.
+   * Backends one client (a token's subject, else its address) holds, parked ones aside, before
+   * others' waiting sessions go first and may end its sessions idle in a transaction: alone, a
+   * client may have them all.
    */
   perClient: number
   /** Sessions kept on their backends for state they hold, at once. */
@@ -193,10 +194,6 @@ export class Lender {
       this.serve() // (a parked backend may be taken back for it)
       this.makeRoom(waiter)
     })
-  }
-
-  private nextEligible(): boolean {
-    return this.waiting.some((w) => this.mayTake(w.client))
   }
 
   /** A session of this key sits idle inside a transaction: the first waiter within its share may end it (see makeRoom). */
@@ -354,7 +351,6 @@ export class Lender {
     this.pinnedCount--
   }
 
-  /** Whether `client` may have one more backend now. */
   /** Whether `client` may have one more backend now: within its share, or with no other client waiting. */
   private mayTake(client: string | undefined): boolean {
     return client === undefined || this.holders.count(client) < this.shares.perClient || this.waiting.length === (this.waitingBy.get(client) ?? 0)
@@ -365,16 +361,19 @@ export class Lender {
     return backend
   }
 
-  /** The first in line whose client may have one more backend, out of the line. */
+  /**
+   * Out of the line: the first whose client may have one more backend, else the first (a free
+   * backend serves someone: the share orders the line, it never leaves a backend idle).
+   */
   private nextWaiter(): Waiter | undefined {
-    const next = this.waiting.find((w) => this.mayTake(w.client))
+    const next = this.waiting.find((w) => this.mayTake(w.client)) ?? this.waiting[0]
     if (next) this.unqueue(next)
     return next
   }
 
   /** The next waiter's turn, if a backend can be had. */
   private serve() {
-    if (!this.nextEligible()) return
+    if (!this.waiting.length) return
     void this.take().then(
       (backend) => {
         if (!backend) return
