@@ -7,16 +7,17 @@
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import type { Client } from '../src/index'
+import { httpSql, type Client } from '../src/index'
 import { NOTHING } from '../proxy/isolation/reader'
-import { startProxy, edgeClient, scratchTable, within } from './support/helpers'
+import { startProxy, edgeClient, scratchTable, testPostgres, within } from './support/helpers'
+import { PASSWORD } from './support/stack'
 
 let scratch: Awaited<ReturnType<typeof scratchTable>>
 before(async () => (scratch = await scratchTable('isolation', 'note text')))
 after(() => scratch?.drop())
 
 type Proxy = Awaited<ReturnType<typeof startProxy>>
-const proxy = (reader?: () => typeof NOTHING) => startProxy({ pool: { mode: 'transaction', size: 1, timeoutMs: 400, ...(reader && { reader }) } })
+const proxy = (reader?: () => typeof NOTHING, codeRecheckMs?: number) => startProxy({ pool: { mode: 'transaction', size: 1, timeoutMs: 400, codeRecheckMs, ...(reader && { reader }) } })
 
 async function session(p: Proxy): Promise<Client> {
   const client = edgeClient(p.port, 'scram_user')
@@ -116,18 +117,22 @@ test("an attacker's temporary view, function and rule never reach another sessio
   }
 })
 
-test('a trigger made at Postgres behind the proxy, after it started, is seen: what it sets pins the session that ran it', async () => {
-  const p = await proxy()
-  const table = `${scratch.name}_late`
+/** A trigger that sets statement_timeout for the session, made behind the proxy on `table`, in `made` (at Postgres directly, or through a session of the proxy). */
+async function settingTrigger(table: string, made: (sql: string) => Promise<unknown>) {
+  await made(`CREATE FUNCTION ${table}_f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM set_config('statement_timeout', '4321', false); RETURN NEW; END $$`)
+  await made(`CREATE TRIGGER t BEFORE INSERT ON ${table} FOR EACH ROW EXECUTE FUNCTION ${table}_f()`)
+}
+
+/** a and b share the one backend; `make` adds a trigger that sets a setting while a writes, and a's next write must pin a. */
+async function lateTrigger(name: string, codeRecheckMs: number | undefined, make: (table: string, a: Client, p: Proxy) => Promise<void>) {
+  const p = await proxy(undefined, codeRecheckMs)
+  const table = `${scratch.name}_${name}`
   await scratch.tcp.query(`CREATE TABLE ${table} (x int); GRANT ALL ON ${table} TO PUBLIC`)
   try {
     const [a, b] = [await session(p), await session(p)]
     await a.query(`INSERT INTO ${table} VALUES (1)`)
     assert.deepEqual(await attempt(b, 'SELECT 1 AS one'), { rows: [{ one: 1 }] }, 'no code yet: plain writes go on')
-    await scratch.tcp.query(`CREATE FUNCTION ${table}_f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM set_config('statement_timeout', '4321', false); RETURN NEW; END $$`)
-    await scratch.tcp.query(`CREATE TRIGGER t BEFORE INSERT ON ${table} FOR EACH ROW EXECUTE FUNCTION ${table}_f()`)
-    // The database's word that it runs no code is taken for a second (proxy/pool/lender.ts CODE_TRUSTED_MS).
-    await new Promise((resolve) => setTimeout(resolve, 1100))
+    await make(table, a, p)
     await a.query(`INSERT INTO ${table} VALUES (2)`)
     assert.deepEqual(await attempt(b, "SELECT current_setting('statement_timeout') AS st"), { code: '53300' }, "the trigger's setting stays a's")
     assert.deepEqual((await a.query("SELECT current_setting('statement_timeout') AS st")).rows, [{ st: '4321ms' }])
@@ -138,4 +143,23 @@ test('a trigger made at Postgres behind the proxy, after it started, is seen: wh
     await p.close()
     await scratch.tcp.query(`DROP TABLE ${table}; DROP FUNCTION ${table}_f()`)
   }
-})
+}
+
+test('a trigger made at Postgres behind the proxy, after it started, is seen once --code-recheck (1 s) has passed: what it sets pins the session that ran it', () =>
+  lateTrigger('late', undefined, async (table) => {
+    await settingTrigger(table, (sql) => scratch.tcp.query(sql))
+    await new Promise((resolve) => setTimeout(resolve, 1100))
+  }))
+
+test('with --code-recheck 0, a trigger made at Postgres behind the proxy is seen by the very next transaction', () =>
+  lateTrigger('strict', 0, (table) => settingTrigger(table, (sql) => scratch.tcp.query(sql))))
+
+test('a trigger made through the proxy is seen by the very next transaction, whatever --code-recheck says', () =>
+  lateTrigger('made', 60_000, (table, a) => settingTrigger(table, (sql) => a.query(sql))))
+
+test('a trigger made over /sql is seen by the very next transaction of a WebSocket session, another pool key of the database', () =>
+  lateTrigger('over_sql', 60_000, (table, _, p) => {
+    const info = testPostgres()
+    const sql = httpSql(`postgresql://scram_user:${encodeURIComponent(PASSWORD)}@${info.host}:${info.port}/${info.database}?application_name=maker`, { fetchEndpoint: `http://127.0.0.1:${p.port}/sql` })
+    return settingTrigger(table, (text) => sql.query(text))
+  }))

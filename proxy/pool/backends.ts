@@ -49,12 +49,14 @@ export interface PoolOptions {
   timeoutMs?: number
   /** Transaction mode: named statements each backend keeps for the sessions it serves. Default 100. */
   statements?: number
-  /** Transaction mode: backends one client (a token's subject, else its address) holds at once. Default half of `size`. */
+  /** Transaction mode: backends one client (a token's subject, else its address) holds while another client waits. Default a quarter of `size`. */
   maxPerClient?: number
   /** Transaction mode: sessions kept on their backend for state they hold, at once. Default a quarter of `size`. */
   maxPinned?: number
   /** Transaction mode: end a session idle inside a transaction this long (ms; 0: never). Default 60 s. */
   idleInTransactionMs?: number
+  /** Transaction mode: how long the database's word that it runs no code of its own (triggers, rules, functions…) is taken (ms; 0: asked again at each transaction that may run such code). Default 1000. */
+  codeRecheckMs?: number
   /** Transaction mode: the first reading of what statements leave (default proxy/isolation/reader.ts; tests put a wrong one here). */
   reader?: (sql: string) => Reading
 }

@@ -34,8 +34,11 @@ const CLEAN: Ending = { pending: 0, status: TxStatus.Idle, reusable: true, clean
 
 const DISCARD_SEQUENCES = serialize.query('DISCARD SEQUENCES')
 
-/** How long the database's word that it runs no code of its own is taken (then the next transaction that may run such code is verified). */
-const CODE_TRUSTED_MS = 1000
+/** Whether a database runs code of its own on reads and writes (undefined: not known, so yes), and when it said. */
+export interface CodeWord {
+  runs?: boolean
+  said?: number
+}
 
 /** Transaction pooling's events, for the metrics. */
 export interface LendingMetrics {
@@ -89,6 +92,11 @@ export interface Shares {
   perClient: number
   /** Sessions kept on their backends for state they hold, at once. */
   pinned: number
+  /**
+   * How long the database's word that it runs no code of its own is taken (ms; --code-recheck): then
+   * the next transaction that may run such code is verified, asking again. 0: every such transaction.
+   */
+  codeTrustedMs: number
 }
 
 export class Lender {
@@ -104,9 +112,6 @@ export class Lender {
   private readonly waiting: Waiter[] = []
   /** Waiters by client. */
   private readonly waitingBy = new Map<string | undefined, number>()
-  /** Whether the database runs code of its own on reads and writes (undefined: not known yet, so yes), and when it said. */
-  private runsCode?: boolean
-  private codeSaid = 0
   /** The verification for this key's backends (proxy/isolation/verify.ts), once the database has named its state-setting built-ins. */
   verification?: Verification
 
@@ -134,7 +139,9 @@ export class Lender {
     readonly events: LendingMetrics,
     /** What statements may leave behind, by their text. */
     readonly read: (sql: string) => Reading = readStatements,
-    readonly shares: Shares = { perClient: size, pinned: size }
+    readonly shares: Shares = { perClient: size, pinned: size, codeTrustedMs: 1000 },
+    /** The database's word on the code it runs, shared by the lenders of its keys in this process. */
+    private readonly code: CodeWord = {}
   ) {
     const [upstream, , loginB64] = JSON.parse(key) as string[]
     const startup = parseStartupPacket(Buffer.from(loginB64, 'base64'))
@@ -261,22 +268,22 @@ export class Lender {
   }
 
   /**
-   * Whether the database runs no code of its own, as it said within CODE_TRUSTED_MS: code made at
+   * Whether the database runs no code of its own, as it said within --code-recheck: code made at
    * any time, through the proxy or not, is seen by the next verification after that.
    */
   get runsNoCode(): boolean {
-    return this.runsCode === false && this.codeFresh
+    return this.code.runs === false && this.codeFresh
   }
 
-  /** Whether the database said within CODE_TRUSTED_MS whether it runs code of its own (else the next verification asks again). */
+  /** Whether the database said within --code-recheck whether it runs code of its own (else the next verification asks again). */
   get codeFresh(): boolean {
-    return this.runsCode !== undefined && performance.now() - this.codeSaid < CODE_TRUSTED_MS
+    return this.code.runs !== undefined && performance.now() - this.code.said! < this.shares.codeTrustedMs
   }
 
-  /** What the database said of the code it runs (undefined: it did not say). */
+  /** What the database said of the code it runs (undefined: it did not say, or a transaction may have made some since). */
   learned(code: boolean | undefined) {
-    this.runsCode = code
-    this.codeSaid = performance.now()
+    this.code.runs = code
+    this.code.said = performance.now()
   }
 
   /**

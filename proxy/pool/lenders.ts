@@ -7,7 +7,7 @@
 import type { Upstream } from '../upstream/connection'
 import type { LoginOutcome } from '../login/in-upgrade'
 import type { Backend, BackendPool } from './backends'
-import { Lender, type LendingMetrics, type Shares } from './lender'
+import { Lender, type CodeWord, type LendingMetrics, type Shares } from './lender'
 import { parseStartupPacket } from '../wire/startup'
 import type { Reading } from '../isolation/reader'
 
@@ -41,6 +41,8 @@ export type Unlent = { upstream: Upstream; backend?: Backend; outcome: LoginOutc
 export class Lenders {
   private readonly byKey = new Map<string, Lender>()
   private readonly firstLogins = new Map<string, Promise<unknown>>()
+  /** By upstream and database: what one key's backends learn of the code the database runs holds for every key of it. */
+  private readonly codeWords = new Map<string, CodeWord>()
 
   constructor(private readonly pool: BackendPool, readonly o: LendingOptions, private readonly events: LendingMetrics) {}
 
@@ -66,7 +68,10 @@ export class Lenders {
     if (!opened.backend) return opened
     const existing = this.get(key)
     if (existing) return existing.spare(opened.backend), existing
-    const lender = new Lender(this.pool, key, opened.backend, this.o.size, this.o.timeoutMs, relogin, this.events, this.o.reader, this.o.shares)
+    const { upstream, database } = describe(key)
+    const where = JSON.stringify([upstream, database])
+    if (!this.codeWords.has(where)) this.codeWords.set(where, {})
+    const lender = new Lender(this.pool, key, opened.backend, this.o.size, this.o.timeoutMs, relogin, this.events, this.o.reader, this.o.shares, this.codeWords.get(where))
     this.forgetExpired()
     this.byKey.set(key, lender)
     return lender
@@ -79,12 +84,7 @@ export class Lenders {
 
   /** Each key's backends, idle and lent, by what its key says of the login (never the password). */
   get keys(): KeyBackends[] {
-    return [...this.byKey.values()].map((lender) => {
-      const [upstream, , startup] = JSON.parse(lender.key) as [string, unknown, string]
-      const login = parseStartupPacket(Buffer.from(startup, 'base64'))
-      const { user, database } = login.kind === 'startup' ? login : { user: '', database: '' }
-      return { upstream, user, database, idle: this.pool.idleCount(lender.key), lent: lender.lentCount }
-    })
+    return [...this.byKey.values()].map((lender) => ({ ...describe(lender.key), idle: this.pool.idleCount(lender.key), lent: lender.lentCount }))
   }
 
   /** Backends lent now, and sessions and requests waiting for one, over all keys. */
@@ -94,4 +94,12 @@ export class Lenders {
     for (const lender of this.byKey.values()) (lent += lender.lentCount), (waiting += lender.waitingCount)
     return { lent, waiting }
   }
+}
+
+/** What a pool key says of its login (never the password). */
+function describe(key: string): { upstream: string; user: string; database: string } {
+  const [upstream, , startup] = JSON.parse(key) as [string, unknown, string]
+  const login = parseStartupPacket(Buffer.from(startup, 'base64'))
+  const { user, database } = login.kind === 'startup' ? login : { user: '', database: '' }
+  return { upstream, user, database }
 }

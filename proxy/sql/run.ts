@@ -57,6 +57,7 @@ export async function runRequest(
   const resetBehind = (last: string) => {
     const e = lease.effects
     if (lease.lender && e.plain && (!e.code || lease.lender.runsNoCode)) return void (lease.leavesNothing = true)
+    if (!e.plain) lease.lender?.learned(undefined) // (it may have made code: the next verification asks)
     if (!MAY_COPY.test(last)) lease.reset = statements.query('DISCARD ALL').then(() => statements.status === 'I', () => false)
   }
   if (payload.single) {

@@ -409,6 +409,7 @@ class LentSession implements RunningSession {
     if (e.unseen) (this.pinnedForGood = true), this.pin('unseen')
     if (this.pinnedForGood || (this.pinned && plain)) return
     if (plain && (!e.code || this.o.lender.runsNoCode)) return this.lendOn(lend, e)
+    if (!plain) this.o.lender.learned(undefined) // (it may have made code: every key of the database asks again)
     this.verify(lend)
   }
 
