@@ -77,6 +77,24 @@ test("pg_cancel_backend(processID) stops that session's statement only; pg_termi
   }
 })
 
+test('a signal reaches its session when Postgres runs the signalling statement, not when the proxy passes it on', async () => {
+  const p = await proxy()
+  const [b, c] = await Promise.all([session(p.port), session(p.port)])
+  try {
+    const killed = b.query(`SELECT 'b3', pg_sleep(5)`).then(() => 'done', (err) => err.code)
+    await running('b3')
+    // Left to right, as Postgres evaluates it: 300 ms of sleep before the terminate.
+    const signalled = c.query('SELECT pg_sleep(0.3), pg_terminate_backend($1)', [pidOf(b)])
+    await new Promise((resolve) => setTimeout(resolve, 150))
+    assert.equal(b.errors.length, 0, 'b still runs while the signalling statement sleeps')
+    await signalled
+    assert.equal(await within(3000, "b's statement", killed), '57P01')
+  } finally {
+    await Promise.all([b, c].map((x) => x.end().catch(() => {})))
+    await p.close()
+  }
+})
+
 for (const strategy of ['cancel query', 'kill session'] as const) {
   test(`Kysely's '${strategy}' abort stops its own write, while another session's transaction goes on`, async () => {
     const p = await proxy()

@@ -16,8 +16,8 @@ import type { Backend } from '../pool/backends'
 import type { Holder, Lender } from '../pool/lender'
 import { IdleWatch } from '../pool/idle-watch'
 import { BackendStatements, StatementRelay, type SessionStatements } from '../pool/prepared'
-import { merge, NOTHING, type Reading, type Signal } from '../isolation/reader'
-import type { Signals } from './signals'
+import { merge, NOTHING, type Reading } from '../isolation/reader'
+import type { SignalKind, Signals } from './signals'
 import { found } from '../isolation/verify'
 import { Framer, kept, MessageTooLarge } from '../wire/bytes'
 import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
@@ -123,6 +123,8 @@ class LentSession implements RunningSession {
   private readonly unfollow: () => void
   private readonly unsignal: () => void
   private idleInTransaction?: NodeJS.Timeout
+  /** Signals for sessions (pg_terminate_backend…), each sent once the client has read `after` ReadyForQuery. */
+  private signalsDue: Array<{ after: number; kind: SignalKind; pid: number }> = []
   /** Nothing runs and the client sends nothing, inside a transaction. */
   private idleInTx = false
   /** Who the session is to the per-client share of backends. */
@@ -252,20 +254,33 @@ class LentSession implements RunningSession {
 
   private send(msgs: Buffer[]) {
     const lend = this.lend!
-    let signals: Array<[Signal, Buffer]> | undefined
+    // pg_cancel_backend / pg_terminate_backend of a processID the proxy told: for the session told it
+    // (this one, perhaps), once Postgres has run the statement and its answer is on its way to the
+    // client (Postgres signals while it runs; acting as it passed by ended targets before it ran).
+    let answered = this.readies + lend.watch.pending
     for (const m of msgs) {
       const r = this.effectsOf(m)
       lend.effects = merge(lend.effects, r)
-      if (r.signals && m[0] !== ClientMessage.Parse) for (const s of r.signals) (signals ??= []).push([s, m])
+      if (r.signals && m[0] !== ClientMessage.Parse) {
+        for (const s of r.signals) {
+          const pid = s.pid ?? (m[0] === ClientMessage.Bind ? bindParameter(m, s.param!) : undefined)
+          if (pid !== undefined) this.signalsDue.push({ after: answered + 1, kind: s.kind, pid })
+        }
+      }
+      if (m[0] === ClientMessage.Query || m[0] === ClientMessage.Sync) answered++
     }
     const bytes = Buffer.concat(msgs)
     lend.watch.fromClient(bytes)
     lend.relay.forward(msgs) // (framed once, above)
-    // pg_cancel_backend / pg_terminate_backend of a processID the proxy told: for the session told it (this one, perhaps).
-    for (const [s, m] of signals ?? []) {
-      const pid = s.pid ?? (m[0] === ClientMessage.Bind ? bindParameter(m, s.param!) : undefined)
-      if (pid !== undefined) this.o.signals.send(s.kind, pid, this.o.lender.role)
-    }
+  }
+
+  /** The signals whose statements the client has its answer to (all of them: the session ended). */
+  private sendSignals(all = false) {
+    if (!this.signalsDue.length) return
+    const due = all ? this.signalsDue : this.signalsDue.filter((s) => s.after <= this.readies)
+    if (!due.length) return
+    this.signalsDue = all ? [] : this.signalsDue.filter((s) => s.after > this.readies)
+    for (const s of due) this.o.signals.send(s.kind, s.pid, this.o.lender.role)
   }
 
   /** What running `msg` may leave behind. */
@@ -353,6 +368,7 @@ class LentSession implements RunningSession {
     lend.watch.fromBackend(visible)
     this.readies += lend.watch.readies - readies
     if (visible.length) this.toClient(visible)
+    this.sendSignals()
     // A parked backend speaks only to say it is going away (a FATAL): it stays with this session
     // (which ends as it closes), and no other may take it meanwhile.
     if (this.parked && lend.watch.last === ServerMessage.ErrorResponse) return this.o.lender.unpark(lend.backend), void (this.parked = false)
@@ -515,6 +531,7 @@ class LentSession implements RunningSession {
     if (this.ended) return
     this.ended = true
     clearTimeout(this.idleInTransaction)
+    this.sendSignals(true) // (the statements ran: Postgres would have signalled)
     this.unsignal()
     this.unpin()
     this.waiting = []
