@@ -40,8 +40,24 @@ export function merge(a: Reading, b: Reading): Reading {
 let loaded = false
 /** Loads the parser (once, at the proxy's start): until then every statement reads as not plain. */
 export async function loadReader(): Promise<void> {
-  if (!loaded) await loadModule(), (loaded = true)
+  if (loaded) return
+  await loadModule()
+  loaded = true
+  for (const sql of WARM_UP) readNow(sql)
 }
+
+/**
+ * Read once at the start, not kept: the parser's first statements of each kind cost milliseconds
+ * (WebAssembly compiled on first call), which would otherwise fall on the first sessions served.
+ */
+const WARM_UP = [
+  "SELECT a.x, count(*) FROM t a JOIN u ON u.id = a.id WHERE a.y = $1::int AND a.z IN (1, 2) GROUP BY 1 ORDER BY 2 DESC LIMIT 10",
+  "INSERT INTO t (a, b) VALUES ($1, 'x') ON CONFLICT (a) DO UPDATE SET b = excluded.b RETURNING *",
+  'UPDATE t SET a = a + 1 WHERE id = $1',
+  'DELETE FROM t WHERE id = $1',
+  'BEGIN; SET LOCAL statement_timeout = 1000; COMMIT',
+  'WITH w AS (SELECT 1) SELECT * FROM w',
+]
 
 /** Built-in functions that leave no session state (reading a setting, or the catalogs, is fine). Any other is checked by the backend. */
 const HARMLESS = new Set(
