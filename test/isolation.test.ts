@@ -163,3 +163,24 @@ test('a trigger made over /sql is seen by the very next transaction of a WebSock
     const sql = httpSql(`postgresql://scram_user:${encodeURIComponent(PASSWORD)}@${info.host}:${info.port}/${info.database}?application_name=maker`, { fetchEndpoint: `http://127.0.0.1:${p.port}/sql` })
     return settingTrigger(table, (text) => sql.query(text))
   }))
+
+test("once the database's word on its code is --code-recheck old, plain transactions ending at once wait for one question, not a verification each", async () => {
+  const database = `isolation_word_${process.pid}`
+  await scratch.tcp.query(`CREATE DATABASE ${database}`) // (no code of its own, whatever other tests leave elsewhere)
+  const p = await startProxy({ pool: { mode: 'transaction', size: 4, timeoutMs: 3000, codeRecheckMs: 200 } })
+  const verifications = async () => Number((await p.metrics!.registry.metrics()).match(/^edgepg_proxy_verifications_total (\d+)/m)![1])
+  const sessions = await Promise.all(Array.from({ length: 12 }, () => edgeClient(p.port, 'scram_user', { database })).map(async (c) => (await c.connect(), c)))
+  try {
+    await Promise.all(sessions.map((c) => c.query('SELECT 1')))
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    const before = await verifications()
+    // A cast may call a function of the database's own: each of these may run code.
+    const answers = await Promise.all(sessions.map((c, i) => c.query('SELECT $1::int AS i', [i])))
+    assert.deepEqual(answers.map((r) => r.rows[0].i), sessions.map((_, i) => i))
+    assert.equal((await verifications()) - before, 1, 'one verification asked the database; the rest waited for its word')
+  } finally {
+    await Promise.all(sessions.map((c) => c.end().catch(() => {})))
+    await p.close()
+    await scratch.tcp.query(`DROP DATABASE ${database}`)
+  }
+})

@@ -284,6 +284,24 @@ export class Lender {
   learned(code: boolean | undefined) {
     this.code.runs = code
     this.code.said = performance.now()
+    this.askingNow?.done()
+  }
+
+  /** A verification asking the database whether it runs code of its own, under way: its answer, for others that need it. */
+  private askingNow?: { answer: Promise<void>; done: () => void }
+
+  /** Until the answer of the verification under way that asks whether the database runs code (none: no such verification). */
+  get asking(): Promise<void> | undefined {
+    return this.askingNow?.answer
+  }
+
+  /** A verification asks now (see `asking`): answered by `learned`, or given up on after a second (its backend lost). */
+  asks() {
+    if (this.askingNow) return
+    let done!: () => void
+    const answer = new Promise<void>((resolve) => (done = resolve))
+    const timer = setTimeout(() => this.askingNow?.done(), 1000).unref()
+    this.askingNow = { answer, done: () => (clearTimeout(timer), (this.askingNow = undefined), done()) }
   }
 
   /**

@@ -426,6 +426,8 @@ class LentSession implements RunningSession {
     if (this.pinnedForGood || (this.pinned && plain)) return
     if (plain && (!e.code || this.o.lender.runsNoCode)) return this.lendOn(lend, e)
     if (!plain) this.o.lender.learned(undefined) // (it may have made code: every key of the database asks again)
+    const asking = this.o.lender.asking
+    if (plain && asking) return this.awaitWord(lend, e, asking)
     this.verify(lend)
   }
 
@@ -442,6 +444,7 @@ class LentSession implements RunningSession {
     const { backend } = lend
     const v = lender.verification
     const asked = !lender.codeFresh
+    if (asked) lender.asks()
     const rows: string[] = []
     const run = asked ? v.runAsking : v.run
     lend.relay.ownQuery(prepared.get(backend) === backend.resets ? run : Buffer.concat([v.prepare, run]), (value) => rows.push(value), () => {
@@ -455,6 +458,22 @@ class LentSession implements RunningSession {
       const left = f ? (f.left[0] ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
       if (left) return this.pin(left)
       this.unpin()
+      const ending = lend.watch.ending
+      if (ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) this.transactionEnded(lend)
+    })
+  }
+
+  /**
+   * A plain transaction that may have run the database's own code, while another session's
+   * verification asks whether there is any: decided on that answer (one question for many, not a
+   * verification each), keeping the backend meanwhile.
+   */
+  private awaitWord(lend: Lend, e: Reading, asking: Promise<void>) {
+    this.verifying = true
+    void asking.then(() => {
+      this.verifying = false
+      if (this.lend !== lend) return
+      if (!this.o.lender.runsNoCode) lend.effects = merge(lend.effects, e) // (verified with what it runs next, or at once)
       const ending = lend.watch.ending
       if (ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) this.transactionEnded(lend)
     })
