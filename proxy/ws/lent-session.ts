@@ -106,6 +106,8 @@ class LentSession implements RunningSession {
   private parked = false
   /** Asking its backend what its transaction left (proxy/isolation/verify.ts). */
   private verifying = false
+  /** This session's verification asks whether the database runs code of its own (see Lender.asking). */
+  private askingWord = false
   private readonly statements: SessionStatements = new Map()
   private readonly framer: Framer
   /** The most it may hold of the client's: one protocol message under way, and what waits for a backend (--max-message-bytes). */
@@ -444,11 +446,12 @@ class LentSession implements RunningSession {
     const { backend } = lend
     const v = lender.verification
     const asked = !lender.codeFresh
-    if (asked) lender.asks()
+    if (asked) lender.asks(), (this.askingWord = true)
     const rows: string[] = []
     const run = asked ? v.runAsking : v.run
     lend.relay.ownQuery(prepared.get(backend) === backend.resets ? run : Buffer.concat([v.prepare, run]), (value) => rows.push(value), () => {
       this.verifying = false
+      this.askingWord = false
       const f = found(rows, asked)
       if (f) prepared.set(backend, backend.resets)
       else prepared.delete(backend) // (prepared again next time, in case that is what failed)
@@ -513,6 +516,8 @@ class LentSession implements RunningSession {
   }
 
   private detach(lend: Lend) {
+    // A verification asking for the database's word will not answer here: those waiting for it ask themselves.
+    if (this.askingWord) (this.askingWord = false), this.o.lender.learned(undefined)
     lend.backend.upstream.onDrain = undefined
     lend.backend.upstream.off('close', this.onBackendClose)
     this.lend = undefined
