@@ -127,6 +127,8 @@ test('with --workers 2, a signal reaches a session of the other worker', async (
   const p = await startChildProxy(`${host}:${port}`, { built: true, env: { EDGEPG_WORKERS: '2' }, flags: ['--pool-size', '8', '--max-backends-per-client', '8'] })
   const clients: Awaited<ReturnType<typeof session>>[] = []
   try {
+    // (Until both listen, every session goes to the first.)
+    await eventually(async () => new Set(p.lines.filter((l) => l.listening).map((l) => l.pid)).size === 2, 'both workers listening', 15_000)
     // Sessions until two are on different workers (the worker is in the processID's bits above 2^24).
     const worker = (c: Client) => Math.floor((pidOf(c) - 2 ** 30) / 2 ** 24)
     for (let round = 0; round < 5 && new Set(clients.map(worker)).size < 2; round++) clients.push(...(await Promise.all(Array.from({ length: 8 }, () => session(p.port)))))

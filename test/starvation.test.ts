@@ -11,7 +11,7 @@ import assert from 'node:assert/strict'
 import { WebSocket } from 'ws'
 import { Client } from '../src/index'
 import { startChildProxy, type ChildProxy } from './support/child-proxy'
-import { edgeConfig, testPostgres, within } from './support/helpers'
+import { edgeConfig, eventually, testPostgres, within } from './support/helpers'
 
 const GOOD = 1460
 const KEEPING_STATE = 20
@@ -24,6 +24,8 @@ let proxy: ChildProxy
 before(async () => {
   const { host, port } = testPostgres()
   proxy = await startChildProxy(`${host}:${port}`, { built: true, env: { EDGEPG_WORKERS: '2' }, flags: ['--max-sessions-per-ip', '5000', '--shutdown-grace', '0'] })
+  // (Until both listen, every session goes to the first.)
+  await eventually(() => new Set(proxy.lines.filter((l) => l.listening).map((l) => l.pid)).size === 2, 'both workers listening', 15_000)
 })
 after(() => proxy?.stop())
 
