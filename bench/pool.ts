@@ -20,7 +20,7 @@ import { startChildProxy, startGcProxy, type ChildProxy } from '../test/support/
 import { giveToRunner } from '../test/support/pg-server'
 import { pgbouncerBinary, startPgBouncer } from '../test/support/pgbouncer'
 import { PASSWORD, startPostgres, type PgInfo } from '../test/support/stack'
-import { gc, interleave, median, percentile, printGrid, type BenchContext, type Row, type Section } from './lib'
+import { gc, interleave, median, percentile, printGrid, treeCpuSeconds, type BenchContext, type Row, type Section } from './lib'
 import { startHttpPg, startWsRelay } from './proxy'
 import { leanPoster } from './http'
 
@@ -138,6 +138,10 @@ interface Load {
   /** From the first login to the last one's answer. */
   loginSeconds: number
   seconds: number
+  /** The proxy's or PgBouncer's CPU seconds until the last login answered, and from then to the schedule's end (before the sessions end). */
+  cpu: { logins: number; after: number }
+  /** Statements and transactions (each read and prepared one of its own, each BEGIN … COMMIT one) answered, errors included, in that second window. */
+  after: { statements: number; transactions: number }
 }
 
 async function manySessions(ctx: BenchContext, admin: pg.Client) {
@@ -145,7 +149,7 @@ async function manySessions(ctx: BenchContext, admin: pg.Client) {
   const proxy = await startChildProxy(`${ctx.pg.host}:${ctx.pg.port}`, { built: true, flags: POOL_PROXY_FLAGS })
   let edge: Load
   try {
-    edge = await sessionLoad(admin, () => new Client({ ...role, webSocketConstructor: WebSocket as any, wsProxy: () => proxy.url } as ClientConfig))
+    edge = await sessionLoad(admin, () => new Client({ ...role, webSocketConstructor: WebSocket as any, wsProxy: () => proxy.url } as ClientConfig), () => treeCpuSeconds(proxy.pid))
   } finally {
     await proxy.stop()
   }
@@ -154,7 +158,7 @@ async function manySessions(ctx: BenchContext, admin: pg.Client) {
   if (pgbouncerBinary()) {
     const b = await startBouncer(ctx.pg, admin)
     try {
-      bouncer = await sessionLoad(admin, () => new pg.Client({ ...role, port: b.port }))
+      bouncer = await sessionLoad(admin, () => new pg.Client({ ...role, port: b.port }), () => treeCpuSeconds(process.pid, 'pgbouncer'))
     } finally {
       await b.stop()
     }
@@ -163,6 +167,7 @@ async function manySessions(ctx: BenchContext, admin: pg.Client) {
   const cell = (f: (l: Load) => string) => [f(edge), bouncer ? f(bouncer) : 'not installed']
   const ratio = (f: (l: Load) => number) => (bouncer ? `${(f(edge) / f(bouncer)).toFixed(2)}x` : '')
   const p = (l: Load, q: number) => percentile(l.latencies, q)
+  const per = (l: Load, n: 'statements' | 'transactions') => (l.cpu.after * 1e6) / l.after[n]
   const capped = SESSIONS < WANTED_SESSIONS ? ` (${WANTED_SESSIONS} asked; open files allow ${SESSIONS})` : ''
   printGrid(
     `pool 1: ${SESSIONS} sessions at once, a statement every ${TICK_MS / 1000} s for ${(SCHEDULE.length * TICK_MS) / 1000} s, role limited to ${ROLE_LIMIT} connections`,
@@ -176,6 +181,8 @@ async function manySessions(ctx: BenchContext, admin: pg.Client) {
       ['statement latency p50 / p99', ...cell((l) => `${p(l, 50).toFixed(2)} / ${p(l, 99).toFixed(2)} ms`), ratio((l) => p(l, 50))],
       ['last login answered after', ...cell((l) => `${l.loginSeconds.toFixed(1)} s`), ratio((l) => l.loginSeconds)],
       ['wall time (logins, workload, ends)', ...cell((l) => `${l.seconds.toFixed(1)} s`), ''],
+      ['proxy / PgBouncer CPU until the last login / after it', ...cell((l) => `${l.cpu.logins.toFixed(2)} / ${l.cpu.after.toFixed(2)} s`), ''],
+      ['its CPU per statement / per transaction, after it', ...cell((l) => `${per(l, 'statements').toFixed(0)} / ${per(l, 'transactions').toFixed(0)} µs`), ratio((l) => per(l, 'statements'))],
     ],
     [
       `Each session: connect (${CONNECTING} logins under way at once), then from a random moment in its first ${TICK_MS / 1000} s one step every ${TICK_MS / 1000} s: ` +
@@ -193,14 +200,18 @@ async function manySessions(ctx: BenchContext, admin: pg.Client) {
         `pg sends Parse again after a failed one, so once every server connection has the name, every use fails with 42P05.`,
       `SESSIONS = ${SESSIONS}${capped}; set EDGEPG_BENCH_POOL_SESSIONS to lower it. Open files allowed (ulimit -n): ${NOFILE}; this process needs one per session, ` +
         `the proxy child up to two (a client and a Postgres socket), PgBouncer one per client.`,
+      `CPU: user + system time of the proxy child and its descendants (/proc/<pid>/stat; EDGEPG_WORKERS=1 here, so one process), or of PgBouncer, in 10 ms ticks: ` +
+        `until the last login answered, then from there to the last step's answer (the sessions' ends left out), divided by the statements ` +
+        `(answered or failed: PgBouncer's 42P05 and 26000 count) and transactions (each read and prepared statement one, each BEGIN … COMMIT one) answered in that second window.`,
     ]
   )
 }
 
 /** Every session of one side: logins, the schedule, then all end together. */
-async function sessionLoad(admin: pg.Client, open: () => pg.Client): Promise<Load> {
-  const load: Load = { connected: 0, failedLogins: new Map(), failedQueries: new Map(), latencies: [], peakBackends: 0, loginSeconds: 0, seconds: 0 }
+async function sessionLoad(admin: pg.Client, open: () => pg.Client, cpu: () => number): Promise<Load> {
+  const load: Load = { connected: 0, failedLogins: new Map(), failedQueries: new Map(), latencies: [], peakBackends: 0, loginSeconds: 0, seconds: 0, cpu: { logins: 0, after: 0 }, after: { statements: 0, transactions: 0 } }
   const clients: pg.Client[] = []
+  const done = { statements: 0, transactions: 0 }
   const timed = async (client: pg.Client, query: string | pg.QueryConfig) => {
     const t0 = performance.now()
     try {
@@ -209,6 +220,8 @@ async function sessionLoad(admin: pg.Client, open: () => pg.Client): Promise<Loa
     } catch (err) {
       count(load.failedQueries, err)
       throw err
+    } finally {
+      done.statements++
     }
   }
   const item = (i: number) => (i % ITEMS) + 1
@@ -226,6 +239,8 @@ async function sessionLoad(admin: pg.Client, open: () => pg.Client): Promise<Loa
     },
   }
   const connecting = slots(CONNECTING)
+  let loggedIn = 0
+  let mark = { cpu: cpu(), ...done }
   const t0 = performance.now()
   const session = async (i: number) => {
     const client = open()
@@ -237,17 +252,25 @@ async function sessionLoad(admin: pg.Client, open: () => pg.Client): Promise<Loa
       return count(load.failedLogins, err)
     } finally {
       load.loginSeconds = (performance.now() - t0) / 1000
+      if (++loggedIn === SESSIONS) {
+        const now = { cpu: cpu(), ...done }
+        load.cpu.logins = now.cpu - mark.cpu
+        mark = now
+      }
     }
     load.connected++
     const first = performance.now() + Math.random() * TICK_MS
     for (const [t, op] of SCHEDULE.entries()) {
       await sleep(Math.max(0, first + t * TICK_MS - performance.now()))
       await ops[op](client, i).catch(() => {})
+      done.transactions++
     }
   }
   const peak = sampleBackends(admin)
   try {
     await Promise.all(Array.from({ length: SESSIONS }, (_, i) => session(i)))
+    load.cpu.after = cpu() - mark.cpu
+    load.after = { statements: done.statements - mark.statements, transactions: done.transactions - mark.transactions }
   } finally {
     await Promise.all(clients.map((c) => bounded(c.end(), 5000).catch(() => {})))
     load.peakBackends = await peak()
@@ -357,9 +380,9 @@ async function busySessions(ctx: BenchContext): Promise<Row[]> {
   const upstream = `${ctx.pg.host}:${ctx.pg.port}`
   const proxies: Partial<Record<Mode, ChildProxy>> = {}
   const clients: Record<Mode, pg.Client[]> = { session: [], transaction: [] }
-  const totals: Record<Mode, { queries: number; seconds: number; latencies: number[] }> = {
-    session: { queries: 0, seconds: 0, latencies: [] },
-    transaction: { queries: 0, seconds: 0, latencies: [] },
+  const totals: Record<Mode, { queries: number; seconds: number; latencies: number[]; cpu: number }> = {
+    session: { queries: 0, seconds: 0, latencies: [], cpu: 0 },
+    transaction: { queries: 0, seconds: 0, latencies: [], cpu: 0 },
   }
   try {
     proxies.session = await startChildProxy(upstream, { built: true, flags: SESSION_MODE_FLAGS })
@@ -371,6 +394,7 @@ async function busySessions(ctx: BenchContext): Promise<Row[]> {
     }
     await interleave(MODES, BUSY_ROUNDS, async (m) => {
       gc()
+      const cpu0 = treeCpuSeconds(proxies[m]!.pid)
       const t0 = performance.now()
       const deadline = t0 + BUSY_MS
       await Promise.all(
@@ -384,6 +408,7 @@ async function busySessions(ctx: BenchContext): Promise<Row[]> {
         })
       )
       totals[m].seconds += (performance.now() - t0) / 1000
+      totals[m].cpu += treeCpuSeconds(proxies[m]!.pid) - cpu0
     })
   } finally {
     await Promise.all(Object.values(clients).flat().map((c) => bounded(c.end(), 5000).catch(() => {})))
@@ -391,6 +416,7 @@ async function busySessions(ctx: BenchContext): Promise<Row[]> {
   }
   const rate = (m: Mode) => totals[m].queries / totals[m].seconds
   const share = rate('transaction') / rate('session')
+  const cpu = (m: Mode) => (totals[m].cpu * 1e6) / totals[m].queries
   const lat = (m: Mode) => `${median(totals[m].latencies).toFixed(2)} / ${percentile(totals[m].latencies, 99).toFixed(2)} ms`
   printGrid(
     `pool 2: ${BUSY_SESSIONS} busy sessions, back to back`,
@@ -398,10 +424,13 @@ async function busySessions(ctx: BenchContext): Promise<Row[]> {
     [
       ['queries/s', ...MODES.map((m) => `${Math.round(rate(m)).toLocaleString('en-US')}/s`), `${share.toFixed(2)}x`, `>= ${BUSY_SHARE_TARGET}x`, share >= BUSY_SHARE_TARGET ? 'pass' : 'MISS'],
       ['latency p50 / p99', ...MODES.map(lat), '', '', ''],
+      ['proxy CPU per statement (= per transaction)', ...MODES.map((m) => `${cpu(m).toFixed(1)} µs`), `${(cpu('transaction') / cpu('session')).toFixed(2)}x`, '', ''],
     ],
     [
       `${BUSY_SESSIONS} edgepg Clients (scram_user) per proxy child, each running "${READ}" back to back; ${BUSY_ROUNDS} alternating rounds of ${BUSY_MS / 1000} s per side. ` +
         `Session mode: ${SESSION_MODE_FLAGS.join(' ')}; the other side: ${POOL_PROXY_FLAGS.join(' ')} (bench/pool.ts).`,
+      `Proxy CPU: user + system time of the proxy child and its descendants (/proc/<pid>/stat, 10 ms ticks; EDGEPG_WORKERS=1 here, so one process) over the rounds, ` +
+        `divided by the statements answered in them; each statement is a transaction of its own.`,
     ]
   )
   return [{ metric: `pool: busy sessions, session mode's queries/s over transaction mode's`, edgepg: `${Math.round(rate('transaction'))}/s`, baseline: `${Math.round(rate('session'))}/s`, ratio: 1 / share, target: 1 / BUSY_SHARE_TARGET }]
