@@ -2,6 +2,7 @@
  * Shared pieces of the benchmark runner: the context every section receives, statistics, and
  * the one table format all sections print.
  */
+import { readdirSync, readFileSync } from 'node:fs'
 import v8 from 'node:v8'
 import vm from 'node:vm'
 import type pg from 'pg'
@@ -73,6 +74,29 @@ export async function interleave<K extends string>(keys: readonly K[], rounds: n
     const order = round % 2 === 0 ? [...keys] : [...keys].reverse()
     for (const key of order) await fn(key, round)
   }
+}
+
+/**
+ * CPU seconds (user + system: /proc/<pid>/stat fields 14 and 15, in ticks of 10 ms) used so far by
+ * `pid` and every live process below it (a cluster primary's workers), or only those of them named
+ * `comm` (e.g. the PgBouncer this process started: treeCpuSeconds(process.pid, 'pgbouncer')).
+ */
+export function treeCpuSeconds(pid: number, comm?: string): number {
+  const procs = readdirSync('/proc').filter((d) => /^\d+$/.test(d)).flatMap((d) => {
+    try {
+      const stat = readFileSync(`/proc/${d}/stat`, 'utf8')
+      const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+      return [{ pid: Number(d), comm: stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')), ppid: Number(f[1]), ticks: Number(f[11]) + Number(f[12]) }]
+    } catch {
+      return [] // (ended meanwhile)
+    }
+  })
+  const tree = new Set([pid])
+  for (let grew = true; grew; ) {
+    grew = false
+    for (const p of procs) if (tree.has(p.ppid) && !tree.has(p.pid)) tree.add(p.pid), (grew = true)
+  }
+  return procs.filter((p) => tree.has(p.pid) && (comm === undefined || p.comm === comm)).reduce((sum, p) => sum + p.ticks, 0) / 100
 }
 
 /** A full garbage collection, so one run's garbage is not collected during the next one's timing. */

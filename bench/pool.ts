@@ -7,22 +7,22 @@
  * 3. POST /sql at 32 in flight, against bench/http-pg.ts (a bare HTTP server on pg.Pool);
  * 4. memory: the proxy's RSS per idle logged-in session.
  * Cases 1, 3 and 4 run edgepg-proxy with TRANSACTION_MODE_FLAGS; case 2 sets them beside session mode.
+ * Cases 1, 1b and 2 also run edgepg Clients through Neon's wsproxy in front of PgBouncer (bench/neon-pair.ts)
+ * when both are here: the shape of Neon's "-pooler" endpoints.
  */
 import { readFileSync } from 'node:fs'
-import { mkdtemp, rm, writeFile } from 'node:fs/promises'
-import { availableParallelism, tmpdir } from 'node:os'
-import { join } from 'node:path'
+import { availableParallelism } from 'node:os'
 import { setTimeout as sleep } from 'node:timers/promises'
 import pg from 'pg'
 import { WebSocket } from 'ws'
 import { Client, type ClientConfig } from '../src/index'
 import { startChildProxy, startGcProxy, type ChildProxy } from '../test/support/child-proxy'
-import { giveToRunner } from '../test/support/pg-server'
 import { pgbouncerBinary, startPgBouncer } from '../test/support/pgbouncer'
 import { PASSWORD, startPostgres, type PgInfo } from '../test/support/stack'
-import { gc, interleave, median, percentile, printGrid, type BenchContext, type Row, type Section } from './lib'
+import { gc, interleave, median, percentile, printGrid, treeCpuSeconds, type BenchContext, type Row, type Section } from './lib'
 import { startHttpPg, startWsRelay } from './proxy'
 import { leanPoster } from './http'
+import { NEON_PAIR, neonPairMissing, scramSecrets, startNeonPair, type NeonPair } from './neon-pair'
 
 const NOFILE = Number(/^Max open files\s+(\d+)/m.exec(readFileSync('/proc/self/limits', 'utf8'))?.[1] ?? 1024)
 /** Descriptors kept in each process for everything but the sessions' sockets. */
@@ -86,9 +86,10 @@ export const pool: Section = {
     const rows: Row[] = []
     try {
       await createRole(admin)
+      if (['1', '1b', '2'].some((c) => CASES.has(c)) && neonPairMissing()) console.log(neonPairMissing())
       if (CASES.has('1')) await manySessions(ctx, admin)
       if (CASES.has('1b')) await latencyFloors(ctx, admin)
-      if (CASES.has('2')) rows.push(...(await busySessions(ctx)))
+      if (CASES.has('2')) rows.push(...(await busySessions(ctx, admin)))
       if (CASES.has('3')) await sqlInFlight(ctx)
       if (CASES.has('4')) await idleMemory()
     } finally {
@@ -138,6 +139,10 @@ interface Load {
   /** From the first login to the last one's answer. */
   loginSeconds: number
   seconds: number
+  /** The proxy's or PgBouncer's CPU seconds until the last login answered, and from then to the schedule's end (before the sessions end). */
+  cpu: { logins: number; after: number }
+  /** Statements and transactions (each read and prepared one of its own, each BEGIN … COMMIT one) answered, errors included, in that second window. */
+  after: { statements: number; transactions: number }
 }
 
 async function manySessions(ctx: BenchContext, admin: pg.Client) {
@@ -145,7 +150,7 @@ async function manySessions(ctx: BenchContext, admin: pg.Client) {
   const proxy = await startChildProxy(`${ctx.pg.host}:${ctx.pg.port}`, { built: true, flags: POOL_PROXY_FLAGS })
   let edge: Load
   try {
-    edge = await sessionLoad(admin, () => new Client({ ...role, webSocketConstructor: WebSocket as any, wsProxy: () => proxy.url } as ClientConfig))
+    edge = await sessionLoad(admin, () => new Client({ ...role, webSocketConstructor: WebSocket as any, wsProxy: () => proxy.url } as ClientConfig), () => treeCpuSeconds(proxy.pid))
   } finally {
     await proxy.stop()
   }
@@ -154,28 +159,42 @@ async function manySessions(ctx: BenchContext, admin: pg.Client) {
   if (pgbouncerBinary()) {
     const b = await startBouncer(ctx.pg, admin)
     try {
-      bouncer = await sessionLoad(admin, () => new pg.Client({ ...role, port: b.port }))
+      bouncer = await sessionLoad(admin, () => new pg.Client({ ...role, port: b.port }), () => treeCpuSeconds(process.pid, 'pgbouncer'))
     } finally {
       await b.stop()
     }
     await waitForNoBackends(admin)
   }
-  const cell = (f: (l: Load) => string) => [f(edge), bouncer ? f(bouncer) : 'not installed']
-  const ratio = (f: (l: Load) => number) => (bouncer ? `${(f(edge) / f(bouncer)).toFixed(2)}x` : '')
+  let neon: Load | undefined
+  if (!neonPairMissing()) {
+    const n = await startNeonPair(ctx.pg, admin, [ROLE], { default_pool_size: BOUNCER_POOL, max_client_conn: SESSIONS + 100 })
+    try {
+      neon = await sessionLoad(admin, () => new Client(n.config(role)), n.cpu)
+    } finally {
+      await n.stop()
+    }
+    await waitForNoBackends(admin)
+  }
+  const cell = (f: (l: Load) => string) => [f(edge), bouncer ? f(bouncer) : 'not installed', neon ? f(neon) : 'skipped']
+  const ratio = (f: (l: Load) => number) => [bouncer, neon].map((b) => (b ? `${(f(edge) / f(b)).toFixed(2)}x` : ''))
   const p = (l: Load, q: number) => percentile(l.latencies, q)
+  const per = (l: Load, n: 'statements' | 'transactions') => (l.cpu.after * 1e6) / l.after[n]
   const capped = SESSIONS < WANTED_SESSIONS ? ` (${WANTED_SESSIONS} asked; open files allow ${SESSIONS})` : ''
   printGrid(
     `pool 1: ${SESSIONS} sessions at once, a statement every ${TICK_MS / 1000} s for ${(SCHEDULE.length * TICK_MS) / 1000} s, role limited to ${ROLE_LIMIT} connections`,
-    ['metric', `edgepg-proxy (${MODE})`, `pg via PgBouncer 1.18 (transaction, pool ${BOUNCER_POOL})`, 'ratio'],
+    ['metric', `edgepg-proxy (${MODE})`, `pg via PgBouncer 1.18 (transaction, pool ${BOUNCER_POOL})`, `${NEON_PAIR}`, 'ratio to PgBouncer', 'ratio to wsproxy → PgBouncer'],
     [
-      ['sessions connected', ...cell((l) => `${l.connected} of ${SESSIONS}`), ratio((l) => l.connected)],
+      ['sessions connected', ...cell((l) => `${l.connected} of ${SESSIONS}`), ...ratio((l) => l.connected)],
       ['failed logins, by SQLSTATE', ...cell((l) => counts(l.failedLogins)), ''],
-      ['statements answered', ...cell((l) => String(l.latencies.length)), ratio((l) => l.latencies.length)],
+      ['statements answered', ...cell((l) => String(l.latencies.length)), ...ratio((l) => l.latencies.length)],
       ['failed statements, by SQLSTATE', ...cell((l) => counts(l.failedQueries)), ''],
       [`peak backends of ${ROLE}`, ...cell((l) => String(l.peakBackends)), ''],
-      ['statement latency p50 / p99', ...cell((l) => `${p(l, 50).toFixed(2)} / ${p(l, 99).toFixed(2)} ms`), ratio((l) => p(l, 50))],
-      ['last login answered after', ...cell((l) => `${l.loginSeconds.toFixed(1)} s`), ratio((l) => l.loginSeconds)],
+      ['statement latency p50 / p99', ...cell((l) => `${p(l, 50).toFixed(2)} / ${p(l, 99).toFixed(2)} ms`), ...ratio((l) => p(l, 50))],
+      ['last login answered after', ...cell((l) => `${l.loginSeconds.toFixed(1)} s`), ...ratio((l) => l.loginSeconds)],
       ['wall time (logins, workload, ends)', ...cell((l) => `${l.seconds.toFixed(1)} s`), ''],
+      ['proxy / PgBouncer CPU until the last login / after it', ...cell((l) => `${l.cpu.logins.toFixed(2)} / ${l.cpu.after.toFixed(2)} s`), ''],
+      ['its CPU per session, until the last login', ...cell((l) => `${((l.cpu.logins * 1e6) / l.connected).toFixed(0)} µs`), ...ratio((l) => l.cpu.logins / l.connected)],
+      ['its CPU per statement / per transaction, after it', ...cell((l) => `${per(l, 'statements').toFixed(0)} / ${per(l, 'transactions').toFixed(0)} µs`), ...ratio((l) => per(l, 'statements'))],
     ],
     [
       `Each session: connect (${CONNECTING} logins under way at once), then from a random moment in its first ${TICK_MS / 1000} s one step every ${TICK_MS / 1000} s: ` +
@@ -190,17 +209,22 @@ async function manySessions(ctx: BenchContext, admin: pg.Client) {
             `(at most --max-logins-per-ip, default 8, at once from 127.0.0.1): its sessions' statements run while those go on. `) +
         `PgBouncer: transaction mode, default_pool_size ${BOUNCER_POOL}, max_client_conn ${SESSIONS + 100}, the role's SCRAM secret in its userlist; 1.18 keeps no protocol-level ` +
         `prepared statements across server connections, so named statements fail with 42P05 (the name exists on that backend already) and 26000 (not on this one); ` +
-        `pg sends Parse again after a failed one, so once every server connection has the name, every use fails with 42P05.`,
+        `pg sends Parse again after a failed one, so once every server connection has the name, every use fails with 42P05. ` +
+        `wsproxy → PgBouncer: the same PgBouncer, with Neon's Go relay (bench/neon-pair.ts) in front; edgepg Clients reach it by ws://…/v1?address=host:port and log in through it with SCRAM.`,
       `SESSIONS = ${SESSIONS}${capped}; set EDGEPG_BENCH_POOL_SESSIONS to lower it. Open files allowed (ulimit -n): ${NOFILE}; this process needs one per session, ` +
         `the proxy child up to two (a client and a Postgres socket), PgBouncer one per client.`,
+      `CPU: user + system time of the proxy child and its descendants (/proc/<pid>/stat; EDGEPG_WORKERS=1 here, so one process), or of PgBouncer (with wsproxy: both), in 10 ms ticks: ` +
+        `until the last login answered, then from there to the last step's answer (the sessions' ends left out), divided by the statements ` +
+        `(answered or failed: PgBouncer's 42P05 and 26000 count) and transactions (each read and prepared statement one, each BEGIN … COMMIT one) answered in that second window.`,
     ]
   )
 }
 
 /** Every session of one side: logins, the schedule, then all end together. */
-async function sessionLoad(admin: pg.Client, open: () => pg.Client): Promise<Load> {
-  const load: Load = { connected: 0, failedLogins: new Map(), failedQueries: new Map(), latencies: [], peakBackends: 0, loginSeconds: 0, seconds: 0 }
+async function sessionLoad(admin: pg.Client, open: () => pg.Client, cpu: () => number): Promise<Load> {
+  const load: Load = { connected: 0, failedLogins: new Map(), failedQueries: new Map(), latencies: [], peakBackends: 0, loginSeconds: 0, seconds: 0, cpu: { logins: 0, after: 0 }, after: { statements: 0, transactions: 0 } }
   const clients: pg.Client[] = []
+  const done = { statements: 0, transactions: 0 }
   const timed = async (client: pg.Client, query: string | pg.QueryConfig) => {
     const t0 = performance.now()
     try {
@@ -209,6 +233,8 @@ async function sessionLoad(admin: pg.Client, open: () => pg.Client): Promise<Loa
     } catch (err) {
       count(load.failedQueries, err)
       throw err
+    } finally {
+      done.statements++
     }
   }
   const item = (i: number) => (i % ITEMS) + 1
@@ -226,6 +252,8 @@ async function sessionLoad(admin: pg.Client, open: () => pg.Client): Promise<Loa
     },
   }
   const connecting = slots(CONNECTING)
+  let loggedIn = 0
+  let mark = { cpu: cpu(), ...done }
   const t0 = performance.now()
   const session = async (i: number) => {
     const client = open()
@@ -237,17 +265,25 @@ async function sessionLoad(admin: pg.Client, open: () => pg.Client): Promise<Loa
       return count(load.failedLogins, err)
     } finally {
       load.loginSeconds = (performance.now() - t0) / 1000
+      if (++loggedIn === SESSIONS) {
+        const now = { cpu: cpu(), ...done }
+        load.cpu.logins = now.cpu - mark.cpu
+        mark = now
+      }
     }
     load.connected++
     const first = performance.now() + Math.random() * TICK_MS
     for (const [t, op] of SCHEDULE.entries()) {
       await sleep(Math.max(0, first + t * TICK_MS - performance.now()))
       await ops[op](client, i).catch(() => {})
+      done.transactions++
     }
   }
   const peak = sampleBackends(admin)
   try {
     await Promise.all(Array.from({ length: SESSIONS }, (_, i) => session(i)))
+    load.cpu.after = cpu() - mark.cpu
+    load.after = { statements: done.statements - mark.statements, transactions: done.transactions - mark.transactions }
   } finally {
     await Promise.all(clients.map((c) => bounded(c.end(), 5000).catch(() => {})))
     load.peakBackends = await peak()
@@ -270,107 +306,131 @@ function sampleBackends(admin: pg.Client): () => Promise<number> {
   }
 }
 
-/**
- * PgBouncer (test/support/pgbouncer.ts) with a userlist of its own that also holds the limited role,
- * by its SCRAM secret from pg_authid: with a plain-text password PgBouncer spends a PBKDF2 on every login.
- */
-async function startBouncer(db: PgInfo, admin: pg.Client): Promise<{ port: number; stop(): Promise<void> }> {
-  const dir = await mkdtemp(join(tmpdir(), 'edgepg-bench-pool-'))
-  const authFile = join(dir, 'userlist.txt')
-  try {
-    const { rows } = await admin.query(`SELECT rolpassword FROM pg_authid WHERE rolname = $1`, [ROLE])
-    await giveToRunner(dir, 0o700)
-    await writeFile(authFile, `"scram_user" "${PASSWORD}"\n"${ROLE}" "${rows[0].rolpassword}"\n`)
-    await giveToRunner(authFile, 0o600)
-    const bouncer = await startPgBouncer(db, { auth_file: authFile, default_pool_size: BOUNCER_POOL, max_client_conn: SESSIONS + 100 })
-    return { port: bouncer.port, stop: () => bouncer.stop().finally(() => rm(dir, { recursive: true, force: true })) }
-  } catch (err) {
-    await rm(dir, { recursive: true, force: true })
-    throw err
-  }
-}
+/** PgBouncer (test/support/pgbouncer.ts) with the limited role in its userlist by its SCRAM secret: with a plain-text password PgBouncer spends a PBKDF2 on every login. */
+const startBouncer = async (db: PgInfo, admin: pg.Client) => startPgBouncer(db, { default_pool_size: BOUNCER_POOL, max_client_conn: SESSIONS + 100 }, await scramSecrets(admin, [ROLE]))
 
 // ---- 1b. what one statement's latency is made of ----
 
 const FLOOR_SESSIONS = 200
 const FLOOR_TICK_MS = 100
 const FLOOR_MS = 8000
+/** The start of each path's window (its server just started), p99 over it too. */
+const FRESH_MS = 2000
+/** Then cold sessions (connect, one statement, end), this many at once for COLD_MS. */
+const COLD_AT_ONCE = 16
+const COLD_MS = 3000
 
 /**
  * Case 1's statement at about its rate (2,000/s), from FLOOR_SESSIONS sessions of a role with no
  * connection limit, so that paths holding a backend per session can run it too: edgepg-proxy, the
- * bare WebSocket relay (the least any WebSocket path costs), PgBouncer, and pg straight to Postgres.
+ * bare WebSocket relay (the least any WebSocket path costs), PgBouncer, wsproxy → PgBouncer, and pg
+ * straight to Postgres; then cold sessions, COLD_AT_ONCE at a time. Each path's server CPU from /proc.
  */
 async function latencyFloors(ctx: BenchContext, admin: pg.Client) {
   const upstream = `${ctx.pg.host}:${ctx.pg.port}`
-  await admin.query(`GRANT SELECT ON bench_pool_items TO ${ctx.pgConfig().user}`)
+  const user = ctx.pgConfig().user!
+  await admin.query(`GRANT SELECT ON bench_pool_items TO ${user}`)
   const overWs = (url: string) => () => new Client({ ...ctx.pgConfig(), webSocketConstructor: WebSocket as any, wsProxy: () => url } as ClientConfig)
-  type Path = { name: string; start(): Promise<{ open(): pg.Client; stop(): Promise<void> }> }
+  const bouncerSettings = { default_pool_size: BOUNCER_POOL, max_client_conn: FLOOR_SESSIONS + 100 }
+  type Path = { name: string; start(): Promise<{ open(): pg.Client; stop(): Promise<void>; cpu?: () => number }> }
   const paths: Path[] = [
-    { name: `edgepg-proxy (${MODE})`, start: async () => ((p) => ({ open: overWs(p.url), stop: p.stop }))(await startChildProxy(upstream, { built: true, flags: POOL_PROXY_FLAGS })) },
-    { name: 'edgepg Client via bare WebSocket relay', start: async () => ((r) => ({ open: overWs(`ws://127.0.0.1:${r.port}/`), stop: r.stop }))(await startWsRelay(upstream)) },
-    ...(pgbouncerBinary() ? [{ name: 'pg via PgBouncer 1.18 (transaction)', start: async () => ((b) => ({ open: () => new pg.Client({ ...ctx.pgConfig(), port: b.port }), stop: b.stop }))(await startPgBouncer(ctx.pg, { default_pool_size: BOUNCER_POOL, max_client_conn: FLOOR_SESSIONS + 100 })) }] : []),
+    { name: `edgepg-proxy (${MODE})`, start: async () => ((p) => ({ open: overWs(p.url), stop: p.stop, cpu: () => treeCpuSeconds(p.pid) }))(await startChildProxy(upstream, { built: true, flags: POOL_PROXY_FLAGS })) },
+    { name: 'edgepg Client via bare WebSocket relay', start: async () => ((r) => ({ open: overWs(`ws://127.0.0.1:${r.port}/`), stop: r.stop, cpu: r.cpuSeconds }))(await startWsRelay(upstream)) },
+    ...(pgbouncerBinary() ? [{ name: 'pg via PgBouncer 1.18 (transaction)', start: async () => ((b) => ({ open: () => new pg.Client({ ...ctx.pgConfig(), port: b.port }), stop: b.stop, cpu: () => treeCpuSeconds(b.pid) }))(await startPgBouncer(ctx.pg, bouncerSettings, await scramSecrets(admin, [user]))) }] : []),
+    ...(neonPairMissing() ? [] : [{ name: NEON_PAIR, start: async () => ((n) => ({ open: () => new Client(n.config(ctx.pgConfig())), stop: n.stop, cpu: n.cpu }))(await startNeonPair(ctx.pg, admin, [user], bouncerSettings)) }]),
     { name: 'pg straight to Postgres', start: async () => ({ open: () => new pg.Client(ctx.pgConfig()), stop: async () => {} }) },
   ]
-  const results: Array<{ name: string; latencies: number[] }> = []
+  const results: Array<{ name: string; latencies: number[]; fresh: number[]; cpu: { login: number; statement: number; cold: number }; cold: number; coldFailed: Map<string, number> }> = []
   for (const path of paths) {
-    const { open, stop } = await path.start()
+    const { open, stop, cpu = () => NaN } = await path.start()
     const clients: pg.Client[] = []
-    const latencies: number[] = []
+    const r = { name: path.name, latencies: [] as number[], fresh: [] as number[], cpu: { login: 0, statement: 0, cold: 0 }, cold: 0, coldFailed: new Map<string, number>() }
     try {
       const connecting = slots(CONNECTING)
+      let cpu0 = cpu()
       await Promise.all(Array.from({ length: FLOOR_SESSIONS }, () => connecting(async () => { const c = open(); clients.push(c); await c.connect() })))
-      const end = performance.now() + FLOOR_MS
+      r.cpu.login = (cpu() - cpu0) / FLOOR_SESSIONS
+      cpu0 = cpu()
+      const start = performance.now()
+      const end = start + FLOOR_MS
       await Promise.all(clients.map(async (c, s) => {
         await sleep(Math.random() * FLOOR_TICK_MS)
         for (let i = s; performance.now() < end; i += FLOOR_SESSIONS) {
           const t0 = performance.now()
           await c.query(READ, [(i % ITEMS) + 1])
-          latencies.push(performance.now() - t0)
+          r.latencies.push(performance.now() - t0)
+          if (t0 < start + FRESH_MS) r.fresh.push(performance.now() - t0)
           await sleep(FLOOR_TICK_MS)
         }
       }))
+      r.cpu.statement = (cpu() - cpu0) / r.latencies.length
+      await Promise.all(clients.splice(0).map((c) => bounded(c.end(), 5000).catch(() => {})))
+      cpu0 = cpu()
+      const coldStart = performance.now()
+      await Promise.all(Array.from({ length: COLD_AT_ONCE }, async () => {
+        while (performance.now() < coldStart + COLD_MS) {
+          const c = open()
+          c.on('error', () => {})
+          await c.connect().then(() => c.query(READ, [1])).then(() => r.cold++, (err) => count(r.coldFailed, err))
+          await bounded(c.end(), 5000).catch(() => {})
+        }
+      }))
+      r.cpu.cold = (cpu() - cpu0) / r.cold
+      r.cold /= (performance.now() - coldStart) / 1000
     } finally {
       await Promise.all(clients.map((c) => bounded(c.end(), 5000).catch(() => {})))
       await stop()
     }
-    results.push({ name: path.name, latencies })
+    results.push(r)
   }
-  const bouncer = results.find((r) => r.name.includes('PgBouncer'))
+  const over = (name: string) => ((b) => (r: (typeof results)[0]) => (b ? `${(median(r.latencies) / median(b.latencies)).toFixed(2)}x` : ''))(results.find((r) => r.name.startsWith(name)))
+  const [overBouncer, overNeon] = [over('pg via PgBouncer'), over(NEON_PAIR)]
+  const µs = (seconds: number) => (Number.isNaN(seconds) ? '' : `${(seconds * 1e6).toFixed(0)} µs`)
   printGrid(
-    `pool 1b: one statement's latency, ${FLOOR_SESSIONS} sessions, one statement each every ${FLOOR_TICK_MS} ms`,
-    ['path', 'statements', 'p50', 'p99', 'p50 over PgBouncer'],
-    results.map((r) => [r.name, String(r.latencies.length), `${median(r.latencies).toFixed(2)} ms`, `${percentile(r.latencies, 99).toFixed(2)} ms`, bouncer ? `${(median(r.latencies) / median(bouncer.latencies)).toFixed(2)}x` : '']),
+    `pool 1b: one statement's latency, ${FLOOR_SESSIONS} sessions, one statement each every ${FLOOR_TICK_MS} ms; then cold sessions, ${COLD_AT_ONCE} at a time`,
+    ['path', 'statements', 'p50', 'p99', `p99, first ${FRESH_MS / 1000} s`, 'p50 over PgBouncer', 'p50 over wsproxy → PgBouncer', 'server CPU / statement', 'server CPU / login', 'cold sessions/s', 'server CPU / cold session'],
+    results.map((r) => [
+      r.name, String(r.latencies.length), `${median(r.latencies).toFixed(2)} ms`, `${percentile(r.latencies, 99).toFixed(2)} ms`, `${percentile(r.fresh, 99).toFixed(2)} ms`, overBouncer(r), overNeon(r),
+      µs(r.cpu.statement), µs(r.cpu.login), `${Math.round(r.cold)}/s${r.coldFailed.size ? `, failed ${counts(r.coldFailed)}` : ''}`, µs(r.cpu.cold),
+    ]),
     [
-      `"${READ}" (unnamed), role ${ctx.pgConfig().user} (no connection limit: the relay and pg hold a backend per session). One path after another, ${FLOOR_MS / 1000} s each. ` +
+      `"${READ}" (unnamed), role ${user} (no connection limit: the relay and pg hold a backend per session). One path after another, each on a server started for it: ` +
+        `${FLOOR_SESSIONS} logins (${CONNECTING} at once), ${FLOOR_MS / 1000} s of statements (p99 also over their first ${FRESH_MS / 1000} s), the sessions end, ` +
+        `then for ${COLD_MS / 1000} s ${COLD_AT_ONCE} loops of connect, one statement, end. ` +
         `The bare WebSocket relay (bench/ws-relay.ts) passes bytes between a ws server and a Postgres socket and does nothing else: no Node WebSocket path can be faster. ` +
+        `PgBouncer (both paths): transaction mode, default_pool_size ${BOUNCER_POOL}, ${user}'s SCRAM secret in its userlist; wsproxy: bench/neon-pair.ts. ` +
         `Client, relays and Postgres share this machine's ${availableParallelism()} cores.`,
+      `Server CPU: user + system time (/proc/<pid>/stat, 10 ms ticks) of the proxy child and its descendants, the relay, PgBouncer, or wsproxy + PgBouncer (Postgres's own left out): ` +
+        `over the logins per login, over the ${FLOOR_MS / 1000} s per statement, over the cold loops per cold session.`,
     ]
   )
 }
 
 // ---- 2. busy sessions ----
 
-async function busySessions(ctx: BenchContext): Promise<Row[]> {
-  type Mode = 'session' | 'transaction'
-  const MODES = ['session', 'transaction'] as const
+async function busySessions(ctx: BenchContext, admin: pg.Client): Promise<Row[]> {
+  /** neon: edgepg Clients through wsproxy → PgBouncer (bench/neon-pair.ts), when both are here. */
+  type Mode = 'session' | 'transaction' | 'neon'
+  const SIDES = ['session', 'transaction'] as const
+  const MODES: Mode[] = [...SIDES, ...(neonPairMissing() ? [] : ['neon' as const])]
   const upstream = `${ctx.pg.host}:${ctx.pg.port}`
   const proxies: Partial<Record<Mode, ChildProxy>> = {}
-  const clients: Record<Mode, pg.Client[]> = { session: [], transaction: [] }
-  const totals: Record<Mode, { queries: number; seconds: number; latencies: number[] }> = {
-    session: { queries: 0, seconds: 0, latencies: [] },
-    transaction: { queries: 0, seconds: 0, latencies: [] },
-  }
+  let pair: NeonPair | undefined
+  const clients: Record<Mode, pg.Client[]> = { session: [], transaction: [], neon: [] }
+  const totals = Object.fromEntries(MODES.map((m) => [m, { queries: 0, seconds: 0, latencies: [] as number[], cpu: 0 }])) as Record<Mode, { queries: number; seconds: number; latencies: number[]; cpu: number }>
+  const serverCpu = (m: Mode) => (m === 'neon' ? pair!.cpu() : treeCpuSeconds(proxies[m]!.pid))
   try {
     proxies.session = await startChildProxy(upstream, { built: true, flags: SESSION_MODE_FLAGS })
     proxies.transaction = await startChildProxy(upstream, { built: true, flags: POOL_PROXY_FLAGS })
+    if (MODES.includes('neon')) pair = await startNeonPair(ctx.pg, admin, [ctx.pgConfig().user!], { default_pool_size: BOUNCER_POOL, max_client_conn: BUSY_SESSIONS + 100 })
     for (const m of MODES) {
-      const url = proxies[m]!.url
-      clients[m] = Array.from({ length: BUSY_SESSIONS }, () => new Client({ ...ctx.pgConfig(), webSocketConstructor: WebSocket as any, wsProxy: () => url } as ClientConfig))
+      const config = m === 'neon' ? pair!.config(ctx.pgConfig()) : ({ ...ctx.pgConfig(), webSocketConstructor: WebSocket as any, wsProxy: () => proxies[m]!.url } as ClientConfig)
+      clients[m] = Array.from({ length: BUSY_SESSIONS }, () => new Client(config))
       await Promise.all(clients[m].map(async (c) => (c.on('error', () => {}), await c.connect(), await c.query(READ, [1]))))
     }
     await interleave(MODES, BUSY_ROUNDS, async (m) => {
       gc()
+      const cpu0 = serverCpu(m)
       const t0 = performance.now()
       const deadline = t0 + BUSY_MS
       await Promise.all(
@@ -384,24 +444,34 @@ async function busySessions(ctx: BenchContext): Promise<Row[]> {
         })
       )
       totals[m].seconds += (performance.now() - t0) / 1000
+      totals[m].cpu += serverCpu(m) - cpu0
     })
   } finally {
     await Promise.all(Object.values(clients).flat().map((c) => bounded(c.end(), 5000).catch(() => {})))
     for (const m of MODES) await proxies[m]?.stop()
+    await pair?.stop()
   }
   const rate = (m: Mode) => totals[m].queries / totals[m].seconds
   const share = rate('transaction') / rate('session')
+  const cpu = (m: Mode) => (totals[m].cpu * 1e6) / totals[m].queries
   const lat = (m: Mode) => `${median(totals[m].latencies).toFixed(2)} / ${percentile(totals[m].latencies, 99).toFixed(2)} ms`
+  /** The neon pair's column and how many times better transaction mode does (x: lower is better), or no cells. */
+  const neon = (f: (m: Mode) => string, x: (m: Mode) => number) => (pair ? [f('neon'), `${(x('neon') / x('transaction')).toFixed(2)}x`] : [])
   printGrid(
     `pool 2: ${BUSY_SESSIONS} busy sessions, back to back`,
-    ['metric', 'edgepg-proxy, session mode', `edgepg-proxy, ${TRANSACTION_MODE_FLAGS.join(' ')}`, 'ratio', 'target', 'result'],
+    ['metric', 'edgepg-proxy, session mode', `edgepg-proxy, ${TRANSACTION_MODE_FLAGS.join(' ')}`, 'ratio', 'target', 'result', ...(pair ? [NEON_PAIR, 'transaction mode ahead by'] : [])],
     [
-      ['queries/s', ...MODES.map((m) => `${Math.round(rate(m)).toLocaleString('en-US')}/s`), `${share.toFixed(2)}x`, `>= ${BUSY_SHARE_TARGET}x`, share >= BUSY_SHARE_TARGET ? 'pass' : 'MISS'],
-      ['latency p50 / p99', ...MODES.map(lat), '', '', ''],
+      ['queries/s', ...SIDES.map((m) => `${Math.round(rate(m)).toLocaleString('en-US')}/s`), `${share.toFixed(2)}x`, `>= ${BUSY_SHARE_TARGET}x`, share >= BUSY_SHARE_TARGET ? 'pass' : 'MISS', ...neon((m) => `${Math.round(rate(m)).toLocaleString('en-US')}/s`, (m) => 1 / rate(m))],
+      ['latency p50 / p99', ...SIDES.map(lat), '', '', '', ...neon(lat, (m) => median(totals[m].latencies))],
+      ['server CPU per statement (= per transaction)', ...SIDES.map((m) => `${cpu(m).toFixed(1)} µs`), `${(cpu('transaction') / cpu('session')).toFixed(2)}x`, '', '', ...neon((m) => `${cpu(m).toFixed(1)} µs`, cpu)],
     ],
     [
       `${BUSY_SESSIONS} edgepg Clients (scram_user) per proxy child, each running "${READ}" back to back; ${BUSY_ROUNDS} alternating rounds of ${BUSY_MS / 1000} s per side. ` +
         `Session mode: ${SESSION_MODE_FLAGS.join(' ')}; the other side: ${POOL_PROXY_FLAGS.join(' ')} (bench/pool.ts).`,
+      `Proxy CPU: user + system time of the proxy child and its descendants (/proc/<pid>/stat, 10 ms ticks; EDGEPG_WORKERS=1 here, so one process) over the rounds, ` +
+        `divided by the statements answered in them; each statement is a transaction of its own.`,
+      ...(pair ? [`${NEON_PAIR}: ${BUSY_SESSIONS} edgepg Clients (scram_user) through Neon's wsproxy in front of PgBouncer 1.18 (pool_mode transaction, default_pool_size ${BOUNCER_POOL}, ` +
+        `scram_user's SCRAM secret in its userlist; bench/neon-pair.ts), in the same rotation; its CPU is wsproxy's and PgBouncer's. "transaction mode ahead by": edgepg-proxy's queries/s over its; its p50 or CPU over edgepg-proxy's.`] : []),
     ]
   )
   return [{ metric: `pool: busy sessions, session mode's queries/s over transaction mode's`, edgepg: `${Math.round(rate('transaction'))}/s`, baseline: `${Math.round(rate('session'))}/s`, ratio: 1 / share, target: 1 / BUSY_SHARE_TARGET }]

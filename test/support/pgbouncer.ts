@@ -14,6 +14,7 @@ import { freePort, pgConfig, PASSWORD, type PgInfo } from './stack'
 
 export interface PgBouncer {
   port: number
+  pid: number
   stop(): Promise<void>
 }
 
@@ -26,15 +27,19 @@ export function pgbouncerBinary(): string | undefined {
   }
 }
 
-/** Starts PgBouncer for `scram_user` on `upstream`'s database; `settings` go into its [pgbouncer] section. */
-export async function startPgBouncer(upstream: PgInfo, settings: Record<string, string | number> = {}): Promise<PgBouncer> {
+/**
+ * Starts PgBouncer for `scram_user` on `upstream`'s database; `settings` go into its [pgbouncer] section.
+ * `users` go into its auth_file beside (or instead of) scram_user's plain password: name -> password, or
+ * Postgres's SCRAM verifier (pg_authid.rolpassword), with which PgBouncer spends no PBKDF2 on a login.
+ */
+export async function startPgBouncer(upstream: PgInfo, settings: Record<string, string | number> = {}, users: Record<string, string> = {}): Promise<PgBouncer> {
   const binary = pgbouncerBinary()
   if (!binary) throw new Error('pgbouncer is not installed: apt-get install pgbouncer (.ci/run does this)')
   const dir = await mkdtemp(join(tmpdir(), 'edgepg-pgbouncer-'))
   await giveToRunner(dir, 0o700)
   const port = await freePort()
   const file = (name: string, text: string) => writeFile(join(dir, name), text).then(() => giveToRunner(join(dir, name), 0o600))
-  await file('userlist.txt', `"scram_user" "${PASSWORD}"\n`)
+  await file('userlist.txt', Object.entries({ scram_user: PASSWORD, ...users }).map(([name, secret]) => `"${name}" "${secret}"\n`).join(''))
   const ini = {
     listen_addr: '127.0.0.1',
     listen_port: port,
@@ -69,5 +74,5 @@ export async function startPgBouncer(upstream: PgInfo, settings: Record<string, 
     await stop()
     throw err
   }
-  return { port, stop }
+  return { port, pid: bouncer.pid!, stop }
 }
