@@ -477,6 +477,8 @@ describe('logins waiting on Postgres', { concurrency: false }, () => {
    * most logins the proxy had at Postgres at once during the attack.
    */
   async function underAttack(proxyPort: number, perAddress: number, how: 'upgrade' | 'in band') {
+    // (Logins of the test before, still on their way to Postgres as its proxy closed, are not this one's.)
+    await eventually(() => atPostgres.logins === 0, 'logins of earlier tests to be gone', 10_000)
     let peak = 0
     const sampler = setInterval(() => (peak = Math.max(peak, atPostgres.logins)), 10)
     const sockets: WebSocket[] = []
