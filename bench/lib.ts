@@ -2,12 +2,13 @@
  * Shared pieces of the benchmark runner: the context every section receives, statistics, and
  * the one table format all sections print.
  */
-import { readdirSync, readFileSync } from 'node:fs'
+import { readdirSync } from 'node:fs'
 import v8 from 'node:v8'
 import vm from 'node:vm'
 import type pg from 'pg'
 import type { ClientConfig } from '../src/index'
 import type { PgInfo } from '../test/support/stack'
+import { procStat } from '../test/support/child-proxy'
 
 export interface BenchContext {
   /** The embedded Postgres every section measures against. */
@@ -84,9 +85,7 @@ export async function interleave<K extends string>(keys: readonly K[], rounds: n
 export function treeCpuSeconds(pid: number, comm?: string): number {
   const procs = readdirSync('/proc').filter((d) => /^\d+$/.test(d)).flatMap((d) => {
     try {
-      const stat = readFileSync(`/proc/${d}/stat`, 'utf8')
-      const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
-      return [{ pid: Number(d), comm: stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')), ppid: Number(f[1]), ticks: Number(f[11]) + Number(f[12]) }]
+      return [{ pid: Number(d), ...procStat(Number(d)) }]
     } catch {
       return [] // (ended meanwhile)
     }
@@ -96,7 +95,7 @@ export function treeCpuSeconds(pid: number, comm?: string): number {
     grew = false
     for (const p of procs) if (tree.has(p.ppid) && !tree.has(p.pid)) tree.add(p.pid), (grew = true)
   }
-  return procs.filter((p) => tree.has(p.pid) && (comm === undefined || p.comm === comm)).reduce((sum, p) => sum + p.ticks, 0) / 100
+  return procs.filter((p) => tree.has(p.pid) && (comm === undefined || p.comm === comm)).reduce((sum, p) => sum + p.cpuSeconds, 0)
 }
 
 /** A full garbage collection, so one run's garbage is not collected during the next one's timing. */

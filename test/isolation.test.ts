@@ -184,3 +184,45 @@ test("once the database's word on its code is --code-recheck old, plain transact
     await scratch.tcp.query(`DROP DATABASE ${database}`)
   }
 })
+
+test("a plain transaction decided on another's question keeps what it did to sequences: the next session sees no currval()", async () => {
+  const database = `isolation_seq_${process.pid}`
+  await scratch.tcp.query(`CREATE DATABASE ${database}`)
+  const p = await startProxy({ pool: { mode: 'transaction', size: 4, timeoutMs: 3000, codeRecheckMs: 200 } })
+  // One session per backend, so that each backend's last transaction is one that waited for the question.
+  const sessions = await Promise.all(Array.from({ length: 4 }, () => edgeClient(p.port, 'scram_user', { database })).map(async (c) => (await c.connect(), c)))
+  const next = await Promise.all(Array.from({ length: 4 }, () => edgeClient(p.port, 'scram_user', { database })).map(async (c) => (await c.connect(), c)))
+  try {
+    await sessions[0].query('CREATE SEQUENCE s')
+    await Promise.all(sessions.map((c) => c.query('SELECT 1')))
+    await new Promise((resolve) => setTimeout(resolve, 300)) // (the word on code is stale: one asks, the rest wait for it)
+    await Promise.all(sessions.map((c) => c.query("SELECT nextval('s')")))
+    // Each of the four backends, held at once by a new session: none shows another's currval().
+    for (const c of next) await c.query('BEGIN')
+    const seen = await Promise.all(next.map((c) => c.query("SELECT currval('s')").then((r) => `currval ${r.rows[0].currval}`, (err) => err.code)))
+    assert.deepEqual(seen, ['55000', '55000', '55000', '55000'])
+  } finally {
+    await Promise.all([...sessions, ...next].map((c) => c.end().catch(() => {})))
+    await p.close()
+    await scratch.tcp.query(`DROP DATABASE ${database}`)
+  }
+})
+
+test('a trigger made through a session pinned for good (it changed how Postgres lexes) is seen by the very next transaction of another', async () => {
+  const p = await startProxy({ pool: { mode: 'transaction', size: 2, maxPinned: 2, timeoutMs: 400, codeRecheckMs: 60_000 } })
+  const table = `${scratch.name}_pinned_maker`
+  await scratch.tcp.query(`CREATE TABLE ${table} (x int); GRANT ALL ON ${table} TO PUBLIC`)
+  const [a, b, c] = [await session(p), await session(p), await session(p)]
+  try {
+    await c.query(`INSERT INTO ${table} VALUES (1)`) // (the database's word: no code)
+    await a.query('SET standard_conforming_strings = off') // a keeps its backend to its end
+    await settingTrigger(table, (sql) => a.query(sql))
+    await c.query(`INSERT INTO ${table} VALUES (2)`) // the trigger sets statement_timeout on c's backend
+    assert.deepEqual(await attempt(b, "SELECT current_setting('statement_timeout') AS st"), { code: '53300' }, "the trigger's setting stays c's")
+    assert.deepEqual((await c.query("SELECT current_setting('statement_timeout') AS st")).rows, [{ st: '4321ms' }])
+  } finally {
+    await Promise.all([a, b, c].map((x) => x.end().catch(() => {})))
+    await p.close()
+    await scratch.tcp.query(`DROP TABLE ${table}; DROP FUNCTION ${table}_f()`)
+  }
+})

@@ -267,6 +267,7 @@ class LentSession implements RunningSession {
         for (const s of r.signals) {
           const pid = s.pid ?? (m[0] === ClientMessage.Bind ? bindParameter(m, s.param!) : undefined)
           if (pid !== undefined) this.signalsDue.push({ after: answered + 1, kind: s.kind, pid })
+          if (this.signalsDue.length > SIGNALS_DUE_MAX) this.sendSignals(1) // (pipelined without end: the oldest now)
         }
       }
       if (m[0] === ClientMessage.Query || m[0] === ClientMessage.Sync) answered++
@@ -276,13 +277,12 @@ class LentSession implements RunningSession {
     lend.relay.forward(msgs) // (framed once, above)
   }
 
-  /** The signals whose statements the client has its answer to (all of them: the session ended). */
-  private sendSignals(all = false) {
+  /** The signals whose statements the client has its answer to, or the first `n` (the session ended: all). */
+  private sendSignals(n = 0) {
     if (!this.signalsDue.length) return
-    const due = all ? this.signalsDue : this.signalsDue.filter((s) => s.after <= this.readies)
-    if (!due.length) return
-    this.signalsDue = all ? [] : this.signalsDue.filter((s) => s.after > this.readies)
-    for (const s of due) this.o.signals.send(s.kind, s.pid, this.o.lender.role)
+    let due = 0
+    while (due < this.signalsDue.length && (due < n || this.signalsDue[due].after <= this.readies)) due++
+    for (const s of this.signalsDue.splice(0, due)) this.o.signals.send(s.kind, s.pid, this.o.lender.role)
   }
 
   /** What running `msg` may leave behind. */
@@ -424,10 +424,10 @@ class LentSession implements RunningSession {
     const plain = e.plain && !lend.relay.unusual
     lend.effects = NOTHING
     lend.relay.unusual = false
+    if (!plain) this.o.lender.learned(undefined) // (it may have made code: every key of the database asks again)
     if (e.unseen) (this.pinnedForGood = true), this.pin('unseen')
     if (this.pinnedForGood || (this.pinned && plain)) return
     if (plain && (!e.code || this.o.lender.runsNoCode)) return this.lendOn(lend, e)
-    if (!plain) this.o.lender.learned(undefined) // (it may have made code: every key of the database asks again)
     const asking = this.o.lender.asking
     if (plain && asking) return this.awaitWord(lend, e, asking)
     this.verify(lend)
@@ -476,7 +476,8 @@ class LentSession implements RunningSession {
     void asking.then(() => {
       this.verifying = false
       if (this.lend !== lend) return
-      if (!this.o.lender.runsNoCode) lend.effects = merge(lend.effects, e) // (verified with what it runs next, or at once)
+      // Decided with what it runs next, or at once: lent on (its nextval() remembered) or verified.
+      lend.effects = merge(lend.effects, e)
       const ending = lend.watch.ending
       if (ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) this.transactionEnded(lend)
     })
@@ -555,7 +556,7 @@ class LentSession implements RunningSession {
     if (this.ended) return
     this.ended = true
     clearTimeout(this.idleInTransaction)
-    this.sendSignals(true) // (the statements ran: Postgres would have signalled)
+    this.sendSignals(Infinity) // (the statements ran: Postgres would have signalled)
     this.unsignal()
     this.unpin()
     this.waiting = []
@@ -586,5 +587,8 @@ function bindParameter(bind: Buffer, n: number): number | undefined {
   if (format === 0) return /^\s*[+-]?\d+\s*$/.test(value.toString('latin1')) ? Number(value.toString('latin1')) : undefined
   return length === 4 ? value.readInt32BE(0) : length === 8 ? Number(value.readBigInt64BE(0)) : undefined
 }
+
+/** Signals a session keeps for statements not yet answered: a client may pipeline without end. */
+const SIGNALS_DUE_MAX = 64
 
 const READY_IDLE = Buffer.from([ServerMessage.ReadyForQuery, 0, 0, 0, 5, TxStatus.Idle])

@@ -118,10 +118,15 @@ export function stopChild(child: ChildProcess): Promise<void> {
 
 /** A process's CPU time so far (user + system), in seconds, from /proc. */
 export function cpuSecondsOf(pid: number): number {
-  // Fields after the command name: state is #3; utime #14, stime #15, in ticks of USER_HZ (100 on Linux).
+  return procStat(pid).cpuSeconds
+}
+
+/** A process's name, parent and CPU seconds (user + system) from /proc/<pid>/stat. */
+export function procStat(pid: number): { comm: string; ppid: number; cpuSeconds: number } {
+  // Fields after the command name: state is #3, ppid #4; utime #14, stime #15, in ticks of USER_HZ (100 on Linux).
   const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
-  return (Number(fields[11]) + Number(fields[12])) / 100
+  return { comm: stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')), ppid: Number(fields[1]), cpuSeconds: (Number(fields[11]) + Number(fields[12])) / 100 }
 }
 
 /** Preload for the child: on SIGUSR2, a full GC, then one JSON line of process.memoryUsage(). */
