@@ -16,6 +16,7 @@ import { promisify } from 'node:util'
 import pg from 'pg'
 import { startProxy, pgConfig, scratchTable } from './support/helpers'
 import { PASSWORD } from './support/stack'
+import { packedTarball } from './support/pack'
 
 const run = promisify(execFile)
 const root = fileURLToPath(new URL('..', import.meta.url))
@@ -30,15 +31,14 @@ let scratch: Awaited<ReturnType<typeof scratchTable>>
 before(async () => {
   proxy = await startProxy()
   scratch = await scratchTable('neon_app', 'tag text NOT NULL, name text NOT NULL')
-  const { stdout } = await run('npm', ['pack', '--silent', '--pack-destination', work], { cwd: root })
-  const tarball = stdout.trim().split('\n').pop()!
+  const tarball = await packedTarball()
   cpSync(join(root, 'test/neon-app'), app, { recursive: true })
   const pkg = {
     name: 'neon-app',
     private: true,
     type: 'module',
     dependencies: {
-      '@neondatabase/serverless': `file:../${tarball}`,
+      '@neondatabase/serverless': `file:${tarball}`,
       'drizzle-orm': version('drizzle-orm'),
       '@prisma/adapter-neon': version('@prisma/adapter-neon'),
       '@prisma/client': version('@prisma/client'),

@@ -9,24 +9,23 @@ import { execFile } from 'node:child_process'
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import { promisify } from 'node:util'
 import { startProxy, pgConfig } from './support/helpers'
+import { packedTarball } from './support/pack'
 
 const run = promisify(execFile)
-const root = fileURLToPath(new URL('..', import.meta.url))
 const work = mkdtempSync(join(tmpdir(), 'edgepg-one-pg-'))
 const app = join(work, 'app')
 const APP_PG = '8.23.0'
 
 let proxy: Awaited<ReturnType<typeof startProxy>>
+let tarball: string
 
 before(async () => {
   proxy = await startProxy()
-  const { stdout } = await run('npm', ['pack', '--silent', '--pack-destination', work], { cwd: root })
-  const tarball = stdout.trim().split('\n').pop()!
+  tarball = await packedTarball()
   await run('mkdir', [app])
-  writeFileSync(join(app, 'package.json'), JSON.stringify({ name: 'one-pg-app', private: true, type: 'module', dependencies: { pg: APP_PG, edgepg: `file:../${tarball}`, ws: '^8' } }, null, 2))
+  writeFileSync(join(app, 'package.json'), JSON.stringify({ name: 'one-pg-app', private: true, type: 'module', dependencies: { pg: APP_PG, edgepg: `file:${tarball}`, ws: '^8' } }, null, 2))
   await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund', '--loglevel=error'], { cwd: app, timeout: 240_000 })
 })
 
@@ -68,4 +67,15 @@ console.log(JSON.stringify({ code: err.code, isDatabaseError: err instanceof pg.
   const { stdout } = await run(process.execPath, ['check.mjs'], { cwd: app, timeout: 60_000 })
   assert.deepEqual(JSON.parse(stdout), { code: '22012', isDatabaseError: true })
   assert.equal(JSON.parse(readFileSync(join(app, 'node_modules/pg/package.json'), 'utf8')).version, APP_PG)
+})
+
+test('the tarball npm packs from a fresh clone holds the built driver, proxy, CLI and types (prepack builds them)', async () => {
+  const { stdout } = await run('tar', ['-tzf', tarball])
+  const files = stdout.split('\n')
+  for (const file of ['dist/index.mjs', 'dist/index.cjs', 'dist/node.mjs', 'dist/index.d.ts', 'dist/proxy.mjs', 'dist/cli.mjs']) {
+    assert.ok(files.includes(`package/${file}`), `${file} in the tarball: ${files.join(' ')}`)
+  }
+  const installed = join(app, 'node_modules/edgepg')
+  const { stdout: help } = await run(process.execPath, [join(installed, 'dist/cli.mjs'), '--help'])
+  assert.match(help, /--upstream/)
 })
