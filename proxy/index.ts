@@ -141,7 +141,7 @@ export function createProxy(options: ProxyOptions): Proxy {
   // (A quarter of the backends may be pinned, but at least two where there are three or more: a worker's
   // part of a small pool is small, and pg's own suite keeps two sessions with temp tables at once.)
   const pinned = size < 3 ? 1 : Math.max(2, Math.ceil(size / 4))
-  const shares = { perClient: options.pool?.maxPerClient ?? Math.ceil(size / 4), pinned: options.pool?.maxPinned ?? pinned, codeTrustedMs: options.pool?.codeRecheckMs ?? 1000 }
+  const shares = { perClient: options.pool?.maxPerClient ?? Math.ceil(size / 4), pinned: options.pool?.maxPinned ?? pinned }
   const lenders = mode === 'transaction' && enabled ? new Lenders(pool, { size, timeoutMs, statements, lifetimeMs, reader, shares }, metrics.lending) : undefined
   const tokens = options.tokens && new TokenLogins(options.tokens)
   const addresses = new ClientAddresses(options.trustProxy ?? [])

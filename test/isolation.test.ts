@@ -1,23 +1,23 @@
 /**
  * Isolation under transaction pooling decided by the backend itself (proxy/isolation/verify.ts):
  * with a reader that is wrong on purpose, the catalogs alone catch what a transaction left; a session
- * is pinned only while it holds state; an attacker's plants never reach another session; and code
- * made at Postgres behind the proxy's back is seen. Against the real proxy and Postgres, --pool-size 1:
+ * is pinned only while it holds state; an attacker's plants never reach another session; and what
+ * code made at Postgres behind the proxy's back leaves is caught, even once the code is gone. Against the real proxy and Postgres, --pool-size 1:
  * a session that may see another's backend while it holds state would see it.
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { httpSql, type Client } from '../src/index'
+import type { Client } from '../src/index'
 import { NOTHING } from '../proxy/isolation/reader'
 import { startProxy, edgeClient, scratchTable, testPostgres, within } from './support/helpers'
-import { PASSWORD } from './support/stack'
+import { startDelayRelay } from './support/delay-relay'
 
 let scratch: Awaited<ReturnType<typeof scratchTable>>
 before(async () => (scratch = await scratchTable('isolation', 'note text')))
 after(() => scratch?.drop())
 
 type Proxy = Awaited<ReturnType<typeof startProxy>>
-const proxy = (reader?: () => typeof NOTHING, codeRecheckMs?: number) => startProxy({ pool: { mode: 'transaction', size: 1, timeoutMs: 400, codeRecheckMs, ...(reader && { reader }) } })
+const proxy = (reader?: () => typeof NOTHING) => startProxy({ pool: { mode: 'transaction', size: 1, timeoutMs: 400, ...(reader && { reader }) } })
 
 async function session(p: Proxy): Promise<Client> {
   const client = edgeClient(p.port, 'scram_user')
@@ -117,112 +117,86 @@ test("an attacker's temporary view, function and rule never reach another sessio
   }
 })
 
-/** A trigger that sets statement_timeout for the session, made behind the proxy on `table`, in `made` (at Postgres directly, or through a session of the proxy). */
-async function settingTrigger(table: string, made: (sql: string) => Promise<unknown>) {
-  await made(`CREATE FUNCTION ${table}_f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM set_config('statement_timeout', '4321', false); RETURN NEW; END $$`)
-  await made(`CREATE TRIGGER t BEFORE INSERT ON ${table} FOR EACH ROW EXECUTE FUNCTION ${table}_f()`)
-}
-
-/** a and b share the one backend; `make` adds a trigger that sets a setting while a writes, and a's next write must pin a. */
-async function lateTrigger(name: string, codeRecheckMs: number | undefined, make: (table: string, a: Client, p: Proxy) => Promise<void>) {
-  const p = await proxy(undefined, codeRecheckMs)
+/**
+ * Code an attacker makes at Postgres directly, behind the proxy, and takes away again before the
+ * next session's turn: `body` runs (in plpgsql) when `a` reads the view, and what it leaves must
+ * never reach `b`, the next session on the one backend.
+ */
+async function hiddenCode(name: string, body: (table: string) => string, check: (a: Client, b: Client, table: string) => Promise<void>) {
+  const p = await proxy()
   const table = `${scratch.name}_${name}`
-  await scratch.tcp.query(`CREATE TABLE ${table} (x int); GRANT ALL ON ${table} TO PUBLIC`)
+  const made = (sql: string) => scratch.tcp.query(sql)
+  await made(`CREATE SEQUENCE ${table}_s; GRANT ALL ON ${table}_s TO PUBLIC`)
   try {
     const [a, b] = [await session(p), await session(p)]
-    await a.query(`INSERT INTO ${table} VALUES (1)`)
-    assert.deepEqual(await attempt(b, 'SELECT 1 AS one'), { rows: [{ one: 1 }] }, 'no code yet: plain writes go on')
-    await make(table, a, p)
-    await a.query(`INSERT INTO ${table} VALUES (2)`)
-    assert.deepEqual(await attempt(b, "SELECT current_setting('statement_timeout') AS st"), { code: '53300' }, "the trigger's setting stays a's")
-    assert.deepEqual((await a.query("SELECT current_setting('statement_timeout') AS st")).rows, [{ st: '4321ms' }])
-    await a.end()
-    assert.notDeepEqual((await within(3000, 'a clean backend', b.query("SELECT current_setting('statement_timeout') AS st"))).rows, [{ st: '4321ms' }])
-    await b.end()
+    await a.query('SELECT 1') // (the proxy has served the key: what follows is made after it started)
+    await made(`CREATE FUNCTION ${table}_f() RETURNS int LANGUAGE plpgsql AS $f$ BEGIN ${body(table)}; RETURN 1; END $f$`)
+    await made(`CREATE VIEW ${table} AS SELECT ${table}_f() AS one; GRANT SELECT ON ${table} TO PUBLIC`)
+    assert.deepEqual((await a.query(`SELECT one FROM ${table}`)).rows, [{ one: 1 }])
+    await made(`DROP VIEW ${table}; DROP FUNCTION ${table}_f()`) // (gone before anyone decides anything)
+    await check(a, b, table)
+    await Promise.all([a.end(), b.end()])
   } finally {
     await p.close()
-    await scratch.tcp.query(`DROP TABLE ${table}; DROP FUNCTION ${table}_f()`)
+    await made(`DROP VIEW IF EXISTS ${table}; DROP FUNCTION IF EXISTS ${table}_f(); DROP SEQUENCE ${table}_s`)
   }
 }
 
-test('a trigger made at Postgres behind the proxy, after it started, is seen once --code-recheck (1 s) has passed: what it sets pins the session that ran it', () =>
-  lateTrigger('late', undefined, async (table) => {
-    await settingTrigger(table, (sql) => scratch.tcp.query(sql))
-    await new Promise((resolve) => setTimeout(resolve, 1100))
+test("code made behind the proxy's back, run by a plain read and gone at once: the settings, advisory lock and currval() it left never reach the next session", () =>
+  hiddenCode('reset', (table) => `PERFORM set_config('statement_timeout', '4321', false), pg_advisory_lock(4242), nextval('${table}_s')`, async (a, b, table) => {
+    const pid = (await a.query('SELECT pg_backend_pid() AS pid')).rows[0].pid
+    const look = `SELECT pg_backend_pid() AS pid, current_setting('statement_timeout') AS st,
+      (SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS locks`
+    assert.deepEqual((await attempt(b, look)), { rows: [{ pid, st: '0', locks: 0 }] }, 'the same backend, its setting and lock reset')
+    assert.deepEqual(await attempt(b, `SELECT currval('${table}_s')`), { code: '55000' }, 'no currval() of the other session')
   }))
 
-test('with --code-recheck 0, a trigger made at Postgres behind the proxy is seen by the very next transaction', () =>
-  lateTrigger('strict', 0, (table) => settingTrigger(table, (sql) => scratch.tcp.query(sql))))
-
-test('a trigger made through the proxy is seen by the very next transaction, whatever --code-recheck says', () =>
-  lateTrigger('made', 60_000, (table, a) => settingTrigger(table, (sql) => a.query(sql))))
-
-test('a trigger made over /sql is seen by the very next transaction of a WebSocket session, another pool key of the database', () =>
-  lateTrigger('over_sql', 60_000, (table, _, p) => {
-    const info = testPostgres()
-    const sql = httpSql(`postgresql://scram_user:${encodeURIComponent(PASSWORD)}@${info.host}:${info.port}/${info.database}?application_name=maker`, { fetchEndpoint: `http://127.0.0.1:${p.port}/sql` })
-    return settingTrigger(table, (text) => sql.query(text))
+test("code made behind the proxy's back, run by a plain read and gone at once: the temporary table it made pins the session that ran it", () =>
+  hiddenCode('temp', () => 'CREATE TEMP TABLE planted (x int)', async (a, b) => {
+    assert.deepEqual(await attempt(b, 'SELECT 1 AS one'), { code: '53300' }, "the backend stays a's")
+    assert.deepEqual((await a.query('SELECT count(*)::int AS n FROM planted')).rows, [{ n: 0 }], 'a keeps what it made')
+    await a.end()
+    const temps = 'SELECT count(*)::int AS n FROM pg_class WHERE relnamespace = pg_my_temp_schema()'
+    assert.deepEqual((await within(3000, 'a clean backend', b.query(temps))).rows, [{ n: 0 }])
   }))
 
-test("once the database's word on its code is --code-recheck old, plain transactions ending at once wait for one question, not a verification each", async () => {
-  const database = `isolation_word_${process.pid}`
-  await scratch.tcp.query(`CREATE DATABASE ${database}`) // (no code of its own, whatever other tests leave elsewhere)
-  const p = await startProxy({ pool: { mode: 'transaction', size: 4, timeoutMs: 3000, codeRecheckMs: 200 } })
-  const verifications = async () => Number((await p.metrics!.registry.metrics()).match(/^edgepg_proxy_verifications_total (\d+)/m)![1])
-  const sessions = await Promise.all(Array.from({ length: 12 }, () => edgeClient(p.port, 'scram_user', { database })).map(async (c) => (await c.connect(), c)))
+test('a plain read that ran nothing of the database\'s own (no relation, cast or operator) is not verified; one that may have is, lightly', async () => {
+  const p = await proxy()
   try {
-    await Promise.all(sessions.map((c) => c.query('SELECT 1')))
-    await new Promise((resolve) => setTimeout(resolve, 300))
-    const before = await verifications()
-    // A cast may call a function of the database's own: each of these may run code.
-    const answers = await Promise.all(sessions.map((c, i) => c.query('SELECT $1::int AS i', [i])))
-    assert.deepEqual(answers.map((r) => r.rows[0].i), sessions.map((_, i) => i))
-    assert.equal((await verifications()) - before, 1, 'one verification asked the database; the rest waited for its word')
+    const a = await session(p)
+    const verifications = async (kind: string) => Number((await p.metrics.registry.metrics()).match(new RegExp(`^edgepg_proxy_verifications_total\\{kind="${kind}"\\} (\\d+)`, 'm'))?.[1] ?? 0)
+    await a.query("SELECT 'x' AS x")
+    assert.deepEqual([await verifications('light'), await verifications('full')], [0, 0])
+    await a.query(`SELECT count(*) FROM ${scratch.name}`)
+    assert.deepEqual([await verifications('light'), await verifications('full')], [1, 0])
+    await a.query('CREATE TEMP TABLE t (x int)')
+    assert.deepEqual([await verifications('light'), await verifications('full')], [1, 1])
+    await a.end()
   } finally {
-    await Promise.all(sessions.map((c) => c.end().catch(() => {})))
     await p.close()
-    await scratch.tcp.query(`DROP DATABASE ${database}`)
   }
 })
 
-test("a plain transaction decided on another's question keeps what it did to sequences: the next session sees no currval()", async () => {
-  const database = `isolation_seq_${process.pid}`
-  await scratch.tcp.query(`CREATE DATABASE ${database}`)
-  const p = await startProxy({ pool: { mode: 'transaction', size: 4, timeoutMs: 3000, codeRecheckMs: 200 } })
-  // One session per backend, so that each backend's last transaction is one that waited for the question.
-  const sessions = await Promise.all(Array.from({ length: 4 }, () => edgeClient(p.port, 'scram_user', { database })).map(async (c) => (await c.connect(), c)))
-  const next = await Promise.all(Array.from({ length: 4 }, () => edgeClient(p.port, 'scram_user', { database })).map(async (c) => (await c.connect(), c)))
+test('the light verification rides in the write of the transaction it checks: the next session waits no round trip to Postgres for it', async () => {
+  const pg = testPostgres()
+  const relay = await startDelayRelay({ host: pg.host, port: pg.port }, 100) // (a round trip to Postgres: 200 ms)
+  const p = await startProxy({ upstream: `127.0.0.1:${relay.port}`, pool: { mode: 'transaction', size: 1, timeoutMs: 5000 } })
   try {
-    await sessions[0].query('CREATE SEQUENCE s')
-    await Promise.all(sessions.map((c) => c.query('SELECT 1')))
-    await new Promise((resolve) => setTimeout(resolve, 300)) // (the word on code is stale: one asks, the rest wait for it)
-    await Promise.all(sessions.map((c) => c.query("SELECT nextval('s')")))
-    // Each of the four backends, held at once by a new session: none shows another's currval().
-    for (const c of next) await c.query('BEGIN')
-    const seen = await Promise.all(next.map((c) => c.query("SELECT currval('s')").then((r) => `currval ${r.rows[0].currval}`, (err) => err.code)))
-    assert.deepEqual(seen, ['55000', '55000', '55000', '55000'])
+    const [a, b] = [await session(p), await session(p)]
+    await a.query('SELECT 1')
+    await b.query('SELECT 1') // (both warm; the one backend parked with b)
+    const verifications = await counter(p, 'verifications_total')
+    const start = performance.now()
+    const read = `SELECT count(*)::int AS n FROM ${scratch.name}`
+    const elapsed = (c: Client) => c.query(read).then(() => performance.now() - start)
+    const [ta, tb] = await Promise.all([elapsed(a), elapsed(b)])
+    assert.equal((await counter(p, 'verifications_total')) - verifications, 2, 'each transaction was verified')
+    // a: one round trip to Postgres, its verification in the same; b: one more, after a's backend came back.
+    assert.ok(ta >= 200 && ta < 300, `a took ${ta.toFixed(0)} ms`)
+    assert.ok(tb >= 400 && tb < 500, `b took ${tb.toFixed(0)} ms (600 if a's verification had a round trip of its own)`)
+    await Promise.all([a.end(), b.end()])
   } finally {
-    await Promise.all([...sessions, ...next].map((c) => c.end().catch(() => {})))
     await p.close()
-    await scratch.tcp.query(`DROP DATABASE ${database}`)
-  }
-})
-
-test('a trigger made through a session pinned for good (it changed how Postgres lexes) is seen by the very next transaction of another', async () => {
-  const p = await startProxy({ pool: { mode: 'transaction', size: 2, maxPinned: 2, timeoutMs: 400, codeRecheckMs: 60_000 } })
-  const table = `${scratch.name}_pinned_maker`
-  await scratch.tcp.query(`CREATE TABLE ${table} (x int); GRANT ALL ON ${table} TO PUBLIC`)
-  const [a, b, c] = [await session(p), await session(p), await session(p)]
-  try {
-    await c.query(`INSERT INTO ${table} VALUES (1)`) // (the database's word: no code)
-    await a.query('SET standard_conforming_strings = off') // a keeps its backend to its end
-    await settingTrigger(table, (sql) => a.query(sql))
-    await c.query(`INSERT INTO ${table} VALUES (2)`) // the trigger sets statement_timeout on c's backend
-    assert.deepEqual(await attempt(b, "SELECT current_setting('statement_timeout') AS st"), { code: '53300' }, "the trigger's setting stays c's")
-    assert.deepEqual((await c.query("SELECT current_setting('statement_timeout') AS st")).rows, [{ st: '4321ms' }])
-  } finally {
-    await Promise.all([a, b, c].map((x) => x.end().catch(() => {})))
-    await p.close()
-    await scratch.tcp.query(`DROP TABLE ${table}; DROP FUNCTION ${table}_f()`)
+    await relay.close()
   }
 })

@@ -485,7 +485,7 @@ test('through PgBouncer (session mode) and over upstream TLS, warm backends work
 test('the pool’s flags and environment variables reach the proxy’s options; bad values are refused', async () => {
   const { parseConfig } = await import('../proxy/config')
   const options = (argv: string[], env: Record<string, string> = {}) => (parseConfig(['--upstream', '127.0.0.1:5432', ...argv], env) as any).options.pool
-  const lending = { mode: 'transaction', size: 20, timeoutMs: 5000, statements: 100, idleInTransactionMs: 60_000, codeRecheckMs: 1000, maxPerClient: undefined, maxPinned: undefined }
+  const lending = { mode: 'transaction', size: 20, timeoutMs: 5000, statements: 100, idleInTransactionMs: 60_000, maxPerClient: undefined, maxPinned: undefined }
   assert.deepEqual(options([]), { enabled: true, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, ...lending })
   assert.deepEqual(options(['--no-pool', '--pool-size', '3', '--pool-max-backends', '7', '--pool-idle-timeout', '500', '--pool-max-lifetime', '9000']), {
     enabled: false, maxBackends: 7, idleTimeoutMs: 500, maxLifetimeMs: 9000, ...lending, size: 3,
@@ -497,8 +497,8 @@ test('the pool’s flags and environment variables reach the proxy’s options; 
     enabled: true, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, ...lending, size: 5, timeoutMs: 300, statements: 9,
   })
   // The shares of transaction pooling: by default a quarter of --pool-size (proxy/index.ts), here given.
-  assert.deepEqual(options(['--max-backends-per-client', '6', '--max-pinned-sessions', '2', '--idle-in-transaction-timeout', '0', '--code-recheck', '0']), {
-    enabled: true, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, ...lending, maxPerClient: 6, maxPinned: 2, idleInTransactionMs: 0, codeRecheckMs: 0,
+  assert.deepEqual(options(['--max-backends-per-client', '6', '--max-pinned-sessions', '2', '--idle-in-transaction-timeout', '0']), {
+    enabled: true, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, ...lending, maxPerClient: 6, maxPinned: 2, idleInTransactionMs: 0,
   })
   assert.equal(options([], { EDGEPG_MAX_PINNED_SESSIONS: '3' }).maxPinned, 3)
   assert.throws(() => options(['--max-backends-per-client', '0']), /--max-backends-per-client must be an integer ≥ 1, got "0"/)

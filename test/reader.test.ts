@@ -18,8 +18,10 @@ const verdict = (sql: string) => {
 const cases: Array<[string, string]> = [
   // Plain.
   ['SELECT 1', 'plain'],
-  ['begin', 'plain'],
-  ['ROLLBACK; SAVEPOINT a; RELEASE a', 'plain'],
+  // (Transaction control and COPY: nothing of the proxy's may ride right behind them.)
+  ['begin', 'plain control'],
+  ['ROLLBACK; SAVEPOINT a; RELEASE a', 'plain control'],
+  ['COPY t (a) FROM STDIN', 'plain code control'],
   ['SET LOCAL statement_timeout = 100', 'plain'],
   ['SET TRANSACTION ISOLATION LEVEL SERIALIZABLE', 'plain'],
   ["SELECT set_config('app.user_id', $1, true)", 'plain code'],
@@ -43,7 +45,7 @@ const cases: Array<[string, string]> = [
   ['WITH x AS (SELECT pg_advisory_lock(3)) SELECT * FROM x', 'code'],
   ['VALUES (pg_advisory_lock(4))', 'code'],
   ['SELECT 1 -- a comment\r; SET statement_timeout = 5', 'nothing'],
-  ['SELECT 1 -- a comment\r\nSELECT pg_advisory_lock(5)', 'code'],
+  ['SELECT 1 -- a comment\r\nSELECT pg_advisory_lock(5)', 'code control'],
   ['DECLARE hold CURSOR WITH HOLD FOR SELECT 1', 'nothing'],
   ['DECLARE "hold" CURSOR WITHOUT HOLD FOR SELECT 1', 'plain'],
   ['SELECT 1 INTO TEMP notes', 'nothing'],
@@ -61,7 +63,7 @@ const cases: Array<[string, string]> = [
   ['SELECT public.f()', 'code'],
   ['SELECT f()', 'code'],
   ["SELECT U&'d\\0061t\\+000061' UESCAPE '\\', pg_advisory_lock(6)", 'code'],
-  ['SELECT 1; this is not SQL', 'code'],
+  ['SELECT 1; this is not SQL', 'code control'],
   // What no catalog shows: the backend stays the session's.
   ['SET app.user_id = 1', 'unseen'],
   ["SELECT set_config('app.user', '1', false)", 'code unseen'],

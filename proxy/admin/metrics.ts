@@ -163,7 +163,7 @@ export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => P
   const waits = new Histogram({ name: `${PREFIX}lend_wait_seconds`, help: 'Transaction pooling: how long a session waited for a backend', buckets: WAIT_BUCKETS, registers })
   const timeouts = new Counter({ name: `${PREFIX}lend_timeouts_total`, help: 'Transaction pooling: sessions that waited past --pool-timeout (SQLSTATE 53300)', registers })
   const pins = new Counter({ name: `${PREFIX}pinned_sessions_total`, help: 'Transaction pooling: sessions that came to keep their backend, by what its verification found first (unseen: set what no catalog shows)', labelNames: ['reason'] as const, registers })
-  const verifications = new Counter({ name: `${PREFIX}verifications_total`, help: 'Transaction pooling: backends asked what a transaction that did more than plain reads and writes left on them', registers })
+  const verifications = new Counter({ name: `${PREFIX}verifications_total`, help: 'Transaction pooling: backends asked what a transaction left on them: full (it did more than plain reads and writes), light (plain, but it may have run the database\'s own code: settings and advisory locks reset, the rest asked)', labelNames: ['kind'] as const, registers })
   const preparedAgain = new Counter({ name: `${PREFIX}statements_prepared_again_total`, help: 'Transaction pooling: named statements prepared again on another backend', registers })
   new Gauge({ name: `${PREFIX}lent_backends`, help: 'Transaction pooling: backends lent to sessions now (pinned ones included)', registers, collect() { this.set(load().lending.lent) } })
   new Gauge({ name: `${PREFIX}lend_waiting`, help: 'Transaction pooling: sessions and /sql requests waiting for a backend now', registers, collect() { this.set(load().lending.waiting) } })
@@ -205,7 +205,7 @@ export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => P
       },
       timedOut: () => timeouts.inc(),
       pinned: (reason) => pins.inc({ reason }),
-      verified: () => verifications.inc(),
+      verified: (kind) => verifications.inc({ kind }),
       preparedAgain: () => preparedAgain.inc(),
     },
     refused(reason) {

@@ -15,6 +15,8 @@ export interface Reading {
   sequences: boolean
   /** Sets what no catalog shows (a custom setting's placeholder, setseed, LOAD, dblink): the backend stays the session's. */
   unseen: boolean
+  /** Transaction control or COPY: the transaction may go on past the message, or Postgres wait for data (nothing of the proxy's may ride right behind it). */
+  control: boolean
   /** pg_cancel_backend / pg_terminate_backend of a constant or a parameter ($n): what the proxy acts on (proxy/ws/signals.ts). */
   signals?: Signal[]
 }
@@ -26,15 +28,15 @@ export interface Signal {
   param?: number
 }
 
-export const NOTHING: Reading = { plain: true, code: false, sequences: false, unseen: false }
-const UNPARSED: Reading = { plain: false, code: true, sequences: false, unseen: false }
+export const NOTHING: Reading = { plain: true, code: false, sequences: false, unseen: false, control: false }
+const UNPARSED: Reading = { plain: false, code: true, sequences: false, unseen: false, control: true }
 
 /** What either of two readings may leave. */
 export function merge(a: Reading, b: Reading): Reading {
   if (b === NOTHING) return a
   if (a === NOTHING) return b
   const signals = a.signals || b.signals ? [...(a.signals ?? []), ...(b.signals ?? [])] : undefined
-  return { plain: a.plain && b.plain, code: a.code || b.code, sequences: a.sequences || b.sequences, unseen: a.unseen || b.unseen, ...(signals && { signals }) }
+  return { plain: a.plain && b.plain, code: a.code || b.code, sequences: a.sequences || b.sequences, unseen: a.unseen || b.unseen, control: a.control || b.control, ...(signals && { signals }) }
 }
 
 let loaded = false
@@ -135,6 +137,7 @@ function readStatement(stmt: Node, r: Reading) {
   if (kind === 'VariableSetStmt') readSet(body, r)
   else if (!PLAIN.has(kind)) r.plain = false
   if (WRITES.has(kind)) r.code = true // (the relation written: its triggers, rules, defaults)
+  if (kind === 'TransactionStmt' || kind === 'CopyStmt') r.control = true
   if (kind === 'DeclareCursorStmt' && (Number(body.options) & CURSOR_OPT_HOLD) !== 0) r.plain = false
   else if (kind === 'LoadStmt') r.unseen = true
   walk(body, r)

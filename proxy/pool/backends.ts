@@ -55,8 +55,6 @@ export interface PoolOptions {
   maxPinned?: number
   /** Transaction mode: end a session idle inside a transaction this long (ms; 0: never). Default 60 s. */
   idleInTransactionMs?: number
-  /** Transaction mode: how long the database's word that it runs no code of its own (triggers, rules, functions…) is taken (ms; 0: asked again at each transaction that may run such code). Default 1000. */
-  codeRecheckMs?: number
   /** Transaction mode: the first reading of what statements leave (default proxy/isolation/reader.ts; tests put a wrong one here). */
   reader?: (sql: string) => Reading
 }

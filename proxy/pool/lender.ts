@@ -18,7 +18,7 @@ import { TxStatus } from '../wire/codes'
 import type { Ending } from './idle-watch'
 import { parseStartupPacket } from '../wire/startup'
 import { read as readStatements, type Reading } from '../isolation/reader'
-import { runsCodeQuery, STATE_FUNCTIONS, verification, type Verification } from '../isolation/verify'
+import { verification, type Verification } from '../isolation/verify'
 
 /** Random bytes for cancel secrets, drawn from a pool refilled 4 KiB at a time (one call per ~1,000 logins, not one each). */
 let randomPool = Buffer.alloc(0)
@@ -34,12 +34,6 @@ const CLEAN: Ending = { pending: 0, status: TxStatus.Idle, reusable: true, clean
 
 const DISCARD_SEQUENCES = serialize.query('DISCARD SEQUENCES')
 
-/** Whether a database runs code of its own on reads and writes (undefined: not known, so yes), and when it said. */
-export interface CodeWord {
-  runs?: boolean
-  said?: number
-}
-
 /** Transaction pooling's events, for the metrics. */
 export interface LendingMetrics {
   /** A session got a backend, after waiting `seconds` (0: at once). */
@@ -48,8 +42,8 @@ export interface LendingMetrics {
   timedOut(): void
   /** A session keeps its backend: its transactions left `reason` behind (what the backend's verification found first). */
   pinned(reason: string): void
-  /** The proxy asked a backend what a transaction left (proxy/isolation/verify.ts). */
-  verified(): void
+  /** The proxy asked a backend what a transaction left (proxy/isolation/verify.ts): in full, or after a plain one (`light`). */
+  verified(kind: 'full' | 'light'): void
   /** A named statement prepared again on another backend than its session's last. */
   preparedAgain(): void
 }
@@ -92,11 +86,6 @@ export interface Shares {
   perClient: number
   /** Sessions kept on their backends for state they hold, at once. */
   pinned: number
-  /**
-   * How long the database's word that it runs no code of its own is taken (ms; --code-recheck): then
-   * the next transaction that may run such code is verified, asking again. 0: every such transaction.
-   */
-  codeTrustedMs: number
 }
 
 export class Lender {
@@ -112,8 +101,8 @@ export class Lender {
   private readonly waiting: Waiter[] = []
   /** Waiters by client. */
   private readonly waitingBy = new Map<string | undefined, number>()
-  /** The verification for this key's backends (proxy/isolation/verify.ts), once the database has named its state-setting built-ins. */
-  verification?: Verification
+  /** The verification for this key's backends (proxy/isolation/verify.ts). */
+  readonly verification: Verification
 
   /** The client each lent backend is lent to (none: not counted, as a /sql request's). */
   private readonly holders = new Holders()
@@ -139,21 +128,14 @@ export class Lender {
     readonly events: LendingMetrics,
     /** What statements may leave behind, by their text. */
     readonly read: (sql: string) => Reading = readStatements,
-    readonly shares: Shares = { perClient: size, pinned: size, codeTrustedMs: 1000 },
-    /** The database's word on the code it runs, shared by the lenders of its keys in this process. */
-    private readonly code: CodeWord = {}
+    readonly shares: Shares = { perClient: size, pinned: size }
   ) {
     const [upstream, , loginB64] = JSON.parse(key) as string[]
     const startup = parseStartupPacket(Buffer.from(loginB64, 'base64'))
     const user = startup.kind === 'startup' ? startup.user : ''
     this.role = `${upstream} ${user}`
-    let stateFunctions = ''
-    const learning = this.exchange(answer, STATE_FUNCTIONS, (row) => (stateFunctions = row)).then((ok) => {
-      if (!ok || !stateFunctions) return false
-      this.verification = verification(user, stateFunctions)
-      return this.exchange(answer, runsCodeQuery(stateFunctions), (row) => this.learned(row === 'code'))
-    })
-    pool.giveBack(answer, CLEAN, learning)
+    this.verification = verification(user)
+    pool.giveBack(answer, CLEAN)
     this.afterReset(answer)
   }
 
@@ -265,43 +247,6 @@ export class Lender {
     const room = this.busy + this.pool.idleCount(this.key) < this.size
     this.pool.giveBack(backend, room ? CLEAN : { ...CLEAN, reusable: false })
     this.afterReset(backend)
-  }
-
-  /**
-   * Whether the database runs no code of its own, as it said within --code-recheck: code made at
-   * any time, through the proxy or not, is seen by the next verification after that.
-   */
-  get runsNoCode(): boolean {
-    return this.code.runs === false && this.codeFresh
-  }
-
-  /** Whether the database said within --code-recheck whether it runs code of its own (else the next verification asks again). */
-  get codeFresh(): boolean {
-    return this.code.runs !== undefined && performance.now() - this.code.said! < this.shares.codeTrustedMs
-  }
-
-  /** What the database said of the code it runs (undefined: it did not say, or a transaction may have made some since). */
-  learned(code: boolean | undefined) {
-    this.code.runs = code
-    this.code.said = performance.now()
-    this.askingNow?.done()
-  }
-
-  /** A verification asking the database whether it runs code of its own, under way: its answer, for others that need it. */
-  private askingNow?: { answer: Promise<void>; done: () => void }
-
-  /** Until the answer of the verification under way that asks whether the database runs code (none: no such verification). */
-  get asking(): Promise<void> | undefined {
-    return this.askingNow?.answer
-  }
-
-  /** A verification asks now (see `asking`): answered by `learned`, or given up on after a second (its backend lost). */
-  asks() {
-    if (this.askingNow) return
-    let done!: () => void
-    const answer = new Promise<void>((resolve) => (done = resolve))
-    const timer = setTimeout(() => this.askingNow?.done(), 1000).unref()
-    this.askingNow = { answer, done: () => (clearTimeout(timer), (this.askingNow = undefined), done()) }
   }
 
   /**
@@ -461,9 +406,9 @@ export class Lender {
     return backend
   }
 
-  /** Sends `query` (`readies` statements) on an idle backend; true if it all went well and left it idle. */
-  private exchange(backend: Backend, query: Buffer, onRow?: (value: string) => void, readies = 1): Promise<boolean> {
-    return exchange(backend.upstream, query, readies, onRow).then((answer) => !!answer && !answer.error && answer.idle)
+  /** Sends `query` (one statement) on an idle backend; true if it went well and left it idle. */
+  private exchange(backend: Backend, query: Buffer): Promise<boolean> {
+    return exchange(backend.upstream, query).then((answer) => !!answer && !answer.error && answer.idle)
   }
 }
 

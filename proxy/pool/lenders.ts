@@ -7,7 +7,7 @@
 import type { Upstream } from '../upstream/connection'
 import type { LoginOutcome } from '../login/in-upgrade'
 import type { Backend, BackendPool } from './backends'
-import { Lender, type CodeWord, type LendingMetrics, type Shares } from './lender'
+import { Lender, type LendingMetrics, type Shares } from './lender'
 import { parseStartupPacket } from '../wire/startup'
 import type { Reading } from '../isolation/reader'
 
@@ -41,8 +41,6 @@ export type Unlent = { upstream: Upstream; backend?: Backend; outcome: LoginOutc
 export class Lenders {
   private readonly byKey = new Map<string, Lender>()
   private readonly firstLogins = new Map<string, Promise<unknown>>()
-  /** By upstream and database: what one key's backends learn of the code the database runs holds for every key of it. */
-  private readonly codeWords = new Map<string, CodeWord>()
 
   constructor(private readonly pool: BackendPool, readonly o: LendingOptions, private readonly events: LendingMetrics) {}
 
@@ -68,10 +66,7 @@ export class Lenders {
     if (!opened.backend) return opened
     const existing = this.get(key)
     if (existing) return existing.spare(opened.backend), existing
-    const { upstream, database } = describe(key)
-    const where = JSON.stringify([upstream, database])
-    if (!this.codeWords.has(where)) this.codeWords.set(where, {})
-    const lender = new Lender(this.pool, key, opened.backend, this.o.size, this.o.timeoutMs, relogin, this.events, this.o.reader, this.o.shares, this.codeWords.get(where))
+    const lender = new Lender(this.pool, key, opened.backend, this.o.size, this.o.timeoutMs, relogin, this.events, this.o.reader, this.o.shares)
     this.forgetExpired()
     this.byKey.set(key, lender)
     return lender

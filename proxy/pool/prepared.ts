@@ -51,9 +51,10 @@ interface Awaited {
   own?: boolean
   /** Sent by the proxy ahead of a simple Query, in a Sync group of its own: an error is not the client's either. */
   ahead?: boolean
-  /** The proxy's own simple Query: every answer up to its ReadyForQuery is the proxy's (its first row's first value to `onRow`). */
+  /** The proxy's own messages up to a Sync: every answer up to its ReadyForQuery is the proxy's (each row's first value to `onRow`; `ready` gets the transaction status). */
   swallow?: boolean
   onRow?: (value: string) => void
+  ready?: (status: number) => void
   /** Postgres answered it. */
   done?: () => void
   /** A Describe of the proxy's own: the statement's result type, from its RowDescription or NoData. */
@@ -62,6 +63,13 @@ interface Awaited {
   skipped?: () => void
   /** For a simple Query: the statements its DEALLOCATEs name, in order. */
   deallocates?: string[]
+}
+
+/** Messages of the proxy's own, ending in their one ReadyForQuery: see StatementRelay.ownQuery. */
+export interface Own {
+  query: Buffer
+  onRow?: (value: string) => void
+  ready?: (status: number) => void
 }
 
 const SYNC = serialize.sync()
@@ -101,6 +109,9 @@ const EXECUTE = /\bexecute\s+("(?:[^"]|"")+"|[a-z_][\w$]*)/gi
 /** A simple Query that may drop statements: what follows it waits until it has run. */
 const DROPS_STATEMENTS = /\b(deallocate|discard)\b/i
 
+/** An ErrorResponse that ends the connection, by its severity: field V (Postgres 9.6+, never translated), each field ending in a NUL. */
+const fatal = (msg: Buffer) => msg.includes('\0VFATAL\0', 5) || msg.includes('\0VPANIC\0', 5)
+
 export class StatementRelay {
   private readonly client = new Framer()
   private readonly server = new Framer()
@@ -123,13 +134,21 @@ export class StatementRelay {
   ) {}
 
   /**
-   * Sends `query`, a simple Query of the proxy's own, when nothing of the session's is due an answer
-   * (or before its messages): its answers are not the client's. `onRow` gets its first row's first
-   * value; `done` is called at its ReadyForQuery.
+   * Sends `query`, messages of the proxy's own ending in their one ReadyForQuery (a Query, or a
+   * Sync), behind the session's: its answers are not the client's. `onRow` gets each row's first
+   * value; `ready`, at its ReadyForQuery, the transaction status.
    */
-  ownQuery(query: Buffer, onRow?: (value: string) => void, done?: () => void) {
+  ownQuery({ query, onRow, ready }: Own) {
     this.toBackend(query)
-    this.awaited.push({ kind: 'sync', own: true, swallow: true, onRow, done })
+    this.awaited.push({ kind: 'sync', own: true, swallow: true, onRow, ready })
+  }
+
+  /** Messages of the proxy's own to go in the same write as the session's next, in front of them. */
+  private front?: Own
+
+  /** Sends `own` in front of the session's next messages (as ownQuery, but with them: one write). */
+  before(own: Own) {
+    this.front = own
   }
 
   /** ReadyForQuery messages Postgres still owes the proxy's own Queries and Syncs. */
@@ -158,9 +177,10 @@ export class StatementRelay {
         if (type !== ServerMessage.ParameterDescription) this.awaited.shift(), own.described?.(resultType(msg))
         continue
       }
-      if (own?.swallow && type !== ServerMessage.NotificationResponse) { // (a notification comes whenever, and is the session's)
+      // A notification comes whenever, and is the session's; so is a FATAL, the backend's last word.
+      if (own?.swallow && type !== ServerMessage.NotificationResponse && !(type === ServerMessage.ErrorResponse && fatal(msg))) {
         if (type === DATA_ROW && msg.readInt16BE(5) > 0 && msg.readInt32BE(7) >= 0) own.onRow?.(msg.toString('utf8', 11, 11 + msg.readInt32BE(7)))
-        if (type === ServerMessage.ReadyForQuery) this.awaited.shift(), own.done?.()
+        if (type === ServerMessage.ReadyForQuery) this.awaited.shift(), own.ready?.(msg[5])
         continue
       }
       if (type === ServerMessage.ParseComplete || type === ServerMessage.CloseComplete) {
@@ -198,10 +218,14 @@ export class StatementRelay {
   /**
    * Client → backend, as whole messages already framed (fromClient for bytes). `skipped`: Postgres
    * is skipping messages until the next Sync (an error came while they were held): they go as they are.
+   * `behind`: messages of the proxy's own to send in the same write, right behind them (as ownQuery),
+   * if none of them waits here for Postgres first; whether they went.
    */
-  forward(msgs: Buffer[], skipped = false) {
-    if (this.held) return void this.held.push(...msgs)
+  forward(msgs: Buffer[], skipped = false, behind?: Own): boolean {
+    if (this.held) return this.held.push(...msgs), false
     const out: Buffer[] = []
+    const front = this.front
+    if (front) (this.front = undefined), out.push(front.query), this.awaited.push({ kind: 'sync', own: true, swallow: true, onRow: front.onRow, ready: front.ready })
     const { session, backend } = this
     for (const [i, msg] of msgs.entries()) {
       const type = msg[0]
@@ -277,7 +301,10 @@ export class StatementRelay {
       }
       out.push(msg)
     }
+    const rides = behind !== undefined && !this.held
+    if (rides) out.push(behind.query), this.awaited.push({ kind: 'sync', own: true, swallow: true, onRow: behind.onRow, ready: behind.ready })
     if (out.length) this.toBackend(out.length === 1 ? out[0] : Buffer.concat(out))
+    return rides
   }
 
   /**

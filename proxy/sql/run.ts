@@ -3,7 +3,8 @@
  * protocol has them: a single statement, or a batch in one transaction. What the request sends first
  * rides in one write with its first statement (the timeout, which also pings a warm backend), and the
  * reset rides behind its last (in transaction pooling, only when its statements may leave something
- * behind: proxy/isolation/reader.ts; Postgres's command tags can still call for it after).
+ * behind or run the database's own code: proxy/isolation/reader.ts; Postgres's command tags can
+ * still call for it after).
  */
 import { DatabaseError } from 'pg-protocol'
 import { setsCustomSetting } from '../pool/idle-watch'
@@ -56,8 +57,8 @@ export async function runRequest(
   /** The reset, in the same write as the last statement (unless that may be a COPY: see Statements.execute). */
   const resetBehind = (last: string) => {
     const e = lease.effects
-    if (lease.lender && e.plain && (!e.code || lease.lender.runsNoCode)) return void (lease.leavesNothing = true)
-    if (!e.plain) lease.lender?.learned(undefined) // (it may have made code: the next verification asks)
+    // (What may run the database's own code, made by anyone at any time, is reset: DISCARD ALL costs less than asking.)
+    if (lease.lender && e.plain && !e.code) return void (lease.leavesNothing = true)
     if (!MAY_COPY.test(last)) lease.reset = statements.query('DISCARD ALL').then(() => statements.status === 'I', () => false)
   }
   if (payload.single) {

@@ -9,22 +9,18 @@ export interface Answer {
   idle: boolean
 }
 
-const DATA_ROW = 0x44
-
 /**
- * Sends `bytes` (the proxy's own, ending in `readies` Syncs or Queries) on an idle backend, and reads
- * Postgres's answers through the last ReadyForQuery; the first column of each row goes to `onRow`.
- * Undefined when the connection closes first.
+ * Sends `bytes` (the proxy's own, ending in one Sync or Query) on an idle backend, and reads
+ * Postgres's answers through its ReadyForQuery. Undefined when the connection closes first.
  */
-export function exchange(upstream: Upstream, bytes: Buffer, readies = 1, onRow?: (value: string) => void): Promise<Answer | undefined> {
+export function exchange(upstream: Upstream, bytes: Buffer): Promise<Answer | undefined> {
   return new Promise((resolve) => {
     const framer = new Framer()
     let error: Answer['error']
     const take = (chunk: Buffer) => {
       for (const m of framer.push(chunk)) {
         if (m[0] === ServerMessage.ErrorResponse) error ??= parseErrorFields(m.subarray(5))
-        if (m[0] === DATA_ROW && m.readInt16BE(5) > 0 && m.readInt32BE(7) >= 0) onRow?.(m.toString('utf8', 11, 11 + m.readInt32BE(7)))
-        if (m[0] === ServerMessage.ReadyForQuery && --readies === 0) return finish({ error, idle: m[5] === TxStatus.Idle })
+        if (m[0] === ServerMessage.ReadyForQuery) return finish({ error, idle: m[5] === TxStatus.Idle })
       }
     }
     const onClose = () => finish(undefined)

@@ -15,7 +15,7 @@ import { serialize } from 'pg-protocol'
 import type { Backend } from '../pool/backends'
 import type { Holder, Lender } from '../pool/lender'
 import { IdleWatch } from '../pool/idle-watch'
-import { BackendStatements, StatementRelay, type SessionStatements } from '../pool/prepared'
+import { BackendStatements, StatementRelay, type Own, type SessionStatements } from '../pool/prepared'
 import { merge, NOTHING, type Reading } from '../isolation/reader'
 import type { SignalKind, Signals } from './signals'
 import { found } from '../isolation/verify'
@@ -64,11 +64,13 @@ const HIGH_WATER = 1 << 20
 /** What a message waiting for a backend costs beside its bytes (its Buffer: ~110 bytes of heap, measured). */
 const QUEUED_COST = 128
 const DISCARD_SEQUENCES = serialize.query('DISCARD SEQUENCES')
+/** What a transaction that may have called nextval() leaves: currval(), which no catalog shows. */
+const SEQUENCES: Reading = { ...NOTHING, sequences: true }
 /**
  * A FunctionCall (code no statement text shows, which may make a custom setting no catalog shows),
  * or a message the proxy does not know how to read: whatever it did stays with the session.
  */
-const UNREAD: Reading = { plain: false, code: true, sequences: true, unseen: true }
+const UNREAD: Reading = { plain: false, code: true, sequences: true, unseen: true, control: true }
 /** Client messages that run nothing by themselves (what they name was read at its Parse). */
 const INERT = new Set<number>([ClientMessage.Describe, ClientMessage.Execute, ClientMessage.Sync, ClientMessage.Flush, ClientMessage.Close, ClientMessage.CopyData, ClientMessage.CopyDone, ClientMessage.CopyFail])
 /** The statements each backend holds, by backend, as of its last reset (which drops them all). */
@@ -106,8 +108,6 @@ class LentSession implements RunningSession {
   private parked = false
   /** Asking its backend what its transaction left (proxy/isolation/verify.ts). */
   private verifying = false
-  /** This session's verification asks whether the database runs code of its own (see Lender.asking). */
-  private askingWord = false
   private readonly statements: SessionStatements = new Map()
   private readonly framer: Framer
   /** The most it may hold of the client's: one protocol message under way, and what waits for a backend (--max-message-bytes). */
@@ -260,9 +260,11 @@ class LentSession implements RunningSession {
     // (this one, perhaps), once Postgres has run the statement and its answer is on its way to the
     // client (Postgres signals while it runs; acting as it passed by ended targets before it ran).
     let answered = this.readies + lend.watch.pending
+    const before = lend.watch.ending
+    let read = NOTHING
     for (const m of msgs) {
       const r = this.effectsOf(m)
-      lend.effects = merge(lend.effects, r)
+      read = merge(read, r)
       if (r.signals && m[0] !== ClientMessage.Parse) {
         for (const s of r.signals) {
           const pid = s.pid ?? (m[0] === ClientMessage.Bind ? bindParameter(m, s.param!) : undefined)
@@ -274,7 +276,13 @@ class LentSession implements RunningSession {
     }
     const bytes = Buffer.concat(msgs)
     lend.watch.fromClient(bytes)
-    lend.relay.forward(msgs) // (framed once, above)
+    // Whole transactions on an idle backend, plain but perhaps running the database's code: verified
+    // lightly in the same write, the answer right behind the client's (no write, no wait of its own).
+    const last = msgs[msgs.length - 1][0]
+    const whole = before?.pending === 0 && before.status === TxStatus.Idle && (last === ClientMessage.Sync || last === ClientMessage.Query)
+    const light = whole && read.plain && read.code && !read.control && !read.unseen && !this.pinned && !this.verifying
+    if (lend.relay.forward(msgs, false, light ? this.verification(lend, 'light') : undefined)) (this.verifying = true), this.o.lender.events.verified('light')
+    else lend.effects = merge(lend.effects, read)
   }
 
   /** The signals whose statements the client has its answer to, or the first `n` (the session ended: all). */
@@ -355,7 +363,7 @@ class LentSession implements RunningSession {
     backend.upstream.on('close', this.onBackendClose)
     const early = backend.upstream.relay(this.fromBackend)
     // Another session's nextval() left currval() behind: gone before this session's first message (no round trip of its own).
-    if (this.o.lender.takeSequences(backend)) relay.ownQuery(DISCARD_SEQUENCES)
+    if (this.o.lender.takeSequences(backend)) relay.before({ query: DISCARD_SEQUENCES })
     backend.upstream.resume()
     if (early.length) this.fromBackend(early)
   }
@@ -415,8 +423,10 @@ class LentSession implements RunningSession {
 
   /**
    * A transaction is over: the backend goes back, unless it may hold what the session set. A plain
-   * one (by the parser and by Postgres's command tags, and in a database that runs no code of its
-   * own, or on a backend the session keeps anyway) is decided at once; any other by the backend's word.
+   * one (by the parser and by Postgres's command tags) that ran nothing of the database's own is
+   * decided at once; one that may have (a relation, a cast, an operator: triggers, rules, policies,
+   * views, defaults, made by anyone at any time) after a light verification; any other after a full
+   * one. A backend the session keeps anyway is not asked.
    */
   private transactionEnded(lend: Lend) {
     if (this.parked || this.verifying) return
@@ -424,63 +434,46 @@ class LentSession implements RunningSession {
     const plain = e.plain && !lend.relay.unusual
     lend.effects = NOTHING
     lend.relay.unusual = false
-    if (!plain) this.o.lender.learned(undefined) // (it may have made code: every key of the database asks again)
     if (e.unseen) (this.pinnedForGood = true), this.pin('unseen')
     if (this.pinnedForGood || (this.pinned && plain)) return
-    if (plain && (!e.code || this.o.lender.runsNoCode)) return this.lendOn(lend, e)
-    const asking = this.o.lender.asking
-    if (plain && asking) return this.awaitWord(lend, e, asking)
-    this.verify(lend)
+    if (plain && !e.code) return this.lendOn(lend, e)
+    this.verify(lend, plain ? 'light' : 'full')
   }
 
   /**
-   * Asks the backend what the transaction left, in a Query of the proxy's own (the client has had
-   * its answer: no round trip of its own). The session keeps the backend meanwhile; the transaction
-   * is then decided on the answer (or, if the session has begun another, with it).
+   * Asks the backend what the transaction left, in messages of the proxy's own behind the client's
+   * answer (no round trip of its own). The session keeps the backend meanwhile; the transaction is
+   * then decided on the answer (or, if the session has begun another, with it).
    */
-  private verify(lend: Lend) {
-    const { lender } = this.o
-    if (!lender.verification) return this.pin('unverified') // (the database has not yet named its state-setting built-ins)
+  private verify(lend: Lend, kind: 'full' | 'light') {
+    lend.relay.ownQuery(this.verification(lend, kind))
     this.verifying = true
-    lender.events.verified()
+    this.o.lender.events.verified(kind)
+  }
+
+  /** A verification's messages, and what its answer decides (see verify). */
+  private verification(lend: Lend, kind: 'full' | 'light'): Own {
     const { backend } = lend
-    const v = lender.verification
-    const asked = !lender.codeFresh
-    if (asked) lender.asks(), (this.askingWord = true)
+    const v = this.o.lender.verification
     const rows: string[] = []
-    const run = asked ? v.runAsking : v.run
-    lend.relay.ownQuery(prepared.get(backend) === backend.resets ? run : Buffer.concat([v.prepare, run]), (value) => rows.push(value), () => {
+    const query = prepared.get(backend) === backend.resets ? v[kind] : Buffer.concat([v.prepare, v[kind]])
+    const ready = (status: number) => {
       this.verifying = false
-      this.askingWord = false
-      const f = found(rows, asked)
+      // (Asked inside a transaction, the answer says nothing of what the transaction will leave.)
+      const f = status === TxStatus.Idle ? found(rows) : undefined
       if (f) prepared.set(backend, backend.resets)
       else prepared.delete(backend) // (prepared again next time, in case that is what failed)
-      if (asked) lender.learned(f?.code)
       if (this.lend !== lend) return
       const statements = statementsOn(lend.backend, this.o.statementsPerBackend).held.size
       const left = f ? (f.left[0] ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
       if (left) return this.pin(left)
       this.unpin()
+      // A light one leaves currval() to the session (code may have called nextval()): reset before another's.
+      if (kind === 'light') lend.effects = merge(lend.effects, SEQUENCES)
       const ending = lend.watch.ending
       if (ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) this.transactionEnded(lend)
-    })
-  }
-
-  /**
-   * A plain transaction that may have run the database's own code, while another session's
-   * verification asks whether there is any: decided on that answer (one question for many, not a
-   * verification each), keeping the backend meanwhile.
-   */
-  private awaitWord(lend: Lend, e: Reading, asking: Promise<void>) {
-    this.verifying = true
-    void asking.then(() => {
-      this.verifying = false
-      if (this.lend !== lend) return
-      // Decided with what it runs next, or at once: lent on (its nextval() remembered) or verified.
-      lend.effects = merge(lend.effects, e)
-      const ending = lend.watch.ending
-      if (ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) this.transactionEnded(lend)
-    })
+    }
+    return { query, onRow: (value) => rows.push(value), ready }
   }
 
   private pin(reason: string) {
@@ -517,8 +510,6 @@ class LentSession implements RunningSession {
   }
 
   private detach(lend: Lend) {
-    // A verification asking for the database's word will not answer here: those waiting for it ask themselves.
-    if (this.askingWord) (this.askingWord = false), this.o.lender.learned(undefined)
     lend.backend.upstream.onDrain = undefined
     lend.backend.upstream.off('close', this.onBackendClose)
     this.lend = undefined
