@@ -106,8 +106,8 @@ class LentSession implements RunningSession {
   private pinnedForGood = false
   /** Its transaction ended cleanly and it keeps its backend until another session needs it. */
   private parked = false
-  /** Asking its backend what its transaction left (proxy/isolation/verify.ts). */
-  private verifying = false
+  /** Verifications under way: asking its backend what its transactions left (proxy/isolation/verify.ts). */
+  private verifying = 0
   private readonly statements: SessionStatements = new Map()
   private readonly framer: Framer
   /** The most it may hold of the client's: one protocol message under way, and what waits for a backend (--max-message-bytes). */
@@ -280,8 +280,8 @@ class LentSession implements RunningSession {
     // lightly in the same write, the answer right behind the client's (no write, no wait of its own).
     const last = msgs[msgs.length - 1][0]
     const whole = before?.pending === 0 && before.status === TxStatus.Idle && (last === ClientMessage.Sync || last === ClientMessage.Query)
-    const light = whole && read.plain && read.code && !read.control && !read.unseen && !this.pinned && !this.verifying
-    if (lend.relay.forward(msgs, false, light ? this.verification(lend, 'light') : undefined)) (this.verifying = true), this.o.lender.events.verified('light')
+    const light = whole && read.plain && read.code && !read.control && !read.unseen && !this.pinned
+    if (lend.relay.forward(msgs, false, light ? this.verification(lend, 'light') : undefined)) this.verifying++, this.o.lender.events.verified('light')
     else lend.effects = merge(lend.effects, read)
   }
 
@@ -447,7 +447,7 @@ class LentSession implements RunningSession {
    */
   private verify(lend: Lend, kind: 'full' | 'light') {
     lend.relay.ownQuery(this.verification(lend, kind))
-    this.verifying = true
+    this.verifying++
     this.o.lender.events.verified(kind)
   }
 
@@ -458,7 +458,7 @@ class LentSession implements RunningSession {
     const rows: string[] = []
     const query = prepared.get(backend) === backend.resets ? v[kind] : Buffer.concat([v.prepare, v[kind]])
     const ready = (status: number) => {
-      this.verifying = false
+      this.verifying--
       // (Asked inside a transaction, the answer says nothing of what the transaction will leave.)
       const f = status === TxStatus.Idle ? found(rows) : undefined
       if (f) prepared.set(backend, backend.resets)
@@ -471,7 +471,7 @@ class LentSession implements RunningSession {
       // A light one leaves currval() to the session (code may have called nextval()): reset before another's.
       if (kind === 'light') lend.effects = merge(lend.effects, SEQUENCES)
       const ending = lend.watch.ending
-      if (ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) this.transactionEnded(lend)
+      if (!this.verifying && ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) this.transactionEnded(lend)
     }
     return { query, onRow: (value) => rows.push(value), ready }
   }
@@ -510,6 +510,7 @@ class LentSession implements RunningSession {
   }
 
   private detach(lend: Lend) {
+    this.verifying = 0 // (theirs are the backend's: answered there, or lost with it)
     lend.backend.upstream.onDrain = undefined
     lend.backend.upstream.off('close', this.onBackendClose)
     this.lend = undefined
