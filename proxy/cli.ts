@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-import { ConfigError, HELP, parseConfig } from './config'
+import { ConfigError, HELP, LOG_LEVELS, parseConfig, type LogLevel } from './config'
 import { createProxy } from './index'
 import { setupAuth } from './auth/setup'
 import cluster from 'node:cluster'
@@ -16,7 +16,11 @@ const writeLog = () => {
 }
 /** With --workers, which worker logged a line (proxy/cluster/primary.ts numbers them). */
 const worker = process.env.EDGEPG_WORKER_INDEX === undefined ? undefined : Number(process.env.EDGEPG_WORKER_INDEX)
-const line = (entry: object) => {
+/** --log-level (info until the settings are read). */
+let least = 0
+/** A line of `level` (the proxy's own events: warn, kept unless only errors are asked for): written if it weighs at least --log-level. */
+const line = (entry: object, level: LogLevel = 'warn') => {
+  if (LOG_LEVELS.indexOf(level) < least) return
   if (!unwritten) setImmediate(writeLog)
   unwritten += JSON.stringify({ time: new Date().toISOString(), ...(worker !== undefined && { worker }), ...entry }) + '\n'
 }
@@ -55,6 +59,9 @@ if (parsed === 'help') {
   process.exit(0)
 }
 const config = parsed
+least = LOG_LEVELS.indexOf(config.logLevel)
+/** A session or request that did not end well weighs more than one that did. */
+const ended = <T extends { kind?: string; status?: number }>(entry: T) => line(entry, (entry.kind ?? 'ok') === 'ok' && (entry.status ?? 200) < 400 ? 'info' : 'warn')
 
 const { listen, adminListen, shutdownGraceMs, readTls, workers } = config
 if (workers > 1 && cluster.isPrimary) {
@@ -65,10 +72,10 @@ if (workers > 1 && cluster.isPrimary) {
 async function serve() {
   const link = cluster.isWorker ? await workerLink(workers, worker!) : undefined
   const options = link ? workerPart(config.options, workers, worker!) : config.options
-  const proxy = createProxy({ ...options, log: line, sqlLog: (entry) => line({ route: '/sql', ...entry }), cluster: link })
+  const proxy = createProxy({ ...options, log: ended, sqlLog: (entry) => ended({ route: '/sql', ...entry }), cluster: link })
   link?.report(proxy.metrics.registry)
   proxy.listen(listen.port, listen.host).then(
-    (addr) => line({ listening: `${addr.address}:${addr.port}`, upstream: options.upstream, tls: Boolean(options.tls), pid: process.pid }),
+    (addr) => line({ listening: `${addr.address}:${addr.port}`, upstream: options.upstream, tls: Boolean(options.tls), pid: process.pid }, 'error'), // (always: where it listens)
     (err) => fail(`cannot listen on ${formatHostPort(listen)}: ${err.message}`)
   )
   if (adminListen) {
@@ -91,7 +98,7 @@ async function serve() {
       proxy.setTls(readTls())
       line({ reload: 'certificate reloaded' })
     } catch (err) {
-      line({ reload: 'failed; keeping the current certificate', error: (err as Error).message })
+      line({ reload: 'failed; keeping the current certificate', error: (err as Error).message }, 'error')
     }
   })
 }

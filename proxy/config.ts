@@ -39,6 +39,7 @@ export const SETTINGS = {
   maxLogins: { flag: 'max-logins', env: 'EDGEPG_MAX_LOGINS', arg: 'n', kind: 'count', default: '64', help: 'logins waiting on Postgres at once (connected, not yet accepted); more wait their turn' },
   maxLoginsPerIp: { flag: 'max-logins-per-ip', env: 'EDGEPG_MAX_LOGINS_PER_IP', arg: 'n', kind: 'count', default: '8', help: 'logins waiting on Postgres at once from one client address; more wait their turn' },
   maxCancelsPerIp: { flag: 'max-cancels-per-ip', env: 'EDGEPG_MAX_CANCELS_PER_IP', arg: 'n', kind: 'count', default: '20', help: 'CancelRequests a second from one client address; more are dropped' },
+  logLevel: { flag: 'log-level', env: 'EDGEPG_LOG_LEVEL', arg: 'level', kind: 'choice', default: 'info', help: 'what the log (stdout, a JSON object a line) carries: info: every session and /sql request, and the proxy\'s own events (listening, shutdown, reload); warn: only sessions and requests that did not end well (refused, failed, timed out), and the proxy\'s events; error: only what failed (a certificate that did not reload)' },
   shutdownGrace: { flag: 'shutdown-grace', env: 'EDGEPG_SHUTDOWN_GRACE', arg: 'ms', kind: 'ms', default: '10000', help: 'on SIGTERM, time running sessions get to finish before close code 1001' },
   sqlMaxBody: { flag: 'sql-max-body', env: 'EDGEPG_SQL_MAX_BODY', arg: 'n', kind: 'bytes', default: '10485760', help: 'POST /sql: largest request body (HTTP 413)' },
   sqlMaxResponse: { flag: 'sql-max-response', env: 'EDGEPG_SQL_MAX_RESPONSE', arg: 'n', kind: 'bytes', default: '10485760', help: 'POST /sql: largest response (HTTP 507)' },
@@ -97,6 +98,10 @@ Signals: SIGTERM/SIGINT shut down gracefully; SIGHUP reloads --cert and --key.
 
 export class ConfigError extends Error {}
 
+/** Log levels, lightest first. */
+export const LOG_LEVELS = ['info', 'warn', 'error'] as const
+export type LogLevel = (typeof LOG_LEVELS)[number]
+
 export interface CliConfig {
   options: ProxyOptions
   /** --workers: processes accepting on the one port (proxy/cluster/). */
@@ -105,6 +110,8 @@ export interface CliConfig {
   /** Where /metrics and /healthz are served instead of `listen`, if apart. */
   adminListen?: HostPort
   shutdownGraceMs: number
+  /** --log-level: the least a log line must weigh to be written. */
+  logLevel: LogLevel
   /** Rereads the certificate files (for SIGHUP); undefined without --cert. */
   readTls?: () => { cert: Buffer; key: Buffer }
 }
@@ -214,6 +221,10 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
     listen,
     adminListen,
     shutdownGraceMs: value('shutdownGrace', number(0))!,
+    logLevel: value('logLevel', (t, s) => {
+      if (!(LOG_LEVELS as readonly string[]).includes(t)) throw new ConfigError(`${s} must be one of ${LOG_LEVELS.join(', ')}, not "${t}"`)
+      return t as LogLevel
+    })!,
     readTls,
     options: {
       upstream: upstreamText,

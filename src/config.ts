@@ -16,11 +16,15 @@ export interface EdgeConfig {
   /**
    * Where to open the WebSocket for a Postgres `host:port`. A string is the proxy's address
    * (`proxy.example.com/v1`), to which `?address=host:port` is appended; a function returns the
-   * whole address. Either may include `ws://` or `wss://`; otherwise `useSecureWebSocket` picks.
+   * whole address. Either may include `ws://` or `wss://`; otherwise `useSecureWebSocket` picks
+   * (by default `ws://` for this machine, `wss://` for any other).
    * Default: `(host) => host + '/v2'`, the route edgepg-proxy (and Neon) serve.
    */
   wsProxy?: string | ((host: string, port: number) => string)
-  /** `wss://` (true, default) or `ws://` when `wsProxy` has no scheme. */
+  /**
+   * `wss://` (true) or `ws://` (false) when `wsProxy` has no scheme. Default: `ws://` to this machine
+   * (localhost, 127.x.x.x, [::1]: edgepg-proxy there serves plain WebSockets), `wss://` elsewhere.
+   */
   useSecureWebSocket?: boolean
   /** Send all writes made in one tick as one WebSocket message, flushed on a microtask. Default true. */
   coalesceWrites?: boolean
@@ -81,7 +85,7 @@ export const IN_WORKERS = (globalThis as any).navigator?.userAgent === 'Cloudfla
 export const config: GlobalConfig = {
   webSocketConstructor: undefined,
   wsProxy: undefined,
-  useSecureWebSocket: true,
+  useSecureWebSocket: undefined,
   coalesceWrites: true,
   authOffload: true,
   pipelineConnect: undefined,
@@ -136,7 +140,7 @@ export function resolveConfig(own: EdgeConfig) {
         "`config.webSocketConstructor = WebSocket` (import { WebSocket } from 'ws')."
     )
   }
-  return { ...merged, webSocketConstructor, useSecureWebSocket: merged.useSecureWebSocket !== false, coalesceWrites: merged.coalesceWrites !== false }
+  return { ...merged, webSocketConstructor, coalesceWrites: merged.coalesceWrites !== false }
 }
 
 /** The WebSocket URL for a Postgres host and port under the given config. */
@@ -147,5 +151,14 @@ export function webSocketUrl(host: string, port: number, cfg: EdgeConfig): strin
     : typeof wsProxy === 'string' ? `${wsProxy}${wsProxy.includes('?') ? '&' : '?'}address=${encodeURIComponent(`${host}:${port}`)}`
     : `${host}/v2`
   if (/^wss?:\/\//i.test(address)) return address
-  return `${cfg.useSecureWebSocket === false ? 'ws' : 'wss'}://${address}`
+  return `${cfg.useSecureWebSocket ?? !onThisMachine(address) ? 'wss' : 'ws'}://${address}`
+}
+
+/** Whether an address (no scheme) is on this machine: localhost, 127.0.0.0/8 or [::1], then a port or a path. */
+export const onThisMachine = (address: string) => /^(localhost|127\.[\d.]+|\[::1\])([:/?]|$)/i.test(address)
+
+/** The POST /sql endpoint edgepg-proxy serves next to the WebSocket address a client would use for `host:port` (its `/v2` made `/sql`). */
+export function sqlEndpoint(host: string, port: number, cfg: EdgeConfig): string {
+  const url = new URL(webSocketUrl(host, port, cfg).replace(/^ws/i, 'http'))
+  return url.origin + url.pathname.replace(/[^/]*$/, 'sql')
 }

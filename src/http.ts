@@ -22,7 +22,7 @@ import { DatabaseError, Field } from 'pg-protocol/dist/messages.js'
 import PgResult from 'pg/lib/result.js'
 // @ts-ignore: (the object pg exports as `defaults`: honours `defaults.parseInputDatesAsUTC`)
 import pgDefaults from 'pg/lib/defaults.js'
-import { config as edgeConfig, webSocketUrl, type EdgeConfig } from './config'
+import { config as edgeConfig, sqlEndpoint, type EdgeConfig } from './config'
 
 // ── types ───────────────────────────────────────────────────────────────────────────────────
 
@@ -433,7 +433,8 @@ const endpointFor = (given: HttpTransportOptions['fetchEndpoint'], host: string,
 /**
  * Runs SQL over HTTP (POST /sql on edgepg-proxy, or Neon). `connection` is a postgres:// URL, or
  * options with `connectionString` and/or `user`, `password`, `host`, `port`, `database` (these
- * override the URL's). The endpoint defaults to `https://<host>/sql`; `fetchEndpoint` changes it.
+ * override the URL's). The endpoint defaults to `https://<host>/sql` (Neon's), or, with
+ * `config.wsProxy` set, to the /sql of that proxy; `fetchEndpoint` changes it.
  *
  *   const sql = httpSql(process.env.DATABASE_URL, { fetchEndpoint: 'http://localhost:8080/sql' })
  *   const users = await sql<User>`SELECT * FROM users WHERE active = ${true}`
@@ -444,7 +445,8 @@ export function httpSql(connection: string | HttpSqlOptions<boolean, boolean>, o
   if (typeof connection !== 'string') options = connection ?? {}
   const { connectionString, fetchEndpoint, fetch, user, password, host, port, database, ...defaults } = options
   const url = connectionUrl(typeof connection === 'string' ? connection : connectionString, { user, host, port, database, password: typeof password === 'string' ? password : undefined }, true)
-  const endpoint = endpointFor(fetchEndpoint, hostOf(url), portOf(url), defaults.authToken) ?? `https://${url.hostname}/sql`
+  // The /sql next to the WebSocket's proxy: Neon's https://<host>/sql, unless config.wsProxy says where.
+  const endpoint = endpointFor(fetchEndpoint, hostOf(url), portOf(url), defaults.authToken) ?? sqlEndpoint(hostOf(url), portOf(url), edgeConfig)
   return makeSql({ url: endpoint, connectionString: resolver(url, password), fetch: fetch ?? edgeConfig.fetchFunction }, defaults) as HttpSql<any, any>
 }
 
@@ -513,16 +515,9 @@ function sqlForPool(options: any, transport: HttpTransportOptions): HttpSql<bool
     false
   )
   const authToken = transport.authToken ?? options.authToken
-  let endpoint = endpointFor(transport.fetchEndpoint, hostOf(url), portOf(url), authToken)
-  if (!endpoint) {
-    // edgepg-proxy serves /sql next to /v2: the WebSocket address this Pool would use, as http(s)
-    const own: EdgeConfig = { ...edgeConfig, ...definedOnly({ wsProxy: options.wsProxy, useSecureWebSocket: options.useSecureWebSocket }) }
-    const ws = new URL(webSocketUrl(hostOf(url), portOf(url), own))
-    ws.protocol = ws.protocol === 'wss:' ? 'https:' : 'http:'
-    ws.pathname = ws.pathname.replace(/[^/]*$/, 'sql')
-    ws.search = ''
-    endpoint = ws.href
-  }
+  // (edgepg-proxy serves /sql next to /v2: the WebSocket address this Pool would use, as http(s))
+  const own: EdgeConfig = { ...edgeConfig, ...definedOnly({ wsProxy: options.wsProxy, useSecureWebSocket: options.useSecureWebSocket }) }
+  const endpoint = endpointFor(transport.fetchEndpoint, hostOf(url), portOf(url), authToken) ?? sqlEndpoint(hostOf(url), portOf(url), own)
   const { fetchOptions, fetch } = transport
   return makeSql({ url: endpoint, connectionString: resolver(url, password), fetch: fetch ?? edgeConfig.fetchFunction }, { fullResults: true, types: options.types, fetchOptions, authToken })
 }

@@ -1,14 +1,14 @@
 import { HIGH_WATER, QueuedSocket } from './queued-socket'
-import { cancelFrame, IN_WORKERS, LOGIN_PREFIX, MAX_LOGIN_CHARS, resolveConfig, webSocketUrl, SUBPROTOCOL, SUBPROTOCOL_CANCEL, UPSTREAM_TLS_REQUEST, type EdgeConfig } from './config'
+import { cancelFrame, IN_WORKERS, LOGIN_PREFIX, MAX_LOGIN_CHARS, onThisMachine, resolveConfig, webSocketUrl, SUBPROTOCOL, SUBPROTOCOL_CANCEL, UPSTREAM_TLS_REQUEST, type EdgeConfig } from './config'
 
 const OPEN = 1
 /** URLs whose server answered without a subprotocol, where `ws` needs none offered. */
 const refusesSubprotocol = new Set<string>()
 
-/** Credentials may ride in the upgrade only where nobody else reads it: over wss://, or to this machine. */
 /** Where a login by token can go: the proxy must read the login, and only over a private link. */
 export const TOKEN_NEEDS = 'authToken needs edgepg-proxy, wss:// (or this machine), no TLS inside, under 8 KB'
-const privateLink = (url: string) => /^(wss:|ws:\/\/(127\.[\d.]+|localhost|\[::1\])[:/])/i.test(url)
+/** Credentials may ride in the upgrade only where nobody else reads it: over wss://, or to this machine. */
+const privateLink = (url: string) => /^wss:/i.test(url) || (/^ws:\/\//i.test(url) && onThisMachine(url.slice(5)))
 
 /** base64url without padding: the characters a subprotocol value may hold. */
 const base64url = (bytes: Uint8Array) => Buffer.from(bytes).toString('base64').replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '')

@@ -43,7 +43,9 @@ const postmasters = new Set<number>()
  * terminal sends: to tsx, node and Postgres alike).
  */
 function startDemo(extraArgs: string[] = [], env: Record<string, string> = {}): Demo {
-  const child = spawn('node_modules/.bin/tsx', ['demo/start.ts', ...extraArgs], {
+  // As `npm start` runs it: one node process (tsx's CLI would stand between it and the signal, and
+  // under load relayed SIGTERM as its own exit 143).
+  const child = spawn(process.execPath, ['--import', 'tsx', 'demo/start.ts', ...extraArgs], {
     detached: true,
     stdio: ['ignore', 'pipe', 'pipe'],
     env: {

@@ -18,6 +18,7 @@ import pg from 'pg'
 import pgUtils from 'pg/lib/utils.js'
 import { httpSql, HttpQuery, HttpSqlError, DatabaseError, Pool, types, defaults, type HttpSqlOptions } from '../src/index'
 import { prepareValue, poolQueryViaHttp } from '../src/http'
+import { config as globalConfig, webSocketUrl } from '../src/config'
 import { startProxy, pgConfig, testPostgres, edgeConfig, same } from './support/helpers'
 import { PASSWORD, freePort } from './support/stack'
 import { buildCorpus, setupSql, teardownSql, uniqueSchema, type CorpusEntry } from './support/corpus'
@@ -715,6 +716,40 @@ test('Pool queryViaHttp: endpoint from the pool wsProxy, connection options with
   assert.ok(pending instanceof Promise, 'a bad connection string is reported by a rejected promise, as pool.query does')
   await assert.rejects(pending!, /postgres:\/\//)
   await bad.end()
+})
+
+test('a wsProxy without a scheme: ws:// to this machine (where edgepg-proxy serves plain WebSockets), wss:// elsewhere, useSecureWebSocket deciding when set', () => {
+  const cases: Array<[string, boolean | undefined, string]> = [
+    ['127.0.0.1:8080/v2', undefined, 'ws://127.0.0.1:8080/v2?address=db%3A5432'],
+    ['localhost:8080/v2', undefined, 'ws://localhost:8080/v2?address=db%3A5432'],
+    ['[::1]:8080/v2', undefined, 'ws://[::1]:8080/v2?address=db%3A5432'],
+    ['127.1.2.3/v2', undefined, 'ws://127.1.2.3/v2?address=db%3A5432'],
+    ['127.0.0.1.example.com/v2', undefined, 'wss://127.0.0.1.example.com/v2?address=db%3A5432'],
+    ['localhost.example.com/v2', undefined, 'wss://localhost.example.com/v2?address=db%3A5432'],
+    ['proxy.example.com/v2', undefined, 'wss://proxy.example.com/v2?address=db%3A5432'],
+    ['127.0.0.1:8443/v2', true, 'wss://127.0.0.1:8443/v2?address=db%3A5432'],
+    ['proxy.internal/v2', false, 'ws://proxy.internal/v2?address=db%3A5432'],
+    ['wss://127.0.0.1:8443/v2', undefined, 'wss://127.0.0.1:8443/v2?address=db%3A5432'],
+  ]
+  for (const [wsProxy, useSecureWebSocket, want] of cases) assert.equal(webSocketUrl('db', 5432, { wsProxy, useSecureWebSocket }), want, `${wsProxy} ${useSecureWebSocket}`)
+})
+
+test("httpSql with config.wsProxy set and no fetchEndpoint: the /sql of that proxy, not Neon's https://<host>/sql", async () => {
+  const fetchFn = fakeFetch(() => json(result([['1']])))
+  const saved = globalConfig.wsProxy
+  try {
+    globalConfig.wsProxy = '127.0.0.1:8080/v2'
+    await httpSql('postgres://u:p@db.example.com/d', { fetch: fetchFn })`SELECT 1`
+    assert.equal(fetchFn.calls.at(-1)!.url, 'http://127.0.0.1:8080/sql')
+    globalConfig.wsProxy = (host: string) => `wss://edge.example.com/${host}/v2`
+    await httpSql('postgres://u:p@db.example.com/d', { fetch: fetchFn })`SELECT 1`
+    assert.equal(fetchFn.calls.at(-1)!.url, 'https://edge.example.com/db.example.com/sql')
+    globalConfig.wsProxy = undefined
+    await httpSql('postgres://u:p@db.example.com/d', { fetch: fetchFn })`SELECT 1`
+    assert.equal(fetchFn.calls.at(-1)!.url, 'https://db.example.com/sql', "without wsProxy: Neon's endpoint")
+  } finally {
+    globalConfig.wsProxy = saved
+  }
 })
 
 // ── round trips ─────────────────────────────────────────────────────────────────────────────

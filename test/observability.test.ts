@@ -25,6 +25,7 @@ import { parseConfig } from '../proxy/config'
 import { Client } from '../src/index'
 import { PASSWORD, freePort, type Role } from './support/stack'
 import { edgeConfig, testPostgres, eventually, within } from './support/helpers'
+import { startChildProxy } from './support/child-proxy'
 
 const PG = testPostgres()
 const UPSTREAM = `${PG.host}:${PG.port}`
@@ -559,7 +560,7 @@ describe('session log', () => {
       await eventually(() => p.logs.length === 3, 'one log entry per session')
 
       for (const entry of p.logs) {
-        assert.deepEqual(Object.keys(entry).sort(), ['authFailed', 'bytesIn', 'bytesOut', 'durationMs', 'kind', 'outcome', 'peer', 'upstream'], `fields of ${JSON.stringify(entry)}`)
+        assert.deepEqual(Object.keys(entry).sort(), ['authFailed', 'bytesIn', 'bytesOut', 'database', 'durationMs', 'kind', 'outcome', 'peer', 'upstream', 'user'], `fields of ${JSON.stringify(entry)}`)
         assert.match(entry.peer, /127\.0\.0\.1/)
         assert.equal(entry.upstream, UPSTREAM)
         assert.ok(Number.isFinite(entry.durationMs) && entry.durationMs >= 0, `durationMs ${entry.durationMs}`)
@@ -567,10 +568,32 @@ describe('session log', () => {
         assert.equal(typeof entry.outcome, 'string')
       }
       assert.deepEqual(p.logs.map((l) => [l.kind, l.authFailed]), [['ok', false], ['ok', false], ['refused_by_postgres', true]], p.logs.map((l) => l.outcome).join(' | '))
+      const database = String(edgeClient(p.port).database)
+      assert.deepEqual(p.logs.map((l) => [l.user, l.database]), [['scram_user', database], ['password_user', database], ['password_user', database]], 'who and where, as the login said')
       assert.match(p.logs[2].outcome, /^refused by Postgres: 28P01/)
 
       const text = JSON.stringify(p.logs)
       for (const secret of [PASSWORD, wrong, marker, 'text-', 'param-', 'SELECT']) assert.ok(!text.includes(secret), `"${secret}" appears in the session log: ${text}`)
     })
   })
+})
+
+test('--log-level: info logs every session, warn only those that did not end well, error neither (the line saying where it listens, always)', async () => {
+  for (const [level, want] of [['info', ['ok', 'refused_by_postgres']], ['warn', ['refused_by_postgres']], ['error', []]] as const) {
+    const p = await startChildProxy(UPSTREAM, { flags: ['--log-level', level] })
+    try {
+      await session(p.port)
+      await wrongPassword(p.port, 'wrong')
+      // A session that ends afterwards, logged at every level but error: once it is in, the two before it would be.
+      const last = edgeClient(p.port, 'password_user', { password: 'wrong-again' })
+      await assert.rejects(last.connect())
+      await last.end().catch(() => {})
+      if (level !== 'error') await eventually(() => p.logs.length >= want.length + 1, `the last session logged at ${level}`)
+      else await new Promise((resolve) => setTimeout(resolve, 500))
+      assert.deepEqual(p.logs.map((l) => l.kind), level === 'error' ? [] : [...want, 'refused_by_postgres'], `--log-level ${level}`)
+      assert.ok(p.lines.some((l) => l.listening), 'where it listens')
+    } finally {
+      await p.stop()
+    }
+  }
 })

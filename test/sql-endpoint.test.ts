@@ -705,6 +705,9 @@ test("CORS in the whole proxy: /sql answers preflights for the WebSocket routes'
     assert.match((await refused.json()).message, /origin https:\/\/evil\.example is not allowed \(--allow-origin\)/)
     assert.equal((await tryUpgrade(proxy.url, { headers: { origin: 'https://evil.example' } })).status, 403, 'the WebSocket route refuses it too')
     same(sqlLogs.map((l) => [l.status, l.outcome]), [[204, 'preflight'], [200, 'ok'], [403, 'refused: origin']], '/sql log')
+    const conn = new URL(CONN)
+    same([sqlLogs[1].user, sqlLogs[1].database], [decodeURIComponent(conn.username), conn.pathname.slice(1)], 'the request logged by user and database')
+    assert.ok(!JSON.stringify(sqlLogs).includes(decodeURIComponent(conn.password)), 'no password in the log')
   } finally {
     await proxy.close()
   }

@@ -229,6 +229,9 @@ test('bad tokens get a DatabaseError naming the failed check (never the token); 
     await eventually(() => logs.length >= cases.length * 2 + 2, 'every session and request logged')
     const text = JSON.stringify(logs)
     for (const jwt of [...cases.map((t) => t.jwt), good]) assert.ok(!text.includes(jwt), 'a token in the logs')
+    // The sessions' outcomes say who refused: the proxy, not Postgres.
+    const kinds = (logs as Array<{ kind?: string }>).filter((l) => 'kind' in l).map((l) => l.kind) // (sessions': /sql's have none)
+    assert.deepEqual(kinds, [...cases.map(() => 'token_refused'), 'ok'])
   } finally {
     await p.close()
   }

@@ -26,6 +26,7 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
  * - `cancel_dropped`: a CancelRequest not sent on (a key the proxy never issued, or over `--max-cancels-per-ip`)
  * - `shutdown`: the proxy closed the session while shutting down
  * - `token_expired`: the token the session logged in with expired (proxy/auth/tokens.ts)
+ * - `token_refused`: the proxy refused the login's token (its signature, claims or role; no password for the role)
  */
 export const OUTCOME_KINDS = [
   'ok',
@@ -39,6 +40,7 @@ export const OUTCOME_KINDS = [
   'cancel_dropped',
   'shutdown',
   'token_expired',
+  'token_refused',
   'idle_in_transaction',
   'over_share',
 ] as const

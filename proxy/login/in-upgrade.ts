@@ -122,7 +122,7 @@ export type LoginOutcome =
   /** Postgres asked the client to authenticate (no password came): relay from here on. */
   | { kind: 'relay'; answer: Buffer }
   /** Postgres refused: `answer` ends with its ErrorResponse. */
-  | { kind: 'refused'; answer: Buffer; code: string; message: string }
+  | { kind: 'refused'; answer: Buffer; code: string; message: string; /** The proxy refused it (a token), not Postgres. */ byProxy?: boolean }
   /** SSLRequest (answered with `answer`): bytes are relayed as they are from now on. */
   | { kind: 'passthrough'; answer: Buffer; plaintext: boolean }
   /** A CancelRequest, sent on (`why` undefined) or not. */

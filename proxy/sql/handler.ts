@@ -152,6 +152,9 @@ export interface SqlLog {
   /** Statements in the request (1 for a single query, n for a batch; 0 when refused before parsing). */
   statements: number
   outcome: string
+  /** Who ran them, where (once the connection string was read; by token, the token's role). Never a password or a token. */
+  user?: string
+  database?: string
 }
 
 export interface SqlStats {
@@ -250,6 +253,8 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
       })
       credentials = leases.credentialsAs(conn, identity.role, password, identity.claims, database)
     }
+    log.user = credentials.conn.user
+    log.database = credentials.conn.database || credentials.conn.user
 
     const body = await readBody(req, maxBody, readBy - performance.now(), options.budget)
     log.bytesIn = body.length

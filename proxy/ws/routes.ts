@@ -242,9 +242,12 @@ export class WebSocketRoutes {
           idle.stop()
           expiry?.()
         })
+        const first = login?.first.kind === 'startup' ? login.first : undefined
+        const user = identity?.role ?? (first?.user || undefined)
+        const named = user === undefined ? {} : { user, database: first?.database || user }
         const log = (entry: SessionLog) => {
           metrics.sessionClosed(entry)
-          this.o.log?.(entry)
+          this.o.log?.({ ...entry, ...named })
         }
         const running =
           lent && opened && !(opened instanceof Error) && opened.kind === 'ready'
@@ -335,9 +338,9 @@ export class WebSocketRoutes {
   }
 }
 
-/** A login refused as Postgres refuses one: its ErrorResponse. */
+/** A login by token the proxy refuses, as Postgres refuses one: its ErrorResponse. */
 function refusal(code: string, message: string): LoginOutcome {
-  return { kind: 'refused', answer: errorResponse(code, message), code, message }
+  return { kind: 'refused', answer: errorResponse(code, message), code, message, byProxy: true }
 }
 
 /** A fresh login for a pool key, as its first was made (a function of its own: it keeps nothing of the upgrade alive). */

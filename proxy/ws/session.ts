@@ -25,6 +25,9 @@ export interface SessionLog {
   kind: OutcomeKind
   /** The login failed its authentication: SQLSTATE class 28 from Postgres, or the proxy's SCRAM exchange. */
   authFailed: boolean
+  /** Who logged in, to which database, where the upgrade carried the login (by token: the token's role). Never a password or a token. */
+  user?: string
+  database?: string
 }
 
 export interface SessionOptions extends Pick<StartupIO, 'connect' | 'routeCancel'> {
@@ -184,7 +187,7 @@ class Session implements RunningSession {
       // backend's carries the session's own cancel key, and is no answer for the idle watch.)
       if (opened.answer.length) (this.watch ? this.toClient : this.fromUpstream)(opened.answer)
       if (opened.kind !== 'refused') return this.relay(opened.kind !== 'passthrough' || opened.plaintext, opened.kind === 'ready')
-      this.refuse(opened.code, opened.message)
+      this.refuse(opened.code, opened.message, opened.byProxy)
       return this.closeClient(1000)
     }
     runStartup({
@@ -220,9 +223,10 @@ class Session implements RunningSession {
     this.o.onEstablished?.()
   }
 
-  /** Postgres refused the login with `code`. */
-  private refuse(code: string, message: string) {
-    this.ended('refused_by_postgres', `refused by Postgres: ${code} ${message}`)
+  /** Postgres (or, for a token, the proxy) refused the login with `code`. */
+  private refuse(code: string, message: string, byProxy = false) {
+    if (byProxy) this.ended('token_refused', `token refused by the proxy: ${code} ${message}`)
+    else this.ended('refused_by_postgres', `refused by Postgres: ${code} ${message}`)
     this.authFailed = code.startsWith('28')
     this.refused = true
     this.fromClient.rest() // queries held for a session that will not be: dropped
