@@ -568,7 +568,7 @@ describe('session log', () => {
         assert.equal(typeof entry.outcome, 'string')
       }
       assert.deepEqual(p.logs.map((l) => [l.kind, l.authFailed]), [['ok', false], ['ok', false], ['refused_by_postgres', true]], p.logs.map((l) => l.outcome).join(' | '))
-      const database = String(edgeClient(p.port).database)
+      const database = PG.database
       assert.deepEqual(p.logs.map((l) => [l.user, l.database]), [['scram_user', database], ['password_user', database], ['password_user', database]], 'who and where, as the login said')
       assert.match(p.logs[2].outcome, /^refused by Postgres: 28P01/)
 

@@ -138,8 +138,13 @@ export class StatementRelay {
    * Sync), behind the session's: its answers are not the client's. `onRow` gets each row's first
    * value; `ready`, at its ReadyForQuery, the transaction status.
    */
-  ownQuery({ query, onRow, ready }: Own) {
-    this.toBackend(query)
+  ownQuery(own: Own) {
+    this.toBackend(own.query)
+    this.awaits(own)
+  }
+
+  /** Every answer up to the next ReadyForQuery is `own`'s. */
+  private awaits({ onRow, ready }: Own) {
     this.awaited.push({ kind: 'sync', own: true, swallow: true, onRow, ready })
   }
 
@@ -225,7 +230,7 @@ export class StatementRelay {
     if (this.held) return this.held.push(...msgs), false
     const out: Buffer[] = []
     const front = this.front
-    if (front) (this.front = undefined), out.push(front.query), this.awaited.push({ kind: 'sync', own: true, swallow: true, onRow: front.onRow, ready: front.ready })
+    if (front) (this.front = undefined), out.push(front.query), this.awaits(front)
     const { session, backend } = this
     for (const [i, msg] of msgs.entries()) {
       const type = msg[0]
@@ -302,7 +307,7 @@ export class StatementRelay {
       out.push(msg)
     }
     const rides = behind !== undefined && !this.held
-    if (rides) out.push(behind.query), this.awaited.push({ kind: 'sync', own: true, swallow: true, onRow: behind.onRow, ready: behind.ready })
+    if (rides) out.push(behind.query), this.awaits(behind)
     if (out.length) this.toBackend(out.length === 1 ? out[0] : Buffer.concat(out))
     return rides
   }
