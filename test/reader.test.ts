@@ -28,7 +28,7 @@ const cases: Array<[string, string]> = [
   ['SELECT * FROM users WHERE id = $1', 'plain code'],
   ['INSERT INTO t (a, b) VALUES ($1, $2) RETURNING id', 'plain code'],
   ['INSERT INTO t AS x (a) VALUES (1) ON CONFLICT (id) DO UPDATE SET a = EXCLUDED.a', 'plain code'],
-  ["SELECT nextval('s')", 'plain code sequences'],
+  ["SELECT nextval('s')", 'plain code'],
   ['DECLARE c CURSOR FOR SELECT 1', 'plain'],
   ["SELECT col_description(c.oid, 0), pg_get_serial_sequence('t', 'id'), has_schema_privilege('public', 'USAGE') FROM pg_class c", 'plain code'],
   ['SELECT $é$ SET x = 1 $é$', 'plain'],

@@ -11,8 +11,6 @@ export interface Reading {
   plain: boolean
   /** May run code of the database's own (a relation, an operator, a cast, a function call): triggers, rules, policies… */
   code: boolean
-  /** May call nextval(), after which currval() and lastval() answer for this backend (no catalog shows it). */
-  sequences: boolean
   /** Sets what no catalog shows (a custom setting's placeholder, setseed, LOAD, dblink): the backend stays the session's. */
   unseen: boolean
   /** Transaction control or COPY: the transaction may go on past the message, or Postgres wait for data (nothing of the proxy's may ride right behind it). */
@@ -28,15 +26,15 @@ export interface Signal {
   param?: number
 }
 
-export const NOTHING: Reading = { plain: true, code: false, sequences: false, unseen: false, control: false }
-const UNPARSED: Reading = { plain: false, code: true, sequences: false, unseen: false, control: true }
+export const NOTHING: Reading = { plain: true, code: false, unseen: false, control: false }
+const UNPARSED: Reading = { plain: false, code: true, unseen: false, control: true }
 
 /** What either of two readings may leave. */
 export function merge(a: Reading, b: Reading): Reading {
   if (b === NOTHING) return a
   if (a === NOTHING) return b
   const signals = a.signals || b.signals ? [...(a.signals ?? []), ...(b.signals ?? [])] : undefined
-  return { plain: a.plain && b.plain, code: a.code || b.code, sequences: a.sequences || b.sequences, unseen: a.unseen || b.unseen, control: a.control || b.control, ...(signals && { signals }) }
+  return { plain: a.plain && b.plain, code: a.code || b.code, unseen: a.unseen || b.unseen, control: a.control || b.control, ...(signals && { signals }) }
 }
 
 let loaded = false
@@ -173,7 +171,7 @@ function call(fn: Node, r: Reading) {
   const parts = ((fn.funcname as Array<{ String?: { sval?: string } }>) ?? []).map((p) => p.String?.sval ?? '')
   const name = parts[parts.length - 1]
   if (parts.length > 2 || (parts.length === 2 && parts[0] !== 'pg_catalog')) return void (r.plain = false)
-  if (name === 'nextval' || name === 'setval') return void (r.sequences = true)
+  if (name === 'nextval' || name === 'setval') return // (their traces, currval() and lastval(), are discarded by the verification any function call brings)
   if (UNSEEN.test(name)) r.unseen = true
   if (name === 'set_config') return setConfig(fn, r)
   if (name === 'pg_cancel_backend' || name === 'pg_terminate_backend') signal(name === 'pg_cancel_backend' ? 'cancel' : 'terminate', fn, r)

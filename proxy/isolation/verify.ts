@@ -28,9 +28,8 @@ export interface Verification {
   /**
    * After a plain one that may have run the database's own code (a trigger, a rule, a policy, a
    * view's function…, made by anyone at any time): what such code may leave that Postgres resets
-   * cheaply is reset (settings made for the session, advisory locks held for it), the rest asked as
-   * in `full`. Nothing is assumed of which code the database has. (Its nextval()s are the lender's
-   * to reset before another session runs there: the session keeps its currval().)
+   * cheaply is reset (nextval's traces, settings made for the session, advisory locks held for it),
+   * the rest asked as in `full`. Nothing is assumed of which code the database has.
    */
   light: Buffer
 }
@@ -78,7 +77,7 @@ export function verification(user: string): Verification {
       ...prepared(reset, 'RESET ALL'),
     ]),
     full: Buffer.concat([...run(discard), ...run(NAME), sync]),
-    light: Buffer.concat([...run(reset), ...run(light), sync]),
+    light: Buffer.concat([...run(discard), ...run(reset), ...run(light), sync]),
   }
 }
 

@@ -8,12 +8,10 @@
  * own: a session holds no backend until it runs something.
  */
 import { randomBytes } from 'node:crypto'
-import { serialize } from 'pg-protocol'
 import type { BackendKey } from '../wire/startup'
 import type { Backend, BackendPool } from './backends'
 import type { LoginOutcome } from '../login/in-upgrade'
 import type { Upstream } from '../upstream/connection'
-import { exchange } from '../upstream/exchange'
 import { TxStatus } from '../wire/codes'
 import type { Ending } from './idle-watch'
 import { parseStartupPacket } from '../wire/startup'
@@ -31,8 +29,6 @@ function randomSecret(n: number): Buffer {
 
 /** How a session leaves a backend whose transaction ended cleanly: idle, nothing to undo. */
 const CLEAN: Ending = { pending: 0, status: TxStatus.Idle, reusable: true, clean: true }
-
-const DISCARD_SEQUENCES = serialize.query('DISCARD SEQUENCES')
 
 /** Transaction pooling's events, for the metrics. */
 export interface LendingMetrics {
@@ -113,8 +109,6 @@ export class Lender {
 
   /** Backends whose close this lender watches. */
   private readonly watched = new WeakSet<Backend>()
-  /** Backends a session may have called nextval() on: the next session must not see its currval(). */
-  private readonly sequences = new WeakSet<Backend>()
 
   /** With the key's first backend, just logged in: what it learns of the database first, then idle. */
   constructor(
@@ -224,11 +218,10 @@ export class Lender {
     return this.lent.size
   }
 
-  /** A transaction ended cleanly on `backend`: back to the pool, after DISCARD SEQUENCES if it may have called nextval(). */
-  giveBack(backend: Backend, { sequences = false } = {}) {
+  /** A transaction ended cleanly on `backend`, leaving nothing: to the next in line, or back to the pool. */
+  giveBack(backend: Backend) {
     this.parked.delete(backend)
     if (!this.lent.has(backend)) return
-    if (sequences) this.sequences.add(backend)
     this.holders.delete(backend)
     const next = this.nextWaiter()
     if (next && !backend.upstream.gone) {
@@ -237,8 +230,7 @@ export class Lender {
       return next.resolve(backend)
     }
     this.lent.delete(backend)
-    const discard = this.sequences.delete(backend)
-    this.pool.giveBack(backend, CLEAN, discard ? this.exchange(backend, DISCARD_SEQUENCES) : undefined)
+    this.pool.giveBack(backend, CLEAN)
     this.afterReset(backend)
   }
 
@@ -255,7 +247,6 @@ export class Lender {
    */
   endSession(backend: Backend, ending: Ending | undefined, reset?: Promise<boolean | undefined>) {
     this.parked.delete(backend)
-    this.sequences.delete(backend) // (the pool's reset, DISCARD ALL, takes them)
     this.holders.delete(backend)
     if (!this.lent.delete(backend)) return
     this.pool.giveBack(backend, ending, reset)
@@ -284,16 +275,6 @@ export class Lender {
     this.parked.set(backend, surrender)
     this.holders.counted(backend, false) // (another may take it)
     return true
-  }
-
-  /** A parked backend's session may have called nextval(): see `startLend`. */
-  usedSequences(backend: Backend) {
-    this.sequences.add(backend)
-  }
-
-  /** Whether a session about to run on `backend` must first have DISCARD SEQUENCES run (another's nextval). */
-  takeSequences(backend: Backend): boolean {
-    return this.sequences.delete(backend)
   }
 
   /** The session runs on its parked backend again. */
@@ -404,11 +385,6 @@ export class Lender {
       backend.upstream.on('close', () => this.lost(backend))
     }
     return backend
-  }
-
-  /** Sends `query` (one statement) on an idle backend; true if it went well and left it idle. */
-  private exchange(backend: Backend, query: Buffer): Promise<boolean> {
-    return exchange(backend.upstream, query).then((answer) => !!answer && !answer.error && answer.idle)
   }
 }
 

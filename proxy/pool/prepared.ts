@@ -148,14 +148,6 @@ export class StatementRelay {
     this.awaited.push({ kind: 'sync', own: true, swallow: true, onRow, ready })
   }
 
-  /** Messages of the proxy's own to go in the same write as the session's next, in front of them. */
-  private front?: Own
-
-  /** Sends `own` in front of the session's next messages (as ownQuery, but with them: one write). */
-  before(own: Own) {
-    this.front = own
-  }
-
   /** ReadyForQuery messages Postgres still owes the proxy's own Queries and Syncs. */
   get ownReadiesDue(): number {
     return this.awaited.filter((a) => a.kind === 'sync' && a.own).length
@@ -229,8 +221,6 @@ export class StatementRelay {
   forward(msgs: Buffer[], skipped = false, behind?: Own): boolean {
     if (this.held) return this.held.push(...msgs), false
     const out: Buffer[] = []
-    const front = this.front
-    if (front) (this.front = undefined), out.push(front.query), this.awaits(front)
     const { session, backend } = this
     for (const [i, msg] of msgs.entries()) {
       const type = msg[0]

@@ -292,7 +292,7 @@ export class Leases {
     const clean = !ctl.tainted && !statements.broken
     const ending = () => ({ pending: 0, status: statements.status.charCodeAt(0), reusable: !lease.customSetting })
     if (lender && backend) {
-      if (clean && lease.leavesNothing && !statements.unusual && statements.status === 'I') return statements.detach(), lender.giveBack(backend, lease.effects)
+      if (clean && lease.leavesNothing && !statements.unusual && statements.status === 'I') return statements.detach(), lender.giveBack(backend)
       if (!clean || !reset) return statements.detach(), lender.endSession(backend, clean ? ending() : undefined)
       return lender.endSession(backend, ending(), afterReset(statements, reset))
     }

@@ -8,10 +8,9 @@
  * (proxy/isolation/verify.ts), and where anything is, the session keeps that backend ("pinned"),
  * until a later verification finds it clean. Named prepared statements follow it from
  * backend to backend (proxy/pool/prepared.ts). currval() and lastval() hold only within the
- * transaction that called nextval(): no other session runs on the backend before DISCARD SEQUENCES.
+ * transaction that called nextval(): the verification that follows it discards them.
  */
 import type { WebSocket, RawData } from 'ws'
-import { serialize } from 'pg-protocol'
 import type { Backend } from '../pool/backends'
 import type { Holder, Lender } from '../pool/lender'
 import { IdleWatch } from '../pool/idle-watch'
@@ -63,14 +62,11 @@ interface Lend {
 const HIGH_WATER = 1 << 20
 /** What a message waiting for a backend costs beside its bytes (its Buffer: ~110 bytes of heap, measured). */
 const QUEUED_COST = 128
-const DISCARD_SEQUENCES = serialize.query('DISCARD SEQUENCES')
-/** What a transaction that may have called nextval() leaves: currval(), which no catalog shows. */
-const SEQUENCES: Reading = { ...NOTHING, sequences: true }
 /**
  * A FunctionCall (code no statement text shows, which may make a custom setting no catalog shows),
  * or a message the proxy does not know how to read: whatever it did stays with the session.
  */
-const UNREAD: Reading = { plain: false, code: true, sequences: true, unseen: true, control: true }
+const UNREAD: Reading = { plain: false, code: true, unseen: true, control: true }
 /** Client messages that run nothing by themselves (what they name was read at its Parse). */
 const INERT = new Set<number>([ClientMessage.Describe, ClientMessage.Execute, ClientMessage.Sync, ClientMessage.Flush, ClientMessage.Close, ClientMessage.CopyData, ClientMessage.CopyDone, ClientMessage.CopyFail])
 /** The statements each backend holds, by backend, as of its last reset (which drops them all). */
@@ -362,8 +358,6 @@ class LentSession implements RunningSession {
     backend.upstream.onDrain = () => this.ws.resume()
     backend.upstream.on('close', this.onBackendClose)
     const early = backend.upstream.relay(this.fromBackend)
-    // Another session's nextval() left currval() behind: gone before this session's first message (no round trip of its own).
-    if (this.o.lender.takeSequences(backend)) relay.before({ query: DISCARD_SEQUENCES })
     backend.upstream.resume()
     if (early.length) this.fromBackend(early)
   }
@@ -436,7 +430,7 @@ class LentSession implements RunningSession {
     lend.relay.unusual = false
     if (e.unseen) (this.pinnedForGood = true), this.pin('unseen')
     if (this.pinnedForGood || (this.pinned && plain)) return
-    if (plain && !e.code) return this.lendOn(lend, e)
+    if (plain && !e.code) return this.lendOn(lend)
     this.verify(lend, plain ? 'light' : 'full')
   }
 
@@ -468,8 +462,6 @@ class LentSession implements RunningSession {
       const left = f ? (f.left[0] ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
       if (left) return this.pin(left)
       this.unpin()
-      // A light one leaves currval() to the session (code may have called nextval()): reset before another's.
-      if (kind === 'light') lend.effects = merge(lend.effects, SEQUENCES)
       const ending = lend.watch.ending
       if (!this.verifying && ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) this.transactionEnded(lend)
     }
@@ -493,14 +485,11 @@ class LentSession implements RunningSession {
     this.o.lender.unpin()
   }
 
-  /** A transaction that left nothing: the backend stays with this session while no other needs it (another will not see its currval: see startLend), else goes back. */
-  private lendOn(lend: Lend, e: Reading) {
-    if (this.o.lender.park(lend.backend, this.surrender)) {
-      if (e.sequences) this.o.lender.usedSequences(lend.backend)
-      return void (this.parked = true)
-    }
+  /** A transaction that left nothing: the backend stays with this session while no other needs it, else goes back. */
+  private lendOn(lend: Lend) {
+    if (this.o.lender.park(lend.backend, this.surrender)) return void (this.parked = true)
     this.detach(lend)
-    this.o.lender.giveBack(lend.backend, e)
+    this.o.lender.giveBack(lend.backend)
   }
 
   /** Another session takes the parked backend: from now on this one acquires anew. */
