@@ -5,7 +5,9 @@
  *    Postgres connections; against pg over TCP through PgBouncer (Debian's 1.18, transaction mode);
  * 2. busy sessions: 64 sessions back to back, session mode against TRANSACTION_MODE_FLAGS;
  * 3. POST /sql at 32 in flight, against bench/http-pg.ts (a bare HTTP server on pg.Pool);
- * 4. memory: the proxy's RSS per idle logged-in session.
+ * 4. memory: the proxy's RSS per idle logged-in session;
+ * 5. bursts: 1,500 and 5,000 sessions each running a statement and a named insert three times over
+ *    ~8 s, on edgepg-proxy with its default --workers, run after run, against PgBouncer.
  * Cases 1, 3 and 4 run edgepg-proxy with TRANSACTION_MODE_FLAGS; case 2 sets them beside session mode.
  * Cases 1, 1b and 2 also run edgepg Clients through Neon's wsproxy in front of PgBouncer (bench/neon-pair.ts)
  * when both are here: the shape of Neon's "-pooler" endpoints.
@@ -33,7 +35,7 @@ if (!Number.isInteger(WANTED_SESSIONS) || WANTED_SESSIONS < 1) throw new Error(`
 const SESSIONS = Math.min(WANTED_SESSIONS, Math.floor((NOFILE - FD_SPARE) / 2))
 const IDLE_SESSIONS = 1000
 /** The cases to run (EDGEPG_BENCH_POOL_CASES, comma-separated; all by default). */
-const CASES = new Set((process.env.EDGEPG_BENCH_POOL_CASES ?? '1,1b,2,3,4').split(','))
+const CASES = new Set((process.env.EDGEPG_BENCH_POOL_CASES ?? '1,1b,2,3,4,5').split(','))
 
 /** The flags that put edgepg-proxy in transaction mode, with PgBouncer's pool size. */
 export const TRANSACTION_MODE_FLAGS: string[] = ['--pool-mode', 'transaction', '--pool-size', '20']
@@ -92,6 +94,7 @@ export const pool: Section = {
       if (CASES.has('2')) rows.push(...(await busySessions(ctx, admin)))
       if (CASES.has('3')) await sqlInFlight(ctx)
       if (CASES.has('4')) await idleMemory()
+      if (CASES.has('5')) await bursts(ctx, admin)
     } finally {
       await dropRole(admin).catch((err) => console.error(`pool: could not drop ${ROLE}:`, err))
       await admin.end().catch(() => {})
@@ -588,6 +591,113 @@ async function idleMemory() {
     await admin.end().catch(() => {})
     await db.stop()
   }
+}
+
+// ---- 5. bursts of many sessions, run after run ----
+
+/** Case 5's session counts (EDGEPG_BENCH_POOL_BURSTS, comma-separated), each capped by open files as case 1 is. */
+const BURSTS = (process.env.EDGEPG_BENCH_POOL_BURSTS ?? '1500,5000').split(',').map((n) => Math.min(Number(n), Math.floor((NOFILE - FD_SPARE) / 2)))
+/** Runs per path and session count (EDGEPG_BENCH_POOL_RUNS): a pool whose latency depends on luck shows it here. */
+const BURST_RUNS = Number(process.env.EDGEPG_BENCH_POOL_RUNS ?? 5)
+/** Each session: this many rounds of a statement and a named insert, each round at a random moment of its BURST_SPREAD_MS. */
+const BURST_ROUNDS = 3
+const BURST_SPREAD_MS = 2600
+const BURST_SELECT = 'SELECT $1::int'
+/** Targets (issue 36), ratios to PgBouncer's in the same run. */
+const BURST_P50_TARGET = 1.0
+const BURST_P99_TARGET = 1.5
+
+/**
+ * The workload of issue 36: sessions that each run BURST_SELECT and the named INSERT BURST_ROUNDS
+ * times over ~8 s, on the limited role, through edgepg-proxy as deployed (its default --workers),
+ * PgBouncer, and wsproxy → PgBouncer; BURST_RUNS runs of each, the paths taking turns.
+ */
+async function bursts(ctx: BenchContext, admin: pg.Client) {
+  const role = { host: ctx.pg.host, port: ctx.pg.port, database: ctx.pg.database, user: ROLE, password: ROLE_PASSWORD, query_timeout: QUERY_TIMEOUT_MS }
+  type Path = { name: string; start(n: number): Promise<{ open(): pg.Client; stop(): Promise<void> }> }
+  const paths: Path[] = [
+    {
+      name: 'edgepg-proxy (default --workers)',
+      start: async () => {
+        const p = await startChildProxy(`${ctx.pg.host}:${ctx.pg.port}`, { built: true, flags: POOL_PROXY_FLAGS, env: { EDGEPG_WORKERS: 'cores' } })
+        return { open: () => new Client({ ...role, webSocketConstructor: WebSocket as any, wsProxy: () => p.url } as ClientConfig), stop: p.stop }
+      },
+    },
+    ...(pgbouncerBinary()
+      ? [{ name: 'pg via PgBouncer 1.18 (transaction)', start: async (n: number) => ((b) => ({ open: () => new pg.Client({ ...role, port: b.port }), stop: b.stop }))(await startPgBouncer(ctx.pg, { default_pool_size: BOUNCER_POOL, max_client_conn: n + 100 }, await scramSecrets(admin, [ROLE]))) }]
+      : []),
+    ...(neonPairMissing() ? [] : [{ name: NEON_PAIR, start: async (n: number) => ((p) => ({ open: () => new Client(p.config(role)), stop: p.stop }))(await startNeonPair(ctx.pg, admin, [ROLE], { default_pool_size: BOUNCER_POOL, max_client_conn: n + 100 })) }]),
+  ]
+  for (const n of BURSTS) {
+    const results = new Map<string, Array<{ latencies: number[]; failed: Map<string, number> }>>(paths.map((p) => [p.name, []]))
+    for (let run = 0; run < BURST_RUNS; run++) {
+      for (const path of paths) {
+        const server = await path.start(n)
+        try {
+          results.get(path.name)!.push(await burst(n, server.open))
+        } finally {
+          await server.stop()
+        }
+        await waitForNoBackends(admin)
+      }
+    }
+    const bouncer = results.get(paths[1]?.name ?? '')
+    const cell = (r: { latencies: number[]; failed: Map<string, number> }, i: number) => {
+      const [p50, p99] = [percentile(r.latencies, 50), percentile(r.latencies, 99)]
+      const b = bouncer?.[i]
+      const over = b ? ` (${(p50 / percentile(b.latencies, 50)).toFixed(1)}x / ${(p99 / percentile(b.latencies, 99)).toFixed(1)}x)` : ''
+      return `${p50.toFixed(2)} / ${p99.toFixed(1)} ms${over}${r.failed.size ? `, failed ${counts(r.failed)}` : ''}`
+    }
+    const edge = results.get(paths[0].name)!
+    const within = bouncer
+      ? edge.filter((r, i) => percentile(r.latencies, 50) <= BURST_P50_TARGET * percentile(bouncer[i].latencies, 50) && percentile(r.latencies, 99) <= BURST_P99_TARGET * percentile(bouncer[i].latencies, 99)).length
+      : undefined
+    printGrid(
+      `pool 5: ${n} sessions, each ${BURST_ROUNDS} x ("${BURST_SELECT}", a named INSERT) over ~${(BURST_ROUNDS * BURST_SPREAD_MS) / 1000} s, role limited to ${ROLE_LIMIT} connections, ${BURST_RUNS} runs`,
+      ['run', ...paths.map((p) => `${p.name}: p50 / p99 (over PgBouncer's)`)],
+      Array.from({ length: BURST_RUNS }, (_, i) => [String(i + 1), ...paths.map((p) => cell(results.get(p.name)![i], i))]),
+      [
+        `Each session connects (${CONNECTING} logins under way at once); once all have, each runs ${BURST_ROUNDS} rounds, each at a random moment of ${BURST_SPREAD_MS} ms: ` +
+          `"${BURST_SELECT}" (unnamed), then up to 100 ms later "${INSERT}" as pg's { name, text, values } (Parse the first time, Bind by name after). Latency per statement; ` +
+          `PgBouncer 1.18 fails named statements (42P05, 26000), counted under "failed". Runs take turns by path, each on a server started for it.`,
+        `edgepg-proxy: a child with ${POOL_PROXY_FLAGS.join(' ')} and EDGEPG_WORKERS=cores (the default: ${Math.min(availableParallelism(), BOUNCER_POOL)} workers here), each worker with its part of --pool-size. ` +
+          (within === undefined
+            ? 'PgBouncer is not installed: no ratios.'
+            : `Target (issue 36): p50 <= ${BURST_P50_TARGET}x and p99 <= ${BURST_P99_TARGET}x PgBouncer's in every run: met in ${within} of ${BURST_RUNS}.`),
+      ]
+    )
+  }
+}
+
+/** One run of case 5 on one path: every session's latencies and failures. */
+async function burst(n: number, open: () => pg.Client) {
+  const clients: pg.Client[] = []
+  const latencies: number[] = []
+  const failed = new Map<string, number>()
+  const connecting = slots(CONNECTING)
+  const connected = (await Promise.all(Array.from({ length: n }, async () => {
+    const c = open()
+    c.on('error', () => {})
+    clients.push(c)
+    return connecting(() => bounded(c.connect(), CONNECT_TIMEOUT_MS)).then(() => c, (err) => void count(failed, err))
+  }))).filter((c): c is pg.Client => c !== undefined)
+  const timed = async (c: pg.Client, query: pg.QueryConfig) => {
+    const t0 = performance.now()
+    await c.query(query).then(() => latencies.push(performance.now() - t0), (err) => count(failed, err))
+  }
+  try {
+    await Promise.all(connected.map(async (c, i) => {
+      for (let round = 0; round < BURST_ROUNDS; round++) {
+        await sleep(Math.random() * BURST_SPREAD_MS)
+        await timed(c, { text: BURST_SELECT, values: [i] })
+        await sleep(Math.random() * 100)
+        await timed(c, { name: 'bench_pool_insert', text: INSERT, values: [i] })
+      }
+    }))
+  } finally {
+    await Promise.all(clients.map((c) => bounded(c.end(), 5000).catch(() => {})))
+  }
+  return { latencies, failed }
 }
 
 // ---- helpers ----
