@@ -31,7 +31,7 @@ export const isolation: Section = {
       const user = String(ctx.pgConfig().user)
       const verify = { name: 'edgepg_bench_verify', text: verificationSql(user) }
       const light = { name: 'edgepg_bench_light', text: verificationSql(user, false) }
-      const resets = 'RESET ALL; SELECT FROM pg_catalog.pg_advisory_unlock_all()' // (in the proxy, in one write with the light question)
+      const resets = 'DISCARD SEQUENCES; RESET ALL' // (in the proxy, in one Sync group with the light question, which releases advisory locks itself)
       const resetting = new pg.Client(ctx.pgConfig()) // (DISCARD ALL would drop the prepared verification)
       await resetting.connect()
       const timed = async (sql: string | typeof verify, on = client) => {

@@ -606,6 +606,7 @@ const BURST_SELECT = 'SELECT $1::int'
 /** Targets (issue 36), ratios to PgBouncer's in the same run. */
 const BURST_P50_TARGET = 1.0
 const BURST_P99_TARGET = 1.5
+const BOUNCER_PATH = 'pg via PgBouncer 1.18 (transaction)'
 
 /**
  * The workload of issue 36: sessions that each run BURST_SELECT and the named INSERT BURST_ROUNDS
@@ -624,7 +625,7 @@ async function bursts(ctx: BenchContext, admin: pg.Client) {
       },
     },
     ...(pgbouncerBinary()
-      ? [{ name: 'pg via PgBouncer 1.18 (transaction)', start: async (n: number) => ((b) => ({ open: () => new pg.Client({ ...role, port: b.port }), stop: b.stop }))(await startPgBouncer(ctx.pg, { default_pool_size: BOUNCER_POOL, max_client_conn: n + 100 }, await scramSecrets(admin, [ROLE]))) }]
+      ? [{ name: BOUNCER_PATH, start: async (n: number) => ((b) => ({ open: () => new pg.Client({ ...role, port: b.port }), stop: b.stop }))(await startPgBouncer(ctx.pg, { default_pool_size: BOUNCER_POOL, max_client_conn: n + 100 }, await scramSecrets(admin, [ROLE]))) }]
       : []),
     ...(neonPairMissing() ? [] : [{ name: NEON_PAIR, start: async (n: number) => ((p) => ({ open: () => new Client(p.config(role)), stop: p.stop }))(await startNeonPair(ctx.pg, admin, [ROLE], { default_pool_size: BOUNCER_POOL, max_client_conn: n + 100 })) }]),
   ]
@@ -641,7 +642,7 @@ async function bursts(ctx: BenchContext, admin: pg.Client) {
         await waitForNoBackends(admin)
       }
     }
-    const bouncer = results.get(paths[1]?.name ?? '')
+    const bouncer = results.get(BOUNCER_PATH)
     const cell = (r: { latencies: number[]; failed: Map<string, number> }, i: number) => {
       const [p50, p99] = [percentile(r.latencies, 50), percentile(r.latencies, 99)]
       const b = bouncer?.[i]

@@ -18,12 +18,13 @@ const writeLog = () => {
 const worker = process.env.EDGEPG_WORKER_INDEX === undefined ? undefined : Number(process.env.EDGEPG_WORKER_INDEX)
 /** --log-level (info until the settings are read). */
 let least = 0
-/** A line of `level` (the proxy's own events: warn, kept unless only errors are asked for): written if it weighs at least --log-level. */
-const line = (entry: object, level: LogLevel = 'warn') => {
-  if (LOG_LEVELS.indexOf(level) < least) return
+/** A line whatever --log-level (where the proxy listens: what its supervisors and our tests read). */
+const write = (entry: object) => {
   if (!unwritten) setImmediate(writeLog)
   unwritten += JSON.stringify({ time: new Date().toISOString(), ...(worker !== undefined && { worker }), ...entry }) + '\n'
 }
+/** A line of `level` (the proxy's own events: warn, kept unless only errors are asked for): written if it weighs at least --log-level. */
+const line = (entry: object, level: LogLevel = 'warn') => LOG_LEVELS.indexOf(level) >= least && write(entry)
 process.on('exit', () => unwritten && writeLog())
 // Lines nobody reads any more (the log's reader went away) are dropped; the proxy goes on.
 process.stdout.on('error', () => {})
@@ -75,7 +76,7 @@ async function serve() {
   const proxy = createProxy({ ...options, log: ended, sqlLog: (entry) => ended({ route: '/sql', ...entry }), cluster: link })
   link?.report(proxy.metrics.registry)
   proxy.listen(listen.port, listen.host).then(
-    (addr) => line({ listening: `${addr.address}:${addr.port}`, upstream: options.upstream, tls: Boolean(options.tls), pid: process.pid }, 'error'), // (always: where it listens)
+    (addr) => write({ listening: `${addr.address}:${addr.port}`, upstream: options.upstream, tls: Boolean(options.tls), pid: process.pid }),
     (err) => fail(`cannot listen on ${formatHostPort(listen)}: ${err.message}`)
   )
   if (adminListen) {

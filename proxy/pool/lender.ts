@@ -110,7 +110,7 @@ export class Lender {
   /** Backends whose close this lender watches. */
   private readonly watched = new WeakSet<Backend>()
 
-  /** With the key's first backend, just logged in: what it learns of the database first, then idle. */
+  /** With the key's first backend, just logged in: idle, the first to be lent. */
   constructor(
     private readonly pool: BackendPool,
     readonly key: string,

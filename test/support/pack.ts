@@ -21,7 +21,8 @@ export async function packedTarball(): Promise<string> {
   const tarball = join(done, 'edgepg.tgz')
   if (existsSync(tarball)) return tarball
   mkdirSync(home, { recursive: true })
-  for (const old of readdirSync(home)) if (old.startsWith('pack-')) rmSync(join(home, old), { recursive: true, force: true })
+  // Other commits' tarballs go (not this one's: another test file may be packing it at once, or installing it).
+  for (const old of readdirSync(home)) if (old.startsWith('pack-') && old !== `pack-${commit}`) rmSync(join(home, old), { recursive: true, force: true })
   const work = mkdtempSync(join(home, 'packing-'))
   const clone = join(work, 'clone')
   await run('git', ['clone', '--quiet', '--depth', '1', `file://${root}`, clone])
