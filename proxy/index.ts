@@ -18,7 +18,8 @@ import { TokenLogins, type TokenLoginOptions } from './auth/token-login'
 import { ClientAddresses, isLoopback } from './listen/client-address'
 import type { ClusterLink } from './cluster/worker'
 import { localPlaces, type PlacesOf } from './cluster/places'
-import { loadReader, read } from './isolation/reader'
+import { read } from './isolation/reader'
+import { warmUp } from './warm-up'
 import { Signals } from './ws/signals'
 
 export interface ProxyOptions {
@@ -233,7 +234,7 @@ export function createProxy(options: ProxyOptions): Proxy {
     server,
     admin,
     async listen(port = 0, host = '127.0.0.1') {
-      await loadReader()
+      await warmUp()
       return new Promise((resolve, reject) => {
         front.once('error', reject)
         front.listen(port, host, () => {
