@@ -175,8 +175,11 @@ export function createProxy(options: ProxyOptions): Proxy {
       ? undefined
       : sqlHandler({
           upstream,
-          // The same rules as /v1?address=: exact allow-list, names pinned to their addresses.
-          isAllowed: (named) => upstreams.admit(named),
+          // The same rule as /v1 and /v2 (proxy/upstream/allowed.ts).
+          isAllowed: (named, sentTo) => {
+            const picked = upstreams.pick(named, sentTo)
+            return picked ? upstreams.admit(picked) : false
+          },
           allowedOrigins: options.allowedOrigins,
           upstreamTls: options.upstreamTls,
           backends: pool,

@@ -5,8 +5,8 @@
  * Request: `POST /sql`, body `{"query": "...", "params": [...], "arrayMode"?: bool}` or
  * `{"queries": [{...}, ...]}` (a batch, run in one transaction). Headers:
  * - `Neon-Connection-String: postgresql://user:password@host[:port]/database` (required). The host
- *   is not trusted: it must be the proxy's upstream or an address the operator allowed (`isAllowed`),
- *   else 403. Query parameters (sslmode, options, application_name, …) are ignored: the proxy
+ *   is not trusted: it must be the proxy's upstream, an address the operator allowed, or the proxy's
+ *   own host (`isAllowed`; in edgepg-proxy, proxy/upstream/allowed.ts), else 403. Query parameters (sslmode, options, application_name, …) are ignored: the proxy
  *   decides how it reaches Postgres.
  * - `Neon-Raw-Text-Output: true`: every value as the text Postgres sent (neon() always asks for
  *   this, and parses the text itself by each field's dataTypeID). Otherwise values are converted
@@ -55,6 +55,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { DatabaseError } from 'pg-protocol'
 import { formatHostPort, type HostPort } from '../upstream/address'
+import { notAllowed } from '../upstream/allowed'
 import { BackendPool, type PoolOptions } from '../pool/backends'
 import type { Lenders } from '../pool/lenders'
 import type { UpstreamTls } from '../upstream/connection'
@@ -81,11 +82,11 @@ export interface SqlOptions {
   upstream: HostPort
   /**
    * Whether a connection string may name `named` (host lowercased, port defaulting to 5432, or to
-   * the upstream's port when the host is the upstream's). Return false (403), true (connect to
-   * `named`), or the HostPort to connect to instead (e.g. with `address` pinned to a resolved IP,
-   * or the upstream). Default: only the upstream.
+   * the upstream's port when the host is the upstream's), in a request sent to `sentTo` (its Host
+   * header). Return false (403), true (connect to `named`), or the HostPort to connect to instead
+   * (e.g. with `address` pinned to a resolved IP, or the upstream). Default: only the upstream.
    */
-  isAllowed?: (named: HostPort) => boolean | HostPort | Promise<boolean | HostPort>
+  isAllowed?: (named: HostPort, sentTo: string | undefined) => boolean | HostPort | Promise<boolean | HostPort>
   /** Largest request body, in bytes (HTTP 413). Default 10 MiB. */
   maxBodyBytes?: number
   /** Largest response body, in bytes (HTTP 507). Default 10 MiB. */
@@ -242,8 +243,8 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
     }
     const flags = parseFlags(req)
     if (options.authToken && !(await options.authToken(token, req))) throw new HttpError(401, 'authorization token refused')
-    const verdict = await isAllowed(conn.named)
-    if (!verdict) throw new HttpError(403, `host ${formatHostPort(conn.named)} is not an allowed upstream`)
+    const verdict = await isAllowed(conn.named, singleHeader(req, 'host'))
+    if (!verdict) throw new HttpError(403, `host ${notAllowed(conn.named, upstream)}`)
     const target = verdict === true ? conn.named : verdict
     log.upstream = formatHostPort(target)
     if (byToken) {

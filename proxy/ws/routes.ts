@@ -23,7 +23,7 @@ import { FIRST_FLIGHT_BYTES, type BufferBudget } from './budget'
 import type { LoginGate, LoginTicket } from '../login/gate'
 import type { Cancels } from './cancels'
 import type { Metrics, RefusalReason } from '../admin/metrics'
-import type { Upstreams } from '../upstream/allowed'
+import { notAllowed, type Upstreams } from '../upstream/allowed'
 import { SUBPROTOCOL, SUBPROTOCOL_CANCEL } from '../../src/config'
 import { isLoopback, limitKey } from '../listen/client-address'
 import { giveAll, takeAll, type Places, type PlacesOf, type Wanted } from '../cluster/places'
@@ -127,7 +127,9 @@ export class WebSocketRoutes {
       } catch (err) {
         return refuse(400, (err as Error).message, 'bad_address')
       }
-      if (!upstreams.has(named)) return refuse(403, `address ${address} is not an allowed upstream`, 'forbidden_address')
+      const picked = upstreams.pick(named, req.headers.host)
+      if (!picked) return refuse(403, `address ${notAllowed(named, upstreams.upstream)}`, 'forbidden_address')
+      named = picked
     }
     // The limits before anything that costs more (a name's lookup, a login).
     const client = limitKey(peer)
