@@ -87,8 +87,10 @@ ${(Object.values(SETTINGS) as Setting[])
   .join('\n')}
   -h, --help                  show this help
 
-Routes: /v2 relays to the upstream; /v1?address=host:port relays to that address if it is the
-upstream or allowed by --allow, and is refused with HTTP 403 otherwise. Never an open relay.
+Routes: /v2 relays to the upstream. A client naming an address (?address=host:port on /v1 or /v2,
+the connection string's host on /sql) goes there if it is the upstream or an --allow entry, to the
+upstream if it names the proxy's own host (or a loopback name, for an upstream on this machine) at
+the upstream's port, and is refused with HTTP 403 otherwise. Never an open relay.
 POST /sql speaks Neon's SQL-over-HTTP protocol (edgepg's httpSql; neon() with fetchEndpoint
 https://<proxy>/sql). GET /healthz checks the upstream is reachable; GET /metrics serves metrics
 (on --listen, to this machine only).

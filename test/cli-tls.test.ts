@@ -2,11 +2,9 @@ import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn, type ChildProcess } from 'node:child_process'
 import { copyFile } from 'node:fs/promises'
-import { X509Certificate } from 'node:crypto'
-import tls from 'node:tls'
 import { WebSocket } from 'ws'
 import { Client } from '../src/index'
-import { generateCerts } from './support/certs'
+import { generateCerts, presented } from './support/certs'
 import { freePort, PASSWORD, testPostgres } from './support/stack'
 import { eventually } from './support/helpers'
 
@@ -25,15 +23,6 @@ function cli(args: string[], env: Record<string, string> = {}) {
   return { child, out, exit }
 }
 
-/** The certificate a TLS server presents right now. */
-const presented = (port: number, ca: string) =>
-  new Promise<string>((resolve, reject) => {
-    const s = tls.connect({ host: '127.0.0.1', port, ca, servername: 'localhost' }, () => {
-      resolve(new X509Certificate(s.getPeerCertificate(true).raw).fingerprint256)
-      s.end()
-    })
-    s.once('error', reject)
-  })
 
 /**
  * Two certificates, and a proxy serving the first from files of its own (SIGHUP makes it read them

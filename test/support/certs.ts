@@ -8,6 +8,8 @@
  * authorityKeyIdentifier is how subtls finds its CA among the trusted roots.
  */
 import { execFile } from 'node:child_process'
+import { X509Certificate } from 'node:crypto'
+import tls from 'node:tls'
 import { mkdtemp, readFile, rm, writeFile, mkdir } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -143,4 +145,15 @@ commonName = supplied
     expired: await load('expired'),
     cleanup: () => rm(dir, { recursive: true, force: true }),
   }
+}
+
+/** The certificate (its SHA-256 fingerprint) a TLS server on 127.0.0.1 presents right now for `localhost`. */
+export function presented(port: number, ca: string) {
+  return new Promise<string>((resolve, reject) => {
+    const s = tls.connect({ host: '127.0.0.1', port, ca, servername: 'localhost' }, () => {
+      resolve(new X509Certificate(s.getPeerCertificate(true).raw).fingerprint256)
+      s.end()
+    })
+    s.once('error', reject)
+  })
 }
