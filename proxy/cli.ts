@@ -85,14 +85,14 @@ async function serve() {
   }
 
   let stopping = false
-  for (const signal of ['SIGINT', 'SIGTERM'] as const) {
-    process.on(signal, () => {
-      if (stopping) return
-      stopping = true
-      line({ shutdown: signal, sessions: proxy.sessionCount, graceMs: shutdownGraceMs })
-      proxy.close(shutdownGraceMs).then(() => process.exit(0))
-    })
+  const stop = (why: object, handover = false) => {
+    if (stopping) return
+    stopping = true
+    line({ ...why, sessions: proxy.sessionCount, graceMs: shutdownGraceMs })
+    proxy.close(shutdownGraceMs, { handover }).then(() => process.exit(0))
   }
+  for (const signal of ['SIGINT', 'SIGTERM'] as const) process.on(signal, () => stop({ shutdown: signal }))
+  if (link) link.onRetire = () => stop({ handover: 'retiring: the other workers accept meanwhile' }, true)
   process.on('SIGHUP', () => {
     if (!readTls) return line({ reload: 'nothing to reload (no --cert)' })
     try {

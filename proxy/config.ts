@@ -95,7 +95,8 @@ POST /sql speaks Neon's SQL-over-HTTP protocol (edgepg's httpSql; neon() with fe
 https://<proxy>/sql). GET /healthz checks the upstream is reachable; GET /metrics serves metrics
 (on --listen, to this machine only).
 Logs one JSON line per session (peer, upstream, duration, bytes, outcome) to stdout.
-Signals: SIGTERM/SIGINT shut down gracefully; SIGHUP reloads --cert and --key.
+Signals: SIGTERM/SIGINT shut down gracefully; SIGHUP reloads --cert and --key; SIGUSR2 (with a
+primary, --workers 2 or more) replaces the workers one at a time from the code on disk, refusing no one.
 `
 
 export class ConfigError extends Error {}

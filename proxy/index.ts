@@ -107,9 +107,11 @@ export interface Proxy {
   listen(port?: number, host?: string): Promise<AddressInfo>
   /**
    * Stops accepting, lets sessions end by themselves for up to `graceMs`, then closes the rest with
-   * WebSocket code 1001 (their clients see "edgepg-proxy is shutting down").
+   * WebSocket code 1001 (their clients see "edgepg-proxy is shutting down"). `handover`: others
+   * accept on the same port meanwhile (a worker being replaced), so the admin listener closes at once
+   * too, and connections already accepted are answered as usual rather than refused.
    */
-  close(graceMs?: number): Promise<void>
+  close(graceMs?: number, o?: { handover?: boolean }): Promise<void>
   /** Serves a new certificate and key from now on; running sessions keep theirs. */
   setTls(tls: { cert: string | Buffer; key: string | Buffer }): void
   /** Sessions open right now. */
@@ -210,7 +212,10 @@ export function createProxy(options: ProxyOptions): Proxy {
     res.writeHead(404, { 'content-type': 'text/plain' })
     res.end('edgepg-proxy admin: GET /metrics or /healthz\n')
   })
+  /** A handover under way (see close): each response closes its connection after it. */
+  let handingOver = false
   const onRequest = (req: http.IncomingMessage, res: http.ServerResponse) => {
+    if (handingOver) res.setHeader('connection', 'close')
     const path = pathOf(req.url)
     if (!options.adminApart && onAdmin(req, res, path, true)) return
     if (path === '/sql' && sql) return sql.handle(req, res)
@@ -221,13 +226,17 @@ export function createProxy(options: ProxyOptions): Proxy {
   // A client that never finishes its HTTP request (or TLS handshake) is dropped on the same clock.
   const unanswered = new WeakMap<Duplex, NodeJS.Timeout>()
   const answered = (socket: Duplex) => clearTimeout(unanswered.get(socket))
+  /** Connections still speaking HTTP (not yet upgraded). */
+  const httpSockets = new Set<Duplex>()
   server.on(options.tls ? 'secureConnection' : 'connection', (socket: Duplex) => {
     unanswered.set(socket, setTimeout(() => socket.destroy(), handshakeTimeoutMs).unref())
-    socket.once('close', () => answered(socket))
+    httpSockets.add(socket)
+    socket.once('close', () => (answered(socket), httpSockets.delete(socket)))
   })
   server.on('request', (req) => answered(req.socket))
   server.on('upgrade', (req, socket, head) => {
     answered(socket)
+    httpSockets.delete(socket)
     routes.handle(req, socket, head)
   })
 
@@ -253,12 +262,23 @@ export function createProxy(options: ProxyOptions): Proxy {
     setTls(tls) {
       ;(server as https.Server).setSecureContext({ ...tls })
     },
-    async close(graceMs = 0) {
+    async close(graceMs = 0, { handover = false } = {}) {
+      const deadline = Date.now() + graceMs
+      const left = () => Math.max(0, deadline - Date.now())
+      // (net's close: it stops accepting, and leaves the connections to what follows.)
+      const stopped = new Promise<void>((resolve) => net.Server.prototype.close.call(front, () => resolve()))
+      if (handover) {
+        if (admin.listening) admin.close()
+        // What this process accepted is its own to answer, in the grace period: upgrades as usual, and
+        // requests on kept-alive connections, each response then closing its connection (closing an idle
+        // one could fail a request already on its way).
+        handingOver = true
+        while (httpSockets.size && left()) await new Promise((r) => setTimeout(r, 20))
+      }
       draining = true
-      const sqlClosed = sql?.close(graceMs)
-      const stopped = new Promise<void>((resolve) => front.close(() => resolve()))
-      if (front !== server) server.close()
-      await routes.close(graceMs)
+      server.closeIdleConnections()
+      const sqlClosed = sql?.close(left())
+      await routes.close(left())
       pool.close()
       await sqlClosed
       server.closeAllConnections()

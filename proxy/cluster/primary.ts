@@ -1,8 +1,9 @@
 /**
  * `--workers n`: the primary process. It runs no proxy itself: it forks n workers that accept on one
  * port (node:cluster hands each connection to one), replaces one that dies, passes SIGTERM and
- * SIGHUP on to all, answers /metrics for the whole proxy (prom-client's cluster aggregation), and
- * keeps the counts of the limits a worker has filled its share of (proxy/cluster/places.ts).
+ * SIGHUP on to all, replaces them one at a time on SIGUSR2 (a handover), answers /metrics for the
+ * whole proxy (prom-client's cluster aggregation), and keeps the counts of the limits a worker has
+ * filled its share of (proxy/cluster/places.ts).
  */
 import cluster, { type Worker } from 'node:cluster'
 import { AggregatorRegistry } from 'prom-client'
@@ -51,9 +52,12 @@ export function runPrimary(o: PrimaryOptions) {
       if (stopping) return void (live.size === 0 && process.exit(exitCode))
       const next = fork(index)
       o.log({ worker: index, exited: { pid: worker.process.pid, code, signal }, replacedBy: next.process.pid })
+      next.once('listening', () => replaced.get(index)?.())
     })
     return worker
   }
+  /** Handovers waiting for worker `index`'s replacement to listen. */
+  const replaced = new Map<number, () => void>()
   // The workers accept on the shared socket themselves (the kernel wakes one): the primary passing
   // each connection over IPC (round robin) cost cold sessions a third of their rate.
   cluster.schedulingPolicy = cluster.SCHED_NONE
@@ -74,5 +78,25 @@ export function runPrimary(o: PrimaryOptions) {
   }
   process.on('SIGHUP', () => {
     for (const worker of live.values()) worker.process.kill('SIGHUP')
+  })
+  // A handover (a new version installed, say): each worker in turn stops accepting and drains while
+  // the others accept, and is replaced from the code on disk; the next goes once its replacement listens.
+  let handingOver = false
+  process.on('SIGUSR2', async () => {
+    if (handingOver || stopping) return o.log({ handover: handingOver ? 'already under way' : 'not while stopping' })
+    handingOver = true
+    o.log({ handover: 'started', workers: live.size })
+    for (const index of [...live.keys()]) {
+      const worker = live.get(index)
+      if (!worker || stopping) break
+      await new Promise<void>((resolve) => {
+        replaced.set(index, resolve)
+        worker.once('exit', () => stopping && resolve())
+        send(worker, { edgepg: 'retire' })
+      })
+      replaced.delete(index)
+    }
+    handingOver = false
+    o.log({ handover: stopping ? 'cut short: stopping' : 'done', workers: live.size })
   })
 }

@@ -7,7 +7,7 @@ import { SharedPlaces, type PlacesOf, type PlacesToPrimary, type PlacesToWorker 
 import type { SignalMessage } from '../ws/signals'
 
 export type ToPrimary = PlacesToPrimary | { edgepg: 'metrics'; id: number } | SignalMessage
-export type ToWorker = PlacesToWorker | { edgepg: 'metrics'; id: number; body?: string; error?: string } | SignalMessage
+export type ToWorker = PlacesToWorker | { edgepg: 'metrics'; id: number; body?: string; error?: string } | SignalMessage | { edgepg: 'retire' }
 
 /** What a proxy in a worker asks its primary for. */
 export interface ClusterLink {
@@ -21,6 +21,8 @@ export interface ClusterLink {
   signal(m: SignalMessage): void
   /** Signals other workers send this one's sessions. */
   onSignal?: (m: SignalMessage) => void
+  /** The primary replaces this worker (a handover): it stops accepting and drains, and another takes its place once it has exited. */
+  onRetire?: () => void
 }
 
 /** This worker's link, once the primary has told it what a replacement worker needs to know. */
@@ -37,6 +39,7 @@ export async function workerLink(workers: number, index: number) {
       metricsWaiting.get(m.id)?.(m)
       metricsWaiting.delete(m.id)
     } else if (m?.edgepg === 'signal') link.onSignal?.(m)
+    else if (m?.edgepg === 'retire') link.onRetire?.()
     else if (m?.edgepg === 'places') {
       if (m.op !== 'known') return limits.get(m.name)?.hear(m)
       leases = m.leases
