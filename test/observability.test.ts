@@ -23,6 +23,7 @@ import type { OutcomeKind } from '../proxy/ws/session'
 import { healthHandler } from '../proxy/admin/health'
 import { parseConfig } from '../proxy/config'
 import { Client } from '../src/index'
+import { neonConfig, Client as NeonClient } from '@neondatabase/serverless'
 import { PASSWORD, freePort, type Role } from './support/stack'
 import { edgeConfig, testPostgres, eventually, within } from './support/helpers'
 import { startChildProxy } from './support/child-proxy'
@@ -575,6 +576,29 @@ describe('session log', () => {
       const text = JSON.stringify(p.logs)
       for (const secret of [PASSWORD, wrong, marker, 'text-', 'param-', 'SELECT']) assert.ok(!text.includes(secret), `"${secret}" appears in the session log: ${text}`)
     })
+  })
+})
+
+test("a login in band (Neon's driver sends its startup over the open WebSocket) is logged with its user and database too, refused or not", async () => {
+  const keys = ['webSocketConstructor', 'useSecureWebSocket', 'pipelineConnect', 'wsProxy'] as const
+  const saved = Object.fromEntries(keys.map((k) => [k, neonConfig[k]]))
+  await withProxy({}, async (p) => {
+    Object.assign(neonConfig, { webSocketConstructor: WebSocket, useSecureWebSocket: false, pipelineConnect: false, wsProxy: () => `127.0.0.1:${p.port}/v2` })
+    try {
+      const { host, port, database } = PG
+      const ok = new NeonClient({ host, port, database, user: 'scram_user', password: PASSWORD })
+      await ok.connect()
+      await ok.query('SELECT 1')
+      await ok.end()
+      const refused = new NeonClient({ host, port, user: 'password_user', password: 'wrong' })
+      refused.on('error', () => {})
+      await assert.rejects(refused.connect(), (err: any) => err.code === '28P01')
+      await eventually(() => p.logs.length === 2, 'both sessions logged')
+      assert.deepEqual(p.logs.map((l) => [l.kind, l.user, l.database]), [['ok', 'scram_user', database], ['refused_by_postgres', 'password_user', 'password_user']], 'the database defaults to the user, as in Postgres')
+      assert.ok(!JSON.stringify(p.logs).includes(PASSWORD))
+    } finally {
+      Object.assign(neonConfig, saved)
+    }
   })
 })
 

@@ -53,6 +53,8 @@ export interface StartupIO {
   connect(login: boolean): Promise<void>
   /** The CancelRequest to forward for the one the client sent, or why none goes. */
   routeCancel(packet: Buffer): Routed | Promise<Routed>
+  /** Who the StartupMessage says logs in, to which database (Postgres's default: the user's name), for the log. */
+  named?(user: string, database: string): void
 }
 
 export type StartupOutcome =
@@ -83,6 +85,7 @@ export async function runStartup(io: StartupIO): Promise<StartupOutcome> {
     startup = await read()
   }
   if (startup.kind === 'gssenc') throw new ProtocolError('unsupported frontend protocol 1234.5680')
+  if (startup.kind === 'startup' && startup.user) io.named?.(startup.user, startup.database || startup.user)
   if (startup.kind === 'cancel') {
     const routed = await io.routeCancel(startup.packet)
     if ('refused' in routed) return { kind: 'cancel', why: routed.refused }

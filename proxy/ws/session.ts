@@ -25,7 +25,7 @@ export interface SessionLog {
   kind: OutcomeKind
   /** The login failed its authentication: SQLSTATE class 28 from Postgres, or the proxy's SCRAM exchange. */
   authFailed: boolean
-  /** Who logged in, to which database, where the upgrade carried the login (by token: the token's role). Never a password or a token. */
+  /** Who logged in, to which database (by token: the token's role). Never a password or a token. */
   user?: string
   database?: string
 }
@@ -137,6 +137,8 @@ class Session implements RunningSession {
   private abandoned = false
   /** The client's ReadyForQuery count its last cancel named: one cancel per statement. */
   private cancelled = -1
+  /** Who the startup in band logged in, to which database (the upgrade's login is named by its caller). */
+  private named?: { user: string; database: string }
 
   constructor(private readonly ws: WebSocket, private readonly o: SessionOptions) {
     this.upstream = o.upstream
@@ -155,7 +157,7 @@ class Session implements RunningSession {
       this.abandon()
       const { peer, log } = this.o
       const { outcome, kind, authFailed, bytesIn, bytesOut } = this
-      log?.({ peer, upstream: this.upstream.name, durationMs: Date.now() - this.started, bytesIn, bytesOut, outcome, kind, authFailed })
+      log?.({ peer, upstream: this.upstream.name, durationMs: Date.now() - this.started, bytesIn, bytesOut, outcome, kind, authFailed, ...this.named })
     })
     ws.on('error', (err) => {
       this.ended('client_error', `client error: ${err.message}`)
@@ -200,6 +202,7 @@ class Session implements RunningSession {
       offload: this.o.offload,
       connect: this.o.connect,
       routeCancel: this.o.routeCancel,
+      named: (user, database) => (this.named = { user, database }),
     }).then((result) => {
       if (result.kind === 'refused') return this.refuse(result.code, result.message)
       if (result.kind === 'cancel') return this.passCancel(result.why)
