@@ -41,12 +41,14 @@ async function show(user) {
   $('#status').dataset.state = 'running'
   $('#status').textContent = `Signing in as ${users[user].name}…`
   $('#error').hidden = true
+  const started = performance.now()
   try {
     const rows = await ordersOf(user, transport)
+    const ms = Math.round(performance.now() - started)
     render(rows)
-    $('#status').dataset.state = 'done'
-    $('#status').dataset.user = user
-    $('#status').textContent = `Signed in as ${users[user].name}: ${rows.length} orders, over ${transport === 'http' ? 'HTTP' : 'a WebSocket'}.`
+    for (const button of document.querySelectorAll('#people button')) button.setAttribute('aria-pressed', String(button.dataset.user === user))
+    Object.assign($('#status').dataset, { state: 'done', user, ms })
+    $('#status').textContent = `Signed in as ${users[user].name}: ${rows.length} orders, over ${transport === 'http' ? 'HTTP' : 'a WebSocket'}, in ${ms} ms (sign-in, login and query).`
   } catch (err) {
     $('#status').dataset.state = 'error'
     $('#error').hidden = false
@@ -58,6 +60,7 @@ for (const [id, { name }] of Object.entries(users)) {
   const button = $('#people').appendChild(document.createElement('button'))
   button.type = 'button'
   button.dataset.user = id
+  button.setAttribute('aria-pressed', 'false')
   button.textContent = name
   button.addEventListener('click', () => show(id))
 }

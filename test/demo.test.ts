@@ -191,6 +191,14 @@ test('the demo initialises a fresh data directory and seeds it', () => {
   assert.match(demo!.output(), /data: .*\(new, seeded with a sample shop\)/, `first start should say it seeded:\n${demo!.output()}`)
 })
 
+test('the console warms the driver and the proxy before it says it is ready: a session over each WebSocket transport, and a warm backend for its login', async () => {
+  const metrics = await (await fetch(`http://127.0.0.1:${ports.proxyPort}/metrics`)).text()
+  const value = (name: string) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(metrics)?.[1])
+  assert.equal(value('edgepg_proxy_sessions_total\\{outcome_kind="ok"\\}'), 2, 'the warm-up sessions, before any run')
+  assert.ok(value('edgepg_proxy_pool_backends') >= 1, 'a backend kept for the console\'s login')
+  assert.equal(await page.evaluate(() => document.querySelector('#status')!.textContent), 'Pick a transport and a delay, then run the query.')
+})
+
 test('Client: the seeded rows; the login rides in the WebSocket upgrade, then one round trip for the query', async () => {
   const r = await runQuery(CUSTOMERS_SQL, 'ws')
   assert.equal(r.state, 'done', `the run failed: ${r.error}`)
@@ -246,6 +254,20 @@ test('the injected delay is real: each round trip costs the chosen RTT', async (
   }
 })
 
+test('Compare all three ends with one table: each transport, its round trips and milliseconds, above the rows', async () => {
+  await page.fill('#sql', CUSTOMERS_SQL)
+  await page.check('input[name=rtt][value="0"]')
+  await page.click('#compare')
+  await page.waitForSelector('#rows #comparison', { timeout: 60_000 })
+  const { rows, next } = await page.evaluate(() => ({
+    rows: Array.from(document.querySelectorAll<HTMLTableRowElement>('#comparison tbody tr'), (tr) => [tr.dataset.transport, tr.dataset.roundTrips, tr.cells[2].textContent]),
+    next: document.querySelector('#comparison')!.nextElementSibling?.tagName,
+  }))
+  same(rows.map(([t, n]) => [t, n]), [['ws', '2'], ['ws-e2e', '4'], ['http', '1']], 'transports and round trips, in the order run')
+  for (const [, , ms] of rows) assert.match(ms!, /^\d+ ms$/)
+  assert.equal(next, 'TABLE', "the last run's rows follow")
+})
+
 test("a Postgres error is shown with its SQLSTATE, and the waterfall still draws the run", async () => {
   const r = await runQuery('SELECT * FROM no_such_table', 'ws')
   assert.equal(r.state, 'error', `the run should fail, state ${r.state}`)
@@ -272,13 +294,17 @@ test('signed-in users: no database password in the page; each sees their own ord
           const s = document.querySelector<HTMLElement>('#status')!
           return (s.dataset.state === 'done' && s.dataset.user === u) || s.dataset.state === 'error'
         }, user, { timeout: 30_000 })
-        const { state, error, customers, orders } = await p.evaluate(() => ({
+        const { state, error, customers, orders, pressed, ms } = await p.evaluate(() => ({
           state: document.querySelector<HTMLElement>('#status')!.dataset.state,
+          pressed: Array.from(document.querySelectorAll<HTMLElement>('#people button[aria-pressed=true]'), (b) => b.dataset.user),
+          ms: document.querySelector<HTMLElement>('#status')!.dataset.ms,
           error: document.querySelector('#error')!.textContent,
           customers: Array.from(document.querySelectorAll<HTMLTableRowElement>('#rows tbody tr'), (tr) => tr.cells[0].textContent!),
           orders: Array.from(document.querySelectorAll<HTMLTableRowElement>('#rows tbody tr'), (tr) => tr.cells[1].textContent!),
         }))
         assert.equal(state, 'done', `${user} over ${transport}: ${error}`)
+        assert.deepEqual(pressed, [user], 'who is signed in is highlighted, and only they')
+        assert.match(ms ?? '', /^\d+$/, 'the query\'s time is shown')
         assert.ok(customers.length > 0, `${user} sees orders`)
         assert.deepEqual([...new Set(customers)], [name], `${user} over ${transport} sees only their own orders`)
         seen[`${user} ${transport}`] = orders
