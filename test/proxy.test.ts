@@ -645,7 +645,8 @@ describe('session log', () => {
 
       const [la, lb] = p.logs
       for (const entry of [la, lb]) {
-        assert.deepEqual(Object.keys(entry).sort(), ['authFailed', 'bytesIn', 'bytesOut', 'durationMs', 'kind', 'outcome', 'peer', 'upstream'])
+        assert.deepEqual(Object.keys(entry).sort(), ['authFailed', 'bytesIn', 'bytesOut', 'database', 'durationMs', 'kind', 'outcome', 'peer', 'upstream', 'user'])
+        assert.deepEqual([entry.user, entry.database], ['trust_user', PG.database], 'the startup in band names who and where')
         assert.match(entry.peer, /127\.0\.0\.1/)
         assert.equal(entry.upstream, UPSTREAM)
         assert.ok(Number.isFinite(entry.durationMs) && entry.durationMs >= 0, `durationMs ${entry.durationMs}`)
@@ -740,7 +741,7 @@ describe('CLI', () => {
       assert.ok(line, `--help documents no ${option} option`)
       assert.ok(line.includes(variable), `--help gives no environment variable for ${option}: ${line}`)
     }
-    assert.match(run.out.stdout, /\/v1\?address=/)
+    assert.match(run.out.stdout, /\?address=host:port on \/v1 or \/v2/)
     assert.match(run.out.stdout, /\/v2/)
     const short = runCli(['-h'], { command: BIN })
     assert.equal((await short.exit()).code, 0)

@@ -1,6 +1,7 @@
 /**
  * Running a POST /sql request's statements on its backend and encoding the results as Neon's
- * protocol has them: a single statement, or a batch in one transaction. What the request sends first
+ * protocol has them: a single statement, or a batch in one transaction, sent in one write with its
+ * BEGIN and COMMIT (one round trip to a Postgres however far; see pipelined). What the request sends first
  * rides in one write with its first statement (the timeout, which also pings a warm backend), and the
  * reset rides behind its last (in transaction pooling, only when its statements may leave something
  * behind or run the database's own code: proxy/isolation/reader.ts; Postgres's command tags can
@@ -8,7 +9,7 @@
  */
 import { DatabaseError } from 'pg-protocol'
 import { setsCustomSetting } from '../pool/idle-watch'
-import { merge, NOTHING } from '../isolation/reader'
+import { merge, NOTHING, read } from '../isolation/reader'
 import type { Field } from './statements'
 import type { Control, Lease } from './lease'
 import { HttpError, ISOLATION_LEVELS, type Flags, type QueryData } from './request'
@@ -73,22 +74,13 @@ export async function runRequest(
   if (flags.isolation) begin.push('ISOLATION LEVEL', ISOLATION_LEVELS[flags.isolation])
   if (flags.readOnly) begin.push('READ ONLY')
   if (flags.deferrable) begin.push('DEFERRABLE')
-  await statements.query(begin.join(' '))
+  const batch = payload.batch!
   try {
-    const results: string[] = []
-    for (const [i, data] of payload.batch!.entries()) {
-      if (ctl.aborted) throw new HttpError(499, 'client went away')
-      results.push(await runStatement(lease, types, ctl, data, flags, budget, limits, true))
-      if (statements.status === 'I') {
-        throw new HttpError(400, `statement ${i + 1} of the batch ended its transaction; COMMIT, ROLLBACK and the like are not allowed in a batch`, '25000')
-      }
-    }
+    const results = batch.every((q) => !MAY_COPY.test(q.query) && !(lease.lender?.read ?? read)(q.query).control)
+      ? await pipelined(lease, ctl, begin.join(' '), (data, after) => runStatement(lease, types, ctl, data, flags, budget, limits, true, after), batch, () => resetBehind('COMMIT'))
+      : await oneByOne(lease, ctl, begin.join(' '), (data) => runStatement(lease, types, ctl, data, flags, budget, limits, true), batch, () => resetBehind('COMMIT'))
     const json = `{"results":[${results.join(',')}]}`
     if (Buffer.byteLength(json) > maxResponse) throw new TooLarge()
-    if (ctl.aborted) throw new HttpError(499, 'client went away')
-    const commit = statements.query('COMMIT')
-    resetBehind('COMMIT')
-    await commit
     const headers: Record<string, string> = {}
     if (flags.isolation) headers['neon-batch-isolation-level'] = flags.isolation
     if (flags.readOnly) headers['neon-batch-read-only'] = 'true'
@@ -98,7 +90,50 @@ export async function runRequest(
     if (!ctl.tainted && statements.status !== 'I') await statements.query('ROLLBACK').catch(() => (ctl.tainted = true))
     throw err
   }
+}
+
+type Run = (data: QueryData, after?: Promise<unknown>) => Promise<string>
+
+/**
+ * A batch in one write with its BEGIN and COMMIT: one round trip to Postgres, however far it is.
+ * After an error Postgres fails the statements behind it in the aborted transaction and answers the
+ * COMMIT with a rollback; the first error, in order, is the batch's.
+ */
+async function pipelined(lease: Lease, ctl: Control, begin: string, run: Run, batch: QueryData[], resetBehind: () => void): Promise<string[]> {
+  if (ctl.aborted) throw new HttpError(499, 'client went away')
+  const { statements } = lease
+  let before: Promise<unknown> = statements.query(begin)
+  const sent = [before]
+  ctl.running = true
+  for (const data of batch) sent.push((before = run(data, before)))
+  const commit = statements.query('COMMIT')
+  resetBehind()
+  sent.push(commit)
+  const settled = await Promise.allSettled(sent)
+  ctl.running = false
+  const failed = settled.find((s) => s.status === 'rejected')
+  if (failed) throw (failed as PromiseRejectedResult).reason
+  return settled.slice(1, -1).map((s) => (s as PromiseFulfilledResult<string>).value)
+}
+
+/** A batch one statement at a time, each after the answer to the one before: where one may end the transaction, or be a COPY that nothing may follow. */
+async function oneByOne(lease: Lease, ctl: Control, begin: string, run: Run, batch: QueryData[], resetBehind: () => void): Promise<string[]> {
+  const { statements } = lease
+  await statements.query(begin)
+  const results: string[] = []
+  for (const [i, data] of batch.entries()) {
+    if (ctl.aborted) throw new HttpError(499, 'client went away')
+    results.push(await run(data))
+    if (statements.status === 'I') {
+      throw new HttpError(400, `statement ${i + 1} of the batch ended its transaction; COMMIT, ROLLBACK and the like are not allowed in a batch`, '25000')
+    }
   }
+  if (ctl.aborted) throw new HttpError(499, 'client went away')
+  const commit = statements.query('COMMIT')
+  resetBehind()
+  await commit
+  return results
+}
 
 /** Runs one statement; resolves with its result as JSON text. */
 async function runStatement(
@@ -109,7 +144,9 @@ async function runStatement(
   flags: Flags,
   budget: { used: number },
   { maxResponse, statementTimeout }: RunLimits,
-  inBatch: boolean
+  inBatch: boolean,
+  /** Pipelined behind another statement: its timer starts once that one is answered, and the batch keeps ctl.running. */
+  after?: Promise<unknown>
 ): Promise<string> {
   const arrayMode = data.arrayMode ?? flags.arrayMode
   const rawRows: Array<Array<string | null>> = []
@@ -141,16 +178,20 @@ async function runStatement(
   }
 
   if (setsCustomSetting(data.query) || lease.lender?.read(data.query).unseen) lease.customSetting = true
-  ctl.running = true
+  if (!after) ctl.running = true
   // Postgres's statement_timeout fires by itself for a lone statement it was SET for; the proxy's
   // timer is for a batch, whose statements may lift it (SET in a batch), and for where nothing was
   // SET, where it is the only one.
-  const timer = statementTimeout > 0 && (inBatch || !lease.timeoutSet)
-    ? setTimeout(() => {
-        ctl.timedOut = true
-        ctl.cancel()
-      }, statementTimeout + (lease.timeoutSet ? TIMEOUT_GRACE_MS : 0))
-    : undefined
+  let timer: NodeJS.Timeout | undefined
+  let done = false
+  const arm = () => {
+    if (done || !(statementTimeout > 0 && (inBatch || !lease.timeoutSet))) return
+    timer = setTimeout(() => {
+      ctl.timedOut = true
+      ctl.cancel()
+    }, statementTimeout + (lease.timeoutSet ? TIMEOUT_GRACE_MS : 0))
+  }
+  after ? after.then(arm, arm) : arm()
   let result
   try {
     result = await lease.statements.execute(data.query, data.params, onRow)
@@ -162,7 +203,8 @@ async function runStatement(
     }
     throw err
   } finally {
-    ctl.running = false
+    if (!after) ctl.running = false
+    done = true
     clearTimeout(timer)
   }
   if (ctl.tooLarge) throw new TooLarge()

@@ -1,0 +1,74 @@
+/**
+ * A proxy near its users, far from Postgres (issue 35's topology B): a relay between edgepg-proxy and
+ * Postgres holds every chunk half an RTT each way, so time counts proxy↔Postgres round trips.
+ */
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { httpSql } from '../src/index'
+import { startDelayRelay } from './support/delay-relay'
+import { pgConfig, scratchTable, startProxy, testPostgres } from './support/helpers'
+
+const ONE_WAY_MS = 60
+let relay: Awaited<ReturnType<typeof startDelayRelay>>
+let proxy: Awaited<ReturnType<typeof startProxy>>
+let table: Awaited<ReturnType<typeof scratchTable>>
+
+before(async () => {
+  relay = await startDelayRelay(testPostgres(), ONE_WAY_MS)
+  proxy = await startProxy({ upstream: `127.0.0.1:${relay.port}` })
+  table = await scratchTable('far', 'id int PRIMARY KEY, n int NOT NULL')
+  await table.tcp.query(`INSERT INTO ${table.name} VALUES (1, 0)`)
+})
+
+after(async () => {
+  await proxy?.close()
+  await relay?.close()
+  await table?.drop()
+})
+
+const sqlFar = () => {
+  const { user, password, database } = pgConfig('scram_user')
+  return httpSql(`postgresql://${user}:${encodeURIComponent(String(password))}@127.0.0.1:${relay.port}/${database}`, { fetchEndpoint: `http://127.0.0.1:${proxy.port}/sql` })
+}
+
+/** The round trips to Postgres `fn` took, as whole RTTs (elapsed / RTT, rounded down). */
+async function roundTrips(fn: () => Promise<unknown>) {
+  const t0 = performance.now()
+  await fn()
+  return Math.floor((performance.now() - t0) / relay.rttMs)
+}
+
+test('/sql: a batch (sql.transaction) reaches Postgres in one round trip, with its BEGIN, COMMIT and reset', async () => {
+  const sql = sqlFar()
+  await sql.query('SELECT 1') // (the key's first login: a backend near the proxy's end of the link)
+  const update = `UPDATE ${table.name} SET n = n + 1 WHERE id = 1`
+  const trips = await roundTrips(async () => {
+    const [updated, [row]] = (await sql.transaction([sql.query(update), sql.query(`SELECT n FROM ${table.name} WHERE id = 1`)])) as [unknown[], Array<{ n: number }>]
+    assert.deepEqual(updated, [])
+    assert.equal(row.n, 1)
+  })
+  assert.equal(trips, 1, `${trips} round trips of ${relay.rttMs} ms`)
+})
+
+test('/sql: a batch that fails in one round trip: the first error is its own (not "transaction aborted"), and what ran before it is rolled back', async () => {
+  const sql = sqlFar()
+  await sql.query('SELECT 1')
+  const { rows: [before] } = await table.tcp.query(`SELECT n FROM ${table.name} WHERE id = 1`)
+  let err: any
+  const trips = await roundTrips(async () => {
+    err = await sql.transaction([sql.query(`UPDATE ${table.name} SET n = n + 1 WHERE id = 1`), sql.query('SELECT 1 / 0'), sql.query('SELECT 2')]).catch((e) => e)
+  })
+  assert.equal(err?.code, '22012', `the division's error: ${err?.message}`)
+  assert.equal(trips, 1, `${trips} round trips of ${relay.rttMs} ms`)
+  const { rows: [after] } = await table.tcp.query(`SELECT n FROM ${table.name} WHERE id = 1`)
+  assert.equal(after.n, before.n, 'the update before the error rolled back')
+  assert.deepEqual(await sql.query('SELECT 3 AS three'), [{ three: 3 }], 'the next request runs')
+})
+
+test('/sql: a batch that may end its transaction goes statement by statement, and is refused as before', async () => {
+  const sql = sqlFar()
+  const err: any = await sql.transaction([sql.query('SELECT 1'), sql.query('COMMIT'), sql.query(`UPDATE ${table.name} SET n = n + 100 WHERE id = 1`)]).catch((e) => e)
+  assert.match(String(err?.message), /statement 2 of the batch ended its transaction/)
+  const { rows: [row] } = await table.tcp.query(`SELECT n FROM ${table.name} WHERE id = 1`)
+  assert.ok(row.n < 100, 'the statement after the COMMIT never ran')
+})
