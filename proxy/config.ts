@@ -58,6 +58,7 @@ export const SETTINGS = {
   poolStatements: { flag: 'pool-statements', env: 'EDGEPG_POOL_STATEMENTS', arg: 'n', kind: 'count', default: '100', help: "transaction mode: named statements each backend keeps for its sessions" },
   poolIdleTimeout: { flag: 'pool-idle-timeout', env: 'EDGEPG_POOL_IDLE_TIMEOUT', arg: 'ms', kind: 'ms', default: '60000', help: 'close a pooled backend idle this long' },
   poolMaxLifetime: { flag: 'pool-max-lifetime', env: 'EDGEPG_POOL_MAX_LIFETIME', arg: 'ms', kind: 'ms', default: '1800000', help: 'close a pooled backend this old (a changed password stops being honoured within it)' },
+  poolKeepWarm: { flag: 'pool-keep-warm', env: 'EDGEPG_POOL_KEEP_WARM', arg: 'ms', kind: 'ms', default: '3600000', help: 'keep one backend logged in for each user and database used this recently, past --pool-idle-timeout (in transaction mode, its replacement logged in before --pool-max-lifetime ends it): no login after the first pays the link to Postgres (0: none)' },
   noSql: { flag: 'no-sql', env: 'EDGEPG_NO_SQL', kind: 'switch', help: 'turn off POST /sql' },
   noAuthOffload: { flag: 'no-auth-offload', env: 'EDGEPG_NO_AUTH_OFFLOAD', kind: 'switch', help: 'relay the startup untouched: clients authenticate with Postgres end to end' },
   trustProxy: { flag: 'trust-proxy', env: 'EDGEPG_TRUST_PROXY', arg: 'cidr', kind: 'list', help: "a load balancer's address range: from it, take the client's address from the PROXY protocol or X-Forwarded-For (repeatable)" },
@@ -251,6 +252,7 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
         maxBackends: value('poolMaxBackends', number(0)),
         idleTimeoutMs: value('poolIdleTimeout', number(1)),
         maxLifetimeMs: value('poolMaxLifetime', number(1)),
+        keepWarmMs: value('poolKeepWarm', number(0)),
         mode: value('poolMode', (t, s) => {
           if (t !== 'session' && t !== 'transaction') throw new ConfigError(`${s} must be session or transaction, not "${t}"`)
           return t

@@ -133,7 +133,7 @@ export function createProxy(options: ProxyOptions): Proxy {
   // --pool-size bounds a key's backends: all of them in transaction mode, where they are all idle at
   // times; in session mode those kept idle, and /sql's at once (so that none it gives back is closed).
   const size = options.pool?.size ?? 20
-  const poolOptions = { ...options.pool, maxIdlePerKey: options.pool?.maxIdlePerKey ?? size }
+  const poolOptions = { keepWarmMs: 3_600_000, ...options.pool, maxIdlePerKey: options.pool?.maxIdlePerKey ?? size }
   const pool = new BackendPool(poolOptions, (event) => metrics.poolEvent(event))
   const budget = new BufferBudget(options.maxClientBufferBytes ?? 256 << 20, options.maxMessageBytes ?? 64 << 20)
   const metrics = createMetrics(() => ({ pool: pool.size, logins: logins.counts, buffered: budget.total, lending: lenders?.counts ?? { lent: 0, waiting: 0 }, keys: lenders?.keys ?? [] }), options.cluster?.metrics)

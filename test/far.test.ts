@@ -4,9 +4,9 @@
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { httpSql } from '../src/index'
+import { Client, httpSql } from '../src/index'
 import { startDelayRelay } from './support/delay-relay'
-import { pgConfig, scratchTable, startProxy, testPostgres } from './support/helpers'
+import { edgeConfig, eventually, pgConfig, scratchTable, startProxy, testPostgres } from './support/helpers'
 
 const ONE_WAY_MS = 60
 let relay: Awaited<ReturnType<typeof startDelayRelay>>
@@ -71,4 +71,29 @@ test('/sql: a batch that may end its transaction goes statement by statement, an
   assert.match(String(err?.message), /statement 2 of the batch ended its transaction/)
   const { rows: [row] } = await table.tcp.query(`SELECT n FROM ${table.name} WHERE id = 1`)
   assert.ok(row.n < 100, 'the statement after the COMMIT never ran')
+})
+
+test("no cliff after idle: a key's last backend stays past --pool-idle-timeout and is replaced before --pool-max-lifetime, so a fresh Client's first row costs one round trip to Postgres", async () => {
+  const LIFETIME_MS = 8000
+  const near = await startProxy({ upstream: `127.0.0.1:${relay.port}`, pool: { idleTimeoutMs: 300, maxLifetimeMs: LIFETIME_MS } })
+  const renewals = async () => Number(/^edgepg_proxy_pool_renewals_total (\d+)$/m.exec(await (await fetch(`http://127.0.0.1:${near.port}/metrics`)).text())?.[1])
+  const firstRow = async () => {
+    const client = new Client(edgeConfig(near.port))
+    const trips = await roundTrips(async () => {
+      await client.connect()
+      assert.deepEqual((await client.query('SELECT 1 AS one')).rows, [{ one: 1 }])
+    })
+    await client.end()
+    return trips
+  }
+  try {
+    assert.ok((await firstRow()) >= 3, "the key's first login crosses the link, several times")
+    await new Promise((r) => setTimeout(r, 1000)) // (past the idle timeout, three times over)
+    assert.equal(await firstRow(), 1, 'after idling: the login answered near the client, the query one round trip')
+    await eventually(async () => (await renewals()) >= 1, 'the backend replaced ahead of its lifetime', LIFETIME_MS + 5000, 200)
+    await new Promise((r) => setTimeout(r, 1500)) // (the old one past its lifetime now)
+    assert.equal(await firstRow(), 1, 'after the lifetime: its replacement, already logged in')
+  } finally {
+    await near.close()
+  }
 })

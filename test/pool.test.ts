@@ -415,7 +415,7 @@ test('cancel: a session on a pooled backend cancels its query; a stale key from 
 })
 
 test('bounded: idle backends per key (--pool-size) and in all, /sql per key, idle timeout; off (or end-to-end auth) means a backend per session', async () => {
-  const proxy = await startProxy({ size: 2, maxBackends: 3, idleTimeoutMs: 800 })
+  const proxy = await startProxy({ size: 2, maxBackends: 3, idleTimeoutMs: 800, keepWarmMs: 0 }) // (keeping the last warm: test/far.test.ts)
   try {
     const app = 'edgepg-pool-bounds'
     const pool = new Pool({ ...config(proxy, 'scram_user', { application_name: app }), max: 4 })
@@ -486,19 +486,19 @@ test('the pool’s flags and environment variables reach the proxy’s options; 
   const { parseConfig } = await import('../proxy/config')
   const options = (argv: string[], env: Record<string, string> = {}) => (parseConfig(['--upstream', '127.0.0.1:5432', ...argv], env) as any).options.pool
   const lending = { mode: 'transaction', size: 20, timeoutMs: 5000, statements: 100, idleInTransactionMs: 60_000, maxPerClient: undefined, maxPinned: undefined }
-  assert.deepEqual(options([]), { enabled: true, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, ...lending })
-  assert.deepEqual(options(['--no-pool', '--pool-size', '3', '--pool-max-backends', '7', '--pool-idle-timeout', '500', '--pool-max-lifetime', '9000']), {
-    enabled: false, maxBackends: 7, idleTimeoutMs: 500, maxLifetimeMs: 9000, ...lending, size: 3,
+  assert.deepEqual(options([]), { enabled: true, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, keepWarmMs: 3_600_000, ...lending })
+  assert.deepEqual(options(['--no-pool', '--pool-size', '3', '--pool-max-backends', '7', '--pool-idle-timeout', '500', '--pool-max-lifetime', '9000', '--pool-keep-warm', '0']), {
+    enabled: false, maxBackends: 7, idleTimeoutMs: 500, maxLifetimeMs: 9000, keepWarmMs: 0, ...lending, size: 3,
   })
-  assert.deepEqual(options([], { EDGEPG_NO_POOL: 'true', EDGEPG_POOL_SIZE: '2', EDGEPG_POOL_MAX_LIFETIME: '1000' }), {
-    enabled: false, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1000, ...lending, size: 2,
+  assert.deepEqual(options([], { EDGEPG_NO_POOL: 'true', EDGEPG_POOL_SIZE: '2', EDGEPG_POOL_MAX_LIFETIME: '1000', EDGEPG_POOL_KEEP_WARM: '5000' }), {
+    enabled: false, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1000, keepWarmMs: 5000, ...lending, size: 2,
   })
   assert.deepEqual(options(['--pool-mode', 'transaction', '--pool-size', '5', '--pool-timeout', '300', '--pool-statements', '9']), {
-    enabled: true, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, ...lending, size: 5, timeoutMs: 300, statements: 9,
+    enabled: true, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, keepWarmMs: 3_600_000, ...lending, size: 5, timeoutMs: 300, statements: 9,
   })
   // The shares of transaction pooling: by default a quarter of --pool-size (proxy/index.ts), here given.
   assert.deepEqual(options(['--max-backends-per-client', '6', '--max-pinned-sessions', '2', '--idle-in-transaction-timeout', '0']), {
-    enabled: true, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, ...lending, maxPerClient: 6, maxPinned: 2, idleInTransactionMs: 0,
+    enabled: true, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, keepWarmMs: 3_600_000, ...lending, maxPerClient: 6, maxPinned: 2, idleInTransactionMs: 0,
   })
   assert.equal(options([], { EDGEPG_MAX_PINNED_SESSIONS: '3' }).maxPinned, 3)
   assert.throws(() => options(['--max-backends-per-client', '0']), /--max-backends-per-client must be an integer ≥ 1, got "0"/)

@@ -159,6 +159,7 @@ export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => P
     hit: new Counter({ name: `${PREFIX}pool_hits_total`, help: 'Sessions served by a warm backend (no fork, no authentication at Postgres)', registers }),
     miss: new Counter({ name: `${PREFIX}pool_misses_total`, help: 'Poolable logins that found no warm backend and went to Postgres', registers }),
     reset: new Counter({ name: `${PREFIX}pool_resets_total`, help: 'Backends reset and kept when their session ended', registers }),
+    renew: new Counter({ name: `${PREFIX}pool_renewals_total`, help: "Backends logged in ahead of need to replace a key's last one before its lifetime ended (--pool-keep-warm)", registers }),
     discard: new Counter({ name: `${PREFIX}pool_discards_total`, help: 'Pooled backends closed (busy or broken at the end of a session, failed reset or ping, idle timeout, lifetime, limits)', registers }),
   }
   const lends = new Counter({ name: `${PREFIX}lends_total`, help: 'Transaction pooling: backends lent to sessions', registers })

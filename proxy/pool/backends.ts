@@ -38,6 +38,12 @@ export interface PoolOptions {
   /** Close a backend this old (ms) rather than pool it again: a changed password stops being honoured within it. Default 30 min. */
   maxLifetimeMs?: number
   /**
+   * Keep one backend of each key used this recently (ms) past the idle timeout, and log a fresh one
+   * in before its lifetime ends (where the key's lender said how: renewWith), so that no login after
+   * the first pays the link to Postgres. Default 0: none.
+   */
+  keepWarmMs?: number
+  /**
    * 'transaction' (the default): a WebSocket session whose login the proxy runs, and a /sql request,
    * holds a backend only while it runs something (proxy/ws/lent-session.ts). 'session': a session
    * holds one from its login to its end.
@@ -59,7 +65,7 @@ export interface PoolOptions {
   reader?: (sql: string) => Reading
 }
 
-export type PoolEvent = 'hit' | 'miss' | 'reset' | 'discard'
+export type PoolEvent = 'hit' | 'miss' | 'reset' | 'discard' | 'renew'
 
 /** Longest wait for Postgres's answer to a reset or a ping. */
 const ANSWER_TIMEOUT_MS = 5000
@@ -130,6 +136,11 @@ export class BackendPool {
   private readonly maxBackends: number
   private readonly idleTimeoutMs: number
   private readonly maxLifetimeMs: number
+  private readonly keepWarmMs: number
+  /** When each key last served a login or a lend. */
+  private readonly lastUsed = new Map<string, number>()
+  /** How to log in another backend of a key, to replace its last before it ages out; and who hears of it. */
+  private readonly renewers = new Map<string, { login: () => Promise<{ upstream: Upstream; outcome: LoginOutcome }>; renewed?: (backend: Backend) => void }>()
   private closed = false
 
   constructor(options: PoolOptions = {}, private readonly onEvent: (event: PoolEvent) => void = () => {}) {
@@ -138,6 +149,12 @@ export class BackendPool {
     this.maxBackends = options.maxBackends ?? 100
     this.idleTimeoutMs = options.idleTimeoutMs ?? 60_000
     this.maxLifetimeMs = options.maxLifetimeMs ?? 30 * 60_000
+    this.keepWarmMs = options.keepWarmMs ?? 0
+  }
+
+  /** How a key's backends are logged in: keepWarmMs replaces its last one this way before it ages out, then tells `renewed`. */
+  renewWith(key: string, login: () => Promise<{ upstream: Upstream; outcome: LoginOutcome }>, renewed?: (backend: Backend) => void) {
+    this.renewers.set(key, { login, renewed })
   }
 
   /** Backends owned, and how many of them are idle. */
@@ -178,6 +195,7 @@ export class BackendPool {
         this.discard(backend)
         continue
       }
+      this.lastUsed.set(key, Date.now())
       this.onEvent('hit')
       return backend
     }
@@ -213,6 +231,7 @@ export class BackendPool {
     if (!this.enabled || this.closed || this.owned.size >= this.maxBackends || !answered.some((m) => m[0] === ServerMessage.BackendKeyData)) return undefined
     const backend = new Backend(upstream, key, answered)
     this.owned.set(`${upstream.name} ${backend.key.pid}`, backend)
+    this.lastUsed.set(key, Date.now())
     upstream.on('close', () => {
       this.forget(backend)
       backend.queue?.fail(new Error('Postgres closed the connection'))
@@ -255,8 +274,7 @@ export class BackendPool {
       backend.resetting = undefined
       if (!ok) return this.evict(backend, true), false // (a query of the session's may still be running)
       if (!ending.clean) this.onEvent('reset')
-      const left = Math.min(this.idleTimeoutMs, backend.born + this.maxLifetimeMs - Date.now())
-      backend.idleTimer = setTimeout(() => this.evict(backend), Math.max(0, left)).unref()
+      this.idleFor(backend, this.idleTimeoutMs)
       return true
     })
   }
@@ -275,6 +293,52 @@ export class BackendPool {
 
   private expired(backend: Backend) {
     return Date.now() - backend.born >= this.maxLifetimeMs
+  }
+
+  /** An idle backend's next look, `ms` from now or at its lifetime's end (a kept one: when it is due to be replaced). */
+  private idleFor(backend: Backend, ms: number) {
+    const ageLeft = backend.born + this.maxLifetimeMs - Date.now()
+    const due = this.keepWarmMs && this.renewers.has(backend.poolKey) ? ageLeft - this.renewAhead : ageLeft
+    backend.idleTimer = setTimeout(() => this.idleLong(backend), Math.max(0, Math.min(ms, due))).unref()
+  }
+
+  /** Before a kept backend's lifetime ends, its replacement logs in: a tenth of the lifetime ahead, at most a minute. */
+  private get renewAhead() {
+    return Math.min(60_000, this.maxLifetimeMs / 10)
+  }
+
+  /**
+   * An idle backend's idle timeout, or its lifetime, is up: closed, unless it is its key's last and
+   * the key was used within keepWarmMs; then kept, and replaced by a fresh login before it ages out.
+   */
+  private idleLong(backend: Backend) {
+    const key = backend.poolKey
+    const used = this.lastUsed.get(key) ?? 0
+    const now = Date.now()
+    if (this.closed || this.idleCount(key) !== 1 || now - used >= this.keepWarmMs) {
+      if (this.idleCount(key) === 1 && now - used >= this.keepWarmMs) this.renewers.delete(key), this.lastUsed.delete(key) // (a key gone quiet)
+      return this.evict(backend)
+    }
+    const ageLeft = backend.born + this.maxLifetimeMs - now
+    const renew = this.renewers.get(key)
+    if (renew && ageLeft <= this.renewAhead) return void this.renew(key, renew.login).then(
+      (fresh) => (fresh && renew.renewed?.(fresh), this.evict(backend)),
+      () => this.evict(backend)
+    )
+    if (ageLeft <= 0) return this.evict(backend)
+    this.idleFor(backend, used + this.keepWarmMs - now)
+  }
+
+  /** A fresh backend for `key`, logged in ahead of need and kept idle. */
+  private async renew(key: string, login: () => Promise<{ upstream: Upstream; outcome: LoginOutcome }>): Promise<Backend | undefined> {
+    const { upstream, outcome } = await login().catch(() => ({ upstream: undefined, outcome: undefined }))
+    const used = this.lastUsed.get(key) ?? 0
+    const backend = upstream && outcome?.kind === 'ready' ? this.adopt(key, upstream, outcome.answer) : undefined
+    if (!backend) return void upstream?.close()
+    this.lastUsed.set(key, used) // (a renewal is no use of the key)
+    this.giveBack(backend, { pending: 0, status: TxStatus.Idle, reusable: true, clean: true })
+    this.onEvent('renew')
+    return backend
   }
 
   /**

@@ -114,8 +114,8 @@ export class Lender {
   constructor(
     private readonly pool: BackendPool,
     readonly key: string,
-    /** The first login's: every later login of the key is answered with its answer. */
-    private readonly answer: Backend,
+    /** The first login's (or the newest renewal's): every later login of the key is answered with its answer. */
+    private answer: Backend,
     readonly size: number,
     readonly timeoutMs: number,
     private readonly login: () => Promise<{ upstream: Upstream; outcome: LoginOutcome }>,
@@ -129,11 +129,14 @@ export class Lender {
     const user = startup.kind === 'startup' ? startup.user : ''
     this.role = `${upstream} ${user}`
     this.verification = verification(user)
+    // A backend logged in afresh ahead of need answers logins from now on: the answer is no older than it.
+    pool.renewWith(key, login, (renewed) => ((this.answer = renewed), (this.born = Date.now())))
     pool.giveBack(answer, CLEAN)
     this.afterReset(answer)
   }
 
-  readonly born = Date.now()
+  /** When its answer was Postgres's: it answers logins for the pool's lifetime from then. */
+  born = Date.now()
 
   /** A login of this key, answered as the first was, with a processID and a cancel secret of its own: the answer, and the key it tells. */
   welcome(pid: number): { outcome: LoginOutcome; told: BackendKey } {
