@@ -13,6 +13,7 @@ import net from 'node:net'
 import { spawn, type ChildProcess } from 'node:child_process'
 import { createHash } from 'node:crypto'
 import { chmod, mkdir, mkdtemp, readFile, rm } from 'node:fs/promises'
+import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { setTimeout as sleep } from 'node:timers/promises'
@@ -611,6 +612,30 @@ test('the upstream socket has TCP_NODELAY on', async () => {
       assert.equal((socket as any)[key], true)
     }
     await client.end()
+  } finally {
+    capture.restore()
+    await p.close()
+  }
+})
+
+test('the upstream socket has TCP keepalive on, as the kernel reports it: a pooled backend idle across a WAN stays open, or is noticed gone', async () => {
+  const capture = captureUpstreams(PG.port)
+  const p = await startLocalProxy()
+  try {
+    const client = edgeClient(p.url('/v2'))
+    await client.connect()
+    await client.query('SELECT 1')
+    await client.end() // (its backend idle in the pool now)
+    await capture.socket()
+    const ports = capture.calls.map((c) => c.socket.localPort).filter((port): port is number => port !== undefined)
+    assert.ok(ports.length > 0)
+    // /proc/net/tcp: "sl local rem st tx:rx tr:when …": tr 2 is the keepalive timer, armed on an idle socket with SO_KEEPALIVE.
+    const hex = (port: number) => port.toString(16).toUpperCase().padStart(4, '0')
+    await eventually(() => {
+      const rows = readFileSync('/proc/net/tcp', 'utf8').split('\n').map((l) => l.trim().split(/\s+/))
+      const ours = rows.filter((r) => ports.some((port) => r[1]?.endsWith(`:${hex(port)}`) && r[2]?.endsWith(`:${hex(PG.port)}`)) && r[3] === '01')
+      return ours.length > 0 && ours.every((r) => r[5].startsWith('02:'))
+    }, 'the kernel to report the keepalive timer on each established upstream socket', 3000)
   } finally {
     capture.restore()
     await p.close()

@@ -6,6 +6,12 @@ import { cancelRequest, UpstreamError, type BackendKey } from '../wire/startup'
 import { SslAnswer } from '../wire/codes'
 
 /**
+ * TCP keepalive on links to Postgres, after this long idle: a link across a WAN (NATs and firewalls
+ * drop idle flows) is kept open, and one that died is noticed by the kernel rather than at its next use.
+ */
+const KEEPALIVE_MS = 30_000
+
+/**
  * TLS from the proxy to Postgres, as libpq's sslmode names it: the operator's floor (clients may
  * ask for more with pg's `ssl`, never for less).
  */
@@ -63,7 +69,7 @@ export class Upstream {
   /** Connects when connect() is called: no Postgres connection before it is needed. */
   constructor(readonly target: HostPort, private tlsOptions?: UpstreamTls) {
     this.name = formatHostPort(target)
-    this.tcp = this.socket = new net.Socket().setNoDelay(true)
+    this.tcp = this.socket = new net.Socket().setNoDelay(true).setKeepAlive(true, KEEPALIVE_MS)
     this.tcp.on('data', this.fromTcp)
     this.tcp.on('drain', () => this.socket === this.tcp && this.onDrain?.())
     this.tcp.on('end', () => (this.gone = true))
