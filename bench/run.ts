@@ -24,11 +24,12 @@ import { attack } from './attack'
 import { pool } from './pool'
 import { workers } from './workers'
 import { isolation } from './isolation'
+import { where } from './where'
 import { passes, type BenchContext, type ProxyMode, type Row, type Section } from './lib'
 import { startProxy, type RunningProxy } from './proxy'
 
 const SECTIONS: Section[] = [core, connect, sessions, proxycost, loadBench]
-SECTIONS.push(httpBench, bundle, stop, workerd, attack, pool, workers, isolation)
+SECTIONS.push(httpBench, bundle, stop, workerd, attack, pool, workers, isolation, where)
 
 const args = process.argv.slice(2)
 const proxyArg = args.find((a) => a.startsWith('--proxy='))?.slice('--proxy='.length) ?? 'child'
