@@ -40,7 +40,7 @@ export interface PoolOptions {
   /**
    * Keep one backend of each key used this recently (ms) past the idle timeout, and log a fresh one
    * in before its lifetime ends (where the key's lender said how: renewWith), so that no login after
-   * the first pays the link to Postgres. Default 0: none.
+   * the first pays the link to Postgres. Default 0 here (none); the proxy's: 1 h (--pool-keep-warm).
    */
   keepWarmMs?: number
   /**
