@@ -22,11 +22,13 @@ const dockerfile = readFileSync(join(root, 'Dockerfile'), 'utf8')
 const stage = dockerfile.slice(dockerfile.lastIndexOf('\nFROM '))
 const app = mkdtempSync(join(tmpdir(), 'edgepg-docker-'))
 
+/** Its instructions, each on one line (continuations joined). */
+const joined = stage.replace(/\\\n\s*/g, '')
 /** An instruction's JSON-array form (ENTRYPOINT, HEALTHCHECK's CMD). */
-const execForm = (instruction: RegExp) => JSON.parse(instruction.exec(stage.replace(/\\\n\s*/g, ''))![1]) as string[]
+const execForm = (instruction: RegExp) => JSON.parse(instruction.exec(joined)![1]) as string[]
 const entrypoint = execForm(/^ENTRYPOINT (\[.*\])$/m)
 const healthcheck = execForm(/^HEALTHCHECK .*CMD (\[.*\])$/m)
-const env = Object.fromEntries([...stage.replace(/\\\n\s*/g, '').matchAll(/^ENV (.*)$/gm)].flatMap((m) => [...m[1].matchAll(/(\w+)=(\S+)/g)].map((kv) => [kv[1], kv[2]])))
+const env = Object.fromEntries([...joined.matchAll(/^ENV (.*)$/gm)].flatMap((m) => [...m[1].matchAll(/(\w+)=(\S+)/g)].map((kv) => [kv[1], kv[2]])))
 
 before(async () => {
   for (const f of ['package.json', 'package-lock.json']) cpSync(join(root, f), join(app, f))

@@ -594,7 +594,8 @@ describe('backpressure', () => {
   })
 })
 
-test('the upstream socket has TCP_NODELAY on', async () => {
+/** Runs `check` on the upstream sockets a proxy opened for one session's query (the session still open). */
+async function withUpstreamSockets(check: (sockets: net.Socket[], end: () => Promise<void>) => Promise<void>) {
   const capture = captureUpstreams(PG.port)
   const p = await startLocalProxy()
   try {
@@ -602,32 +603,31 @@ test('the upstream socket has TCP_NODELAY on', async () => {
     await client.connect()
     await client.query('SELECT 1')
     await capture.socket()
-    const live = capture.calls.filter((c) => c.socket.remotePort === PG.port && !c.socket.destroyed)
-    assert.equal(live.length, 1, 'one upstream connection serves the client')
-    // Node keeps the socket's Nagle setting under an internal symbol, whether it came from the
-    // `noDelay` connect option or from setNoDelay(); it is what it applies to the handle.
-    for (const { socket } of capture.calls) {
-      const key = Object.getOwnPropertySymbols(socket).find((s) => s.description === 'kSetNoDelay')
-      assert.ok(key, 'this Node keeps no kSetNoDelay on sockets; update this test')
-      assert.equal((socket as any)[key], true)
-    }
-    await client.end()
+    await check(capture.calls.map((c) => c.socket), () => client.end())
   } finally {
     capture.restore()
     await p.close()
   }
-})
+}
 
-test('the upstream socket has TCP keepalive on, as the kernel reports it: a pooled backend idle across a WAN stays open, or is noticed gone', async () => {
-  const capture = captureUpstreams(PG.port)
-  const p = await startLocalProxy()
-  try {
-    const client = edgeClient(p.url('/v2'))
-    await client.connect()
-    await client.query('SELECT 1')
-    await client.end() // (its backend idle in the pool now)
-    await capture.socket()
-    const ports = capture.calls.map((c) => c.socket.localPort).filter((port): port is number => port !== undefined)
+test('the upstream socket has TCP_NODELAY on', () =>
+  withUpstreamSockets(async (sockets, end) => {
+    const live = sockets.filter((s) => s.remotePort === PG.port && !s.destroyed)
+    assert.equal(live.length, 1, 'one upstream connection serves the client')
+    // Node keeps the socket's Nagle setting under an internal symbol, whether it came from the
+    // `noDelay` connect option or from setNoDelay(); it is what it applies to the handle.
+    for (const socket of sockets) {
+      const key = Object.getOwnPropertySymbols(socket).find((s) => s.description === 'kSetNoDelay')
+      assert.ok(key, 'this Node keeps no kSetNoDelay on sockets; update this test')
+      assert.equal((socket as any)[key], true)
+    }
+    await end()
+  }))
+
+test('the upstream socket has TCP keepalive on, as the kernel reports it: a pooled backend idle across a WAN stays open, or is noticed gone', () =>
+  withUpstreamSockets(async (sockets, end) => {
+    await end() // (its backend idle in the pool now)
+    const ports = sockets.map((s) => s.localPort).filter((port): port is number => port !== undefined)
     assert.ok(ports.length > 0)
     // /proc/net/tcp: "sl local rem st tx:rx tr:when …": tr 2 is the keepalive timer, armed on an idle socket with SO_KEEPALIVE.
     const hex = (port: number) => port.toString(16).toUpperCase().padStart(4, '0')
@@ -636,11 +636,7 @@ test('the upstream socket has TCP keepalive on, as the kernel reports it: a pool
       const ours = rows.filter((r) => ports.some((port) => r[1]?.endsWith(`:${hex(port)}`) && r[2]?.endsWith(`:${hex(PG.port)}`)) && r[3] === '01')
       return ours.length > 0 && ours.every((r) => r[5].startsWith('02:'))
     }, 'the kernel to report the keepalive timer on each established upstream socket', 3000)
-  } finally {
-    capture.restore()
-    await p.close()
-  }
-})
+  }))
 
 describe('session log', () => {
   test('one entry per session with peer, upstream, duration, exact byte counts and outcome', async () => {

@@ -43,11 +43,17 @@ after(async () => {
   await Promise.all([rm(prefix, { recursive: true, force: true }), ...(certs ?? []).map((c) => c.cleanup())])
 })
 
-/** A unit's `Key=value` lines (the last of each key). */
-const directives = (unit: string) => new Map(unit.split('\n').flatMap((l) => (/^(\w+)=(.*)$/.exec(l.trim()) ? [[RegExp.$1, RegExp.$2] as [string, string]] : [])))
-
-/** An EnvironmentFile's variables as systemd reads it: `KEY=value` lines; `#` lines are comments. */
-const environment = (file: string) => new Map(file.split('\n').flatMap((l) => (/^(EDGEPG_\w+)=(.*)$/.exec(l) ? [[RegExp.$1, RegExp.$2] as [string, string]] : [])))
+/** `KEY=value` lines (the last of each key): a unit's directives, or an EnvironmentFile's variables (`#` lines are comments). */
+function assignments(text: string, line = /^(\w+)=(.*)$/): Map<string, string> {
+  const found = new Map<string, string>()
+  for (const l of text.split('\n')) {
+    const m = line.exec(l.trim())
+    if (m) found.set(m[1], m[2])
+  }
+  return found
+}
+const directives = (unit: string) => assignments(unit)
+const environment = (file: string) => assignments(file, /^(EDGEPG_\w+)=(.*)$/)
 
 test("the README's systemd unit is the one the package ships (deploy/edgepg-proxy.service), and ships it", async () => {
   const readme = await readFile(join(root, 'README.md'), 'utf8')
