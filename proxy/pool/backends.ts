@@ -157,6 +157,12 @@ export class BackendPool {
     this.renewers.set(key, { login, renewed })
   }
 
+  /** The key's lender is forgotten: its backends are no longer replaced, and a key with none idle is forgotten here too. */
+  stopRenewing(key: string) {
+    this.renewers.delete(key)
+    if (!this.idle.has(key)) this.lastUsed.delete(key)
+  }
+
   /** Backends owned, and how many of them are idle. */
   get size(): { pooled: number; idle: number } {
     let idle = 0

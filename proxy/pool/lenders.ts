@@ -74,7 +74,7 @@ export class Lenders {
 
   /** Lenders past their lifetime with nothing lent are forgotten (their idle backends stay the pool's): keys come and go. */
   private forgetExpired() {
-    for (const [key, lender] of this.byKey) if (!this.get(key) && !lender.lentCount) this.byKey.delete(key)
+    for (const [key, lender] of this.byKey) if (!this.get(key) && !lender.lentCount) this.byKey.delete(key), this.pool.stopRenewing(key)
   }
 
   /** Each key's backends, idle and lent, by what its key says of the login (never the password). */
