@@ -59,6 +59,10 @@ export const SETTINGS = {
   poolIdleTimeout: { flag: 'pool-idle-timeout', env: 'EDGEPG_POOL_IDLE_TIMEOUT', arg: 'ms', kind: 'ms', default: '60000', help: "close a pooled backend idle this long (a key's last, used within --pool-keep-warm, is kept)" },
   poolMaxLifetime: { flag: 'pool-max-lifetime', env: 'EDGEPG_POOL_MAX_LIFETIME', arg: 'ms', kind: 'ms', default: '1800000', help: 'close a pooled backend this old (a changed password stops being honoured within it)' },
   poolKeepWarm: { flag: 'pool-keep-warm', env: 'EDGEPG_POOL_KEEP_WARM', arg: 'ms', kind: 'ms', default: '3600000', help: 'keep one backend logged in for each user and database used this recently, past --pool-idle-timeout (in transaction mode, its replacement logged in before --pool-max-lifetime ends it): no login after the first pays the link to Postgres (0: none)' },
+  replica: { flag: 'replica', env: 'EDGEPG_REPLICAS', arg: 'host:port', kind: 'addresses', help: "a hot standby of --upstream (repeatable; env: comma-separated): transaction mode sends it transactions begun read-only and autocommit reads, each once it has replayed what its session has seen (sessions by token stay on the primary)" },
+  replicaMaxLag: { flag: 'replica-max-lag', env: 'EDGEPG_REPLICA_MAX_LAG', arg: 'ms', kind: 'ms', default: '5000', help: 'pass over a replica whose replay lags more than this; its reads go to another, or the primary' },
+  replicaWait: { flag: 'replica-wait', env: 'EDGEPG_REPLICA_WAIT', arg: 'ms', kind: 'ms', default: '200', help: 'longest a read waits for a replica to replay what its session has written or seen, then it runs on the primary' },
+  noReplicaAutocommit: { flag: 'no-replica-autocommit', env: 'EDGEPG_NO_REPLICA_AUTOCOMMIT', kind: 'switch', help: 'send replicas only transactions begun read-only (BEGIN READ ONLY, or default_transaction_read_only), not autocommit reads' },
   noSql: { flag: 'no-sql', env: 'EDGEPG_NO_SQL', kind: 'switch', help: 'turn off POST /sql' },
   noAuthOffload: { flag: 'no-auth-offload', env: 'EDGEPG_NO_AUTH_OFFLOAD', kind: 'switch', help: 'relay the startup untouched: clients authenticate with Postgres end to end' },
   trustProxy: { flag: 'trust-proxy', env: 'EDGEPG_TRUST_PROXY', arg: 'cidr', kind: 'list', help: "a load balancer's address range: from it, take the client's address from the PROXY protocol or X-Forwarded-For (repeatable)" },
@@ -178,6 +182,8 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
   value('upstream', (t, s) => address(t, s))
   const allow = list('allow')
   for (const a of allow) address(a, raw('allow').source)
+  const replicaAddresses = list('replica')
+  for (const a of replicaAddresses) address(a, raw('replica').source)
   const listenAt = (t: string, s: string) => (/^\d+$/.test(t) ? address(`127.0.0.1:${t}`, s) : address(t, s, 8080))
   const listen = value('listen', listenAt)!
   const adminListen = value('adminListen', listenAt)
@@ -276,6 +282,9 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
           },
       allowInsecurePasswords: on('allowInsecurePasswords'),
       tokens,
+      replicas: replicaAddresses.length
+        ? { addresses: replicaAddresses, maxLagMs: value('replicaMaxLag', number(0))!, waitMs: value('replicaWait', number(0))!, autocommit: !on('noReplicaAutocommit') }
+        : undefined,
       trustProxy: trustProxy.length ? trustProxy : undefined,
     },
   }

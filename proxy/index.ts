@@ -6,6 +6,7 @@ import type { SessionLog } from './ws/session'
 import type { UpstreamTls } from './upstream/connection'
 import { BackendPool, type PoolOptions } from './pool/backends'
 import { Lenders } from './pool/lenders'
+import { Replicas, type ReplicaOptions } from './replicas/replicas'
 import { createMetrics, type Metrics } from './admin/metrics'
 import { healthHandler } from './admin/health'
 import { sqlHandler, type SqlOptions, type SqlPoolOptions, type SqlLog } from './sql/handler'
@@ -88,6 +89,8 @@ export interface ProxyOptions {
    * `edgepg-proxy setup-auth` on the database (proxy/auth/setup.ts). Default: none.
    */
   tokens?: TokenLoginOptions
+  /** Hot standbys of `upstream` (--replica): transaction mode's reads may go there (proxy/replicas/). */
+  replicas?: ReplicaOptions
   /**
    * Load balancers in front (CIDR ranges, or addresses): from a peer in them the client's address is
    * taken from its PROXY protocol header (v1 or v2, HAProxy's send-proxy), else from X-Forwarded-For,
@@ -147,6 +150,7 @@ export function createProxy(options: ProxyOptions): Proxy {
   const shares = { perClient: options.pool?.maxPerClient ?? Math.ceil(size / 4), pinned: options.pool?.maxPinned ?? pinned }
   const lenders = mode === 'transaction' && enabled ? new Lenders(pool, { size, timeoutMs, statements, lifetimeMs, reader, shares }, metrics.lending) : undefined
   const tokens = options.tokens && new TokenLogins(options.tokens)
+  const replicas = options.replicas?.addresses.length && lenders ? new Replicas(options.replicas, metrics.replicas) : undefined
   const addresses = new ClientAddresses(options.trustProxy ?? [])
   const clientAddress = (req: http.IncomingMessage) => addresses.of(req.socket, req.headers)
   const places: PlacesOf = options.cluster?.places ?? localPlaces
@@ -163,6 +167,7 @@ export function createProxy(options: ProxyOptions): Proxy {
     cancels: new Cancels(pool, options.maxCancelsPerIp ?? 20, places),
     lenders,
     tokens,
+    replicas,
     clientAddress,
     places,
     offload: options.authOffload !== false,
@@ -186,6 +191,7 @@ export function createProxy(options: ProxyOptions): Proxy {
           upstreamTls: options.upstreamTls,
           backends: pool,
           lenders,
+          replicas,
           tokens,
           clientAddress,
           allowInsecurePasswords: options.allowInsecurePasswords,

@@ -1,3 +1,5 @@
+import { later } from './positions'
+
 /** What edgepg uses of a WebSocket: the browser API, as the global one and Node's `ws` offer it. */
 export interface WebSocketLike {
   readonly readyState: number
@@ -76,6 +78,14 @@ export interface GlobalConfig extends EdgeConfig {
   disableSNI?: boolean
   disableWarningInBrowsers?: boolean
   fetchConnectionCache?: boolean
+  /**
+   * The latest write-ahead-log position this process has seen, by database: what edgepg-proxy
+   * told it after each transaction and read. Every Client, Pool and httpSql request sends it, and the
+   * proxy serves a read from a replica only once the replica has replayed it, so reads never go back
+   * in time. Carry it across requests and processes (a cookie, a header): setting it keeps, for
+   * each database, the later of the two positions.
+   */
+  lastWrite?: string
 }
 
 /** Cloudflare Workers, where a connection serves only the request that opened it. */
@@ -94,6 +104,18 @@ export const config: GlobalConfig = {
   forceDisablePgSSL: false,
 }
 
+let lastWrite = ''
+/** Bumped as lastWrite moves on: a connection sends it again when this differs from what it sent. */
+export let lastWriteVersion = 0
+Object.defineProperty(config, 'lastWrite', {
+  enumerable: true,
+  get: () => lastWrite,
+  set: (text: string | undefined) => {
+    const next = later(lastWrite, text)
+    if (next !== lastWrite) (lastWrite = next), lastWriteVersion++
+  },
+})
+
 export const configKeys = ['webSocketConstructor', 'wsProxy', 'useSecureWebSocket', 'coalesceWrites', 'authOffload', 'pipelineConnect', 'rootCerts', 'pipelineTLS', 'forceDisablePgSSL'] as const
 
 /** An option's value for one client: its own if given, else the global one. */
@@ -110,6 +132,13 @@ export const SUBPROTOCOL = 'edgepg.v2'
  * login), acted on only while no later ReadyForQuery has gone out, so it never reaches a later query.
  */
 export const SUBPROTOCOL_CANCEL = 'edgepg.v3'
+/**
+ * Offered ahead of SUBPROTOCOL_CANCEL, and meaning it too: the client tells the positions it has
+ * seen in a text frame `after <positions>` (config.lastWrite) ahead of the messages that must not go
+ * behind them, and the proxy tells each new one in a text frame `seen <position>`, ahead of the
+ * ReadyForQuery that ends what it was learnt from.
+ */
+export const SUBPROTOCOL_POSITIONS = 'edgepg.v4'
 /** The text frame a client sends to cancel its running statement (SUBPROTOCOL_CANCEL). */
 export const cancelFrame = (readies: number) => `cancel ${readies}`
 export const LOGIN_PREFIX = 'edgepg.login.'

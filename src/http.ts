@@ -335,6 +335,8 @@ async function send(target: Target, queries: HttpQuery<unknown>[], defaults: Any
     if (opts.readOnly !== undefined) own['Neon-Batch-Read-Only'] = String(opts.readOnly)
     if (opts.deferrable !== undefined) own['Neon-Batch-Deferrable'] = String(opts.deferrable)
   }
+  // What this process has seen (config.lastWrite): a read from a replica waits for it.
+  if (edgeConfig.lastWrite) own['Edgepg-Last-Write'] = edgeConfig.lastWrite
   const headers = new Headers(opts.fetchOptions?.headers)
   for (const key in own) headers.set(key, own[key])
 
@@ -343,6 +345,8 @@ async function send(target: Target, queries: HttpQuery<unknown>[], defaults: Any
   try {
     res = await (target.fetch ?? fetch)(url, { ...opts.fetchOptions, method: 'POST', headers, body: JSON.stringify(batch ? { queries: payload } : payload[0]) })
     body = await res.text()
+    const seen = res.headers.get('edgepg-last-write')
+    if (seen) edgeConfig.lastWrite = seen
   } catch (err: any) {
     const cause = err?.cause?.message ?? err?.cause?.code
     throw fail(`failed: ${err?.message ?? err}${cause ? ` (${cause})` : ''}`, undefined, err)

@@ -1,5 +1,5 @@
 import { HIGH_WATER, QueuedSocket } from './queued-socket'
-import { cancelFrame, IN_WORKERS, LOGIN_PREFIX, MAX_LOGIN_CHARS, onThisMachine, resolveConfig, webSocketUrl, SUBPROTOCOL, SUBPROTOCOL_CANCEL, UPSTREAM_TLS_REQUEST, type EdgeConfig } from './config'
+import { cancelFrame, IN_WORKERS, LOGIN_PREFIX, MAX_LOGIN_CHARS, onThisMachine, resolveConfig, webSocketUrl, SUBPROTOCOL, SUBPROTOCOL_CANCEL, SUBPROTOCOL_POSITIONS, UPSTREAM_TLS_REQUEST, config, lastWriteVersion, type EdgeConfig } from './config'
 
 const OPEN = 1
 /** URLs whose server answered without a subprotocol, where `ws` needs none offered. */
@@ -63,8 +63,11 @@ export class WebSocketSocket extends QueuedSocket {
   token?: Uint8Array
   /** The proxy took the login from the upgrade (it selected edgepg's subprotocol). */
   loginTaken = false
-  /** The proxy takes a cancel on this WebSocket (it selected SUBPROTOCOL_CANCEL). */
+  /** The proxy takes a cancel on this WebSocket (it selected SUBPROTOCOL_CANCEL or SUBPROTOCOL_POSITIONS). */
   cancelsInBand = false
+  /** The proxy takes and tells positions (SUBPROTOCOL_POSITIONS); the config.lastWrite it was last told (its version). */
+  private positions = false
+  private told = 0
   /** Sends the first flight in band, for a server that did not take the login. */
   fallback = (first: Uint8Array) => this.send(first)
   /** TLS for edgepg-proxy to make to Postgres (pg's `ssl` without `rootCerts`): asked for in the login. */
@@ -118,7 +121,8 @@ export class WebSocketSocket extends QueuedSocket {
     if (this.token && first && !(privateLink(this.url) && fits && offer)) return this.failSoon(new Error(TOKEN_NEEDS))
     // In band, TLS to Postgres could not be asked for: better no connection than one without it.
     if (tls.length && offer && !fits) return this.failSoon(new Error(`the login is too large for the upgrade (${login!.length} characters, at most ${MAX_LOGIN_CHARS}), and \`ssl\` needs it there`))
-    const protocols = !offer ? undefined : fits ? [SUBPROTOCOL_CANCEL, SUBPROTOCOL, LOGIN_PREFIX + login] : [SUBPROTOCOL_CANCEL, SUBPROTOCOL]
+    const offered = [SUBPROTOCOL_POSITIONS, SUBPROTOCOL_CANCEL, SUBPROTOCOL]
+    const protocols = !offer ? undefined : fits ? [...offered, LOGIN_PREFIX + login] : offered
     let ws: WebSocket
     try {
       ws = this.ws = this.transport = new this.cfg!.webSocketConstructor(this.url, protocols) as WebSocket
@@ -134,9 +138,10 @@ export class WebSocketSocket extends QueuedSocket {
     ws.addEventListener('open', () => {
       this.opened = this.readable = true
       if (!this.referenced) this.unref()
-      const edgepgProxy = ws.protocol === SUBPROTOCOL || ws.protocol === SUBPROTOCOL_CANCEL
+      const edgepgProxy = ws.protocol === SUBPROTOCOL || ws.protocol === SUBPROTOCOL_CANCEL || ws.protocol === SUBPROTOCOL_POSITIONS
       this.loginTaken = edgepgProxy && fits
-      this.cancelsInBand = ws.protocol === SUBPROTOCOL_CANCEL
+      this.positions = ws.protocol === SUBPROTOCOL_POSITIONS
+      this.cancelsInBand = this.positions || ws.protocol === SUBPROTOCOL_CANCEL
       if (this.loginTaken && tls.length) {
         this.encrypted = true
         this.alpnProtocol = this.upstreamTls!.sslnegotiation === 'direct' && 'postgresql' // PostgreSQL requires it there
@@ -147,6 +152,7 @@ export class WebSocketSocket extends QueuedSocket {
     })
     const onMessage = (data: unknown, text: boolean) => {
       if (this.closed) return // as net.Socket: no data after destroy()
+      if (text && this.positions && String(data).startsWith('seen ')) return void (config.lastWrite = String(data).slice(5))
       if (text) return this.fail(reportedError(String(data), this.url))
       this.push(Buffer.isBuffer(data) ? data : Buffer.from(data as ArrayBuffer))
     }
@@ -202,9 +208,13 @@ export class WebSocketSocket extends QueuedSocket {
     if (this.ws?.readyState !== OPEN && (this.ws || !this.deferOpen)) return
     const { data, callbacks } = this.takePending()
     if (!this.ws) this.open(data) // the first flight rides in the upgrade
-    else if (data.length <= HIGH_WATER) this.ws.send(data)
-    // A large write (a COPY's data) goes as several messages, under any proxy's message limit.
-    else for (let at = 0; at < data.length; ) this.ws.send(data.subarray(at, (at += HIGH_WATER)))
+    else {
+      // What it has seen goes ahead of what must not read behind it.
+      if (this.positions && this.told !== lastWriteVersion) (this.told = lastWriteVersion), this.ws.send(`after ${config.lastWrite}`)
+      if (data.length <= HIGH_WATER) this.ws.send(data)
+      // A large write (a COPY's data) goes as several messages, under any proxy's message limit.
+      else for (let at = 0; at < data.length; ) this.ws.send(data.subarray(at, (at += HIGH_WATER)))
+    }
     for (const cb of callbacks) cb()
   }
 

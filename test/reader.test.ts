@@ -10,9 +10,11 @@ import { loadReader, plainTag, read, type Reading } from '../proxy/isolation/rea
 
 before(() => loadReader())
 
+/** What decides isolation (the routing fields are read below). */
+const FLAGS = ['plain', 'code', 'unseen', 'control'] as const
 const verdict = (sql: string) => {
   const r = read(sql)
-  return (Object.keys(r) as Array<keyof Reading>).filter((k) => r[k]).join(' ') || 'nothing'
+  return FLAGS.filter((k) => r[k]).join(' ') || 'nothing'
 }
 
 const cases: Array<[string, string]> = [
@@ -80,4 +82,40 @@ test('every statement reads as Postgres parses it', () => {
 test('command tags: plain reads and writes, and transaction control are plain; anything else is not', () => {
   for (const tag of ['SELECT 3', 'INSERT 0 1', 'UPDATE 2', 'DELETE 0', 'MERGE 1', 'COPY 5', 'BEGIN', 'COMMIT', 'ROLLBACK', 'FETCH 1', 'SHOW']) assert.ok(plainTag(tag), tag)
   for (const tag of ['SET', 'CREATE TABLE', 'DECLARE CURSOR', 'LISTEN', 'PREPARE', 'DO', 'CALL', 'DISCARD ALL', 'RESET', 'LOAD', 'SELECTED']) assert.ok(!plainTag(tag), tag)
+})
+
+/** What routing to replicas reads (proxy/ws/lent-session.ts routeOf): a standby may run it, a transaction it opens, where it leaves the block. */
+test('what a standby may run, and the transaction blocks statements open and close', () => {
+  const routing = (sql: string) => {
+    const { writes, begins, block } = read(sql)
+    return [writes ? 'writes' : 'reads', begins, block].filter(Boolean).join(' ')
+  }
+  const expected: Array<[string, string]> = [
+    ['SELECT * FROM t WHERE id = $1', 'reads'],
+    ['SHOW search_path', 'reads'],
+    ['TABLE t', 'reads'],
+    ['VALUES (1), (2)', 'reads'],
+    ["SELECT nextval('s')", 'reads'], // (the standby refuses it: 25006, and it runs on the primary)
+    ['SELECT * FROM t FOR UPDATE', 'writes'],
+    ['SELECT * FROM t FOR SHARE SKIP LOCKED', 'writes'],
+    ['SELECT 1 INTO t2', 'writes'],
+    ['INSERT INTO t VALUES (1)', 'writes'],
+    ['SET x = 1', 'writes'],
+    ['SELECT 1; UPDATE t SET a = 1', 'writes'],
+    ['BEGIN READ ONLY', 'writes read-only open'],
+    ['START TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY', 'writes read-only open'],
+    ['BEGIN ISOLATION LEVEL SERIALIZABLE READ ONLY', 'writes other open'],
+    ['BEGIN READ WRITE', 'writes other open'],
+    ['BEGIN', 'writes other open'],
+    ['SELECT 1; BEGIN READ ONLY', 'writes open'], // (only a first statement that opens the block says how)
+    ['COMMIT', 'writes closed'],
+    ['BEGIN; SELECT 1; COMMIT', 'writes other closed'],
+    ['COMMIT AND CHAIN', 'writes open'],
+    ['END; BEGIN', 'writes open'],
+    ['ROLLBACK', 'writes closed'],
+    ["PREPARE TRANSACTION 'x'", 'writes closed'],
+    ['SAVEPOINT a', 'writes'],
+    ['not sql at all', 'writes'],
+  ]
+  assert.deepEqual(expected.map(([sql]) => [sql, routing(sql)]), expected)
 })

@@ -56,6 +56,7 @@ export interface SessionRecord {
 import type { PoolEvent } from '../pool/backends'
 import type { LendingMetrics } from '../pool/lender'
 import type { KeyBackends } from '../pool/lenders'
+import { FALLBACKS, type ReplicaEvents } from '../replicas/replicas'
 
 /**
  * Why an HTTP upgrade (a would-be session) was refused before any WebSocket opened:
@@ -95,6 +96,8 @@ export interface Metrics {
   poolEvent(event: PoolEvent): void
   /** Transaction pooling: what the lenders do (see proxy/pool/lender.ts). */
   readonly lending: LendingMetrics
+  /** Reads on replicas (see proxy/replicas/replicas.ts). */
+  readonly replicas: ReplicaEvents
   /** Serves the Prometheus exposition (GET or HEAD; 405 otherwise). */
   handle(req: IncomingMessage, res: ServerResponse): Promise<void>
 }
@@ -183,7 +186,14 @@ export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => P
       }
     },
   })
+  const targets = new Counter({ name: `${PREFIX}transactions_total`, help: 'Transaction pooling with --replica: transactions (a lend each) by where they ran: primary, replica', labelNames: ['target'] as const, registers })
+  const replicaWaits = new Histogram({ name: `${PREFIX}replica_wait_seconds`, help: 'Reads that waited for a replica to replay what their session had seen, and how long (--replica-wait)', buckets: WAIT_BUCKETS, registers })
+  const fallbacks = new Counter({ name: `${PREFIX}replica_fallbacks_total`, help: 'Reads meant for a replica that ran on the primary, by why: none_usable, down (or refused the login), lag (--replica-max-lag), read_only (the standby refused a write, 25006), position (not replayed within --replica-wait), promoted', labelNames: ['reason'] as const, registers })
+  const lag = new Gauge({ name: `${PREFIX}replica_lag_seconds`, help: "Each replica's replay lag, as its last check said", labelNames: ['replica'] as const, aggregator: 'max', registers })
+  const up = new Gauge({ name: `${PREFIX}replica_up`, help: 'Whether each replica serves reads (1) or is passed over (0: down, refused a login, promoted, another cluster)', labelNames: ['replica'] as const, aggregator: 'min', registers })
   // Every series exists from the start, at 0, so rate() and alerts work before the first event.
+  for (const target of ['primary', 'replica']) targets.inc({ target }, 0)
+  for (const reason of FALLBACKS) fallbacks.inc({ reason }, 0)
   for (const kind of OUTCOME_KINDS) sessions.inc({ outcome_kind: kind }, 0)
   for (const reason of REFUSAL_REASONS) refusals.inc({ reason }, 0)
 
@@ -210,6 +220,15 @@ export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => P
       pinned: (reason) => pins.inc({ reason }),
       verified: (kind) => verifications.inc({ kind }),
       preparedAgain: () => preparedAgain.inc(),
+    },
+    replicas: {
+      routed: (target) => targets.inc({ target }),
+      waited: (seconds) => replicaWaits.observe(seconds),
+      fellBack: (reason) => fallbacks.inc({ reason }),
+      observed(replica, seconds, serves) {
+        lag.set({ replica }, seconds)
+        up.set({ replica }, serves ? 1 : 0)
+      },
     },
     refused(reason) {
       refusals.inc({ reason: (REFUSAL_REASONS as readonly string[]).includes(reason) ? reason : 'other' })

@@ -17,6 +17,12 @@ export interface Reading {
   control: boolean
   /** pg_cancel_backend / pg_terminate_backend of a constant or a parameter ($n): what the proxy acts on (proxy/ws/signals.ts). */
   signals?: Signal[]
+  /** Something other than a read (SELECT without FOR UPDATE or INTO, SHOW): a standby would refuse it, or it may change what follows. */
+  writes?: boolean
+  /** The first statement opens a transaction block: 'read-only' (a hot standby can run it: READ ONLY, not SERIALIZABLE), else 'other'. */
+  begins?: 'read-only' | 'other'
+  /** Where the statements leave the transaction block, by the last that opens or ends one (none: where it was). */
+  block?: 'open' | 'closed'
 }
 
 export interface Signal {
@@ -27,14 +33,18 @@ export interface Signal {
 }
 
 export const NOTHING: Reading = { plain: true, code: false, unseen: false, control: false }
-const UNPARSED: Reading = { plain: false, code: true, unseen: false, control: true }
+const UNPARSED: Reading = { plain: false, code: true, unseen: false, control: true, writes: true }
 
 /** What either of two readings may leave. */
 export function merge(a: Reading, b: Reading): Reading {
   if (b === NOTHING) return a
   if (a === NOTHING) return b
   const signals = a.signals || b.signals ? [...(a.signals ?? []), ...(b.signals ?? [])] : undefined
-  return { plain: a.plain && b.plain, code: a.code || b.code, unseen: a.unseen || b.unseen, control: a.control || b.control, ...(signals && { signals }) }
+  const block = b.block ?? a.block
+  return {
+    plain: a.plain && b.plain, code: a.code || b.code, unseen: a.unseen || b.unseen, control: a.control || b.control, writes: a.writes || b.writes,
+    ...(signals && { signals }), ...(block && { block }), // (`begins` is the first statement's: routing reads it there)
+  }
 }
 
 let loaded = false
@@ -125,13 +135,15 @@ function readNow(sql: string): Reading {
   } catch {
     return UNPARSED // (Postgres refuses it too, but not necessarily before its earlier statements ran)
   }
-  const r = { ...NOTHING }
-  for (const { stmt } of tree.stmts ?? []) if (stmt) readStatement(stmt, r)
+  const r: Reading = { ...NOTHING }
+  for (const [i, { stmt }] of (tree.stmts ?? []).entries()) if (stmt) readStatement(stmt, r, i === 0)
   return r
 }
 
-function readStatement(stmt: Node, r: Reading) {
+function readStatement(stmt: Node, r: Reading, first: boolean) {
   const [kind, body] = Object.entries(stmt)[0] as [string, Node]
+  if (!(kind === 'SelectStmt' && !body.lockingClause && !body.intoClause) && kind !== 'VariableShowStmt') r.writes = true
+  if (kind === 'TransactionStmt') transaction(body, r, first)
   if (kind === 'VariableSetStmt') readSet(body, r)
   else if (!PLAIN.has(kind)) r.plain = false
   if (WRITES.has(kind)) r.code = true // (the relation written: its triggers, rules, defaults)
@@ -140,6 +152,19 @@ function readStatement(stmt: Node, r: Reading) {
   else if (kind === 'LoadStmt') r.unseen = true
   walk(body, r)
   if (kind === 'CallStmt' || kind === 'DoStmt') r.code = true
+}
+
+/** Where a transaction statement leaves the block, and whether one that opens it a standby could run. */
+function transaction(body: Node, r: Reading, first: boolean) {
+  const kind = String(body.kind)
+  const opens = kind === 'TRANS_STMT_BEGIN' || kind === 'TRANS_STMT_START'
+  if (opens || body.chain === true) r.block = 'open'
+  else if (kind === 'TRANS_STMT_COMMIT' || kind === 'TRANS_STMT_ROLLBACK' || kind === 'TRANS_STMT_PREPARE') r.block = 'closed'
+  if (!opens || !first) return
+  const option = (name: string) => ((body.options as Node[]) ?? []).map((o) => o.DefElem as Node).find((d) => d.defname === name)?.arg as Node | undefined
+  const readOnly = ((option('transaction_read_only')?.A_Const as Node | undefined)?.ival as Node | undefined)?.ival === 1
+  const isolation = ((option('transaction_isolation')?.A_Const as Node | undefined)?.sval as Node | undefined)?.sval
+  r.begins = readOnly && isolation !== 'serializable' ? 'read-only' : 'other'
 }
 
 /** SET LOCAL and SET TRANSACTION last until the transaction ends; anything else, or a setting that changes lexing, does not leave it plain. */

@@ -218,7 +218,7 @@ export class StatementRelay {
    * `behind`: messages of the proxy's own to send in the same write, right behind them (as ownQuery),
    * if none of them waits here for Postgres first; whether they went.
    */
-  forward(msgs: Buffer[], skipped = false, behind?: Own): boolean {
+  forward(msgs: Buffer[], skipped = false, behind: Own[] = []): boolean {
     if (this.held) return this.held.push(...msgs), false
     const out: Buffer[] = []
     const { session, backend } = this
@@ -296,8 +296,8 @@ export class StatementRelay {
       }
       out.push(msg)
     }
-    const rides = behind !== undefined && !this.held
-    if (rides) out.push(behind.query), this.awaits(behind)
+    const rides = behind.length > 0 && !this.held
+    if (rides) for (const own of behind) out.push(own.query), this.awaits(own)
     if (out.length) this.toBackend(out.length === 1 ? out[0] : Buffer.concat(out))
     return rides
   }

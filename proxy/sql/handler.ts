@@ -61,7 +61,10 @@ import type { Lenders } from '../pool/lenders'
 import type { UpstreamTls } from '../upstream/connection'
 import type { TokenLogins } from '../auth/token-login'
 import type { TokenRefused } from '../auth/tokens'
-import { Control, Leases } from './lease'
+import { Control, Leases, type Lease } from './lease'
+import { read } from '../isolation/reader'
+import { POSITION_HEADER, runRouted } from '../replicas/sql'
+import type { Replicas } from '../replicas/replicas'
 import { runRequest, TooLarge, type Response } from './run'
 import { header, HttpError, parseFlags, parsePayload, readBody, singleHeader, type BodyBudget } from './request'
 import { databaseErrorJson, errorJson, type ArrayType } from './json'
@@ -111,6 +114,8 @@ export interface SqlOptions {
   backends?: BackendPool | PoolOptions
   /** Transaction pooling (the proxy's, shared with its WebSocket sessions): requests borrow `backends`' backends from these lenders. */
   lenders?: Lenders
+  /** Hot standbys of the upstream (--replica): reads may run there (proxy/replicas/sql.ts). */
+  replicas?: Replicas
   /** Browser Origins allowed (`*`: any); requests without Origin are always allowed. Default: none. */
   allowedOrigins?: string[]
   /** TLS from the proxy to Postgres, as for the WebSocket routes. */
@@ -189,8 +194,9 @@ export const SQL_REQUEST_HEADERS = [
   'Neon-Batch-Isolation-Level',
   'Neon-Batch-Read-Only',
   'Neon-Batch-Deferrable',
+  'Edgepg-Last-Write',
 ]
-const ECHOED_HEADERS = ['Neon-Batch-Isolation-Level', 'Neon-Batch-Read-Only', 'Neon-Batch-Deferrable']
+const ECHOED_HEADERS = ['Neon-Batch-Isolation-Level', 'Neon-Batch-Read-Only', 'Neon-Batch-Deferrable', 'Edgepg-Last-Write']
 
 /** How long cancelled statements may take to end at shutdown. */
 const CANCEL_TIMEOUT_MS = 5000
@@ -265,7 +271,11 @@ export function sqlHandler(options: SqlOptions): SqlHandler {
 
     const database = `${log.upstream} ${conn.database}`
     const types = learnt.get(database) ?? learnt.set(database, new Map()).get(database)!
-    return leases.with(target, credentials, ctl, (lease) => runRequest(lease, ctl, payload, flags, types, limits))
+    const run = (lease: Lease) => runRequest(lease, ctl, payload, flags, types, limits)
+    const { replicas } = options
+    if (!replicas || log.upstream !== formatHostPort(upstream)) return leases.with(target, credentials, ctl, run)
+    const asked = { texts: (payload.batch ?? [payload.single!]).map((q) => q.query), batch: !payload.single, readOnly: flags.readOnly === true }
+    return runRouted(replicas, leases, target, credentials, ctl, asked, singleHeader(req, POSITION_HEADER), options.lenders?.o.reader ?? read, run)
   }
 
   function handle(req: IncomingMessage, res: ServerResponse) {

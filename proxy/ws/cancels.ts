@@ -1,7 +1,7 @@
 import type { WebSocket } from 'ws'
 import type { BackendPool } from '../pool/backends'
 import { cancelRequest, type BackendKey } from '../wire/startup'
-import { SUBPROTOCOL_CANCEL } from '../../src/config'
+import { SUBPROTOCOL_CANCEL, SUBPROTOCOL_POSITIONS } from '../../src/config'
 import { limitKey } from '../listen/client-address'
 import { localPlaces, type Places, type PlacesOf } from '../cluster/places'
 import type { Routed } from '../login/in-band'
@@ -11,7 +11,7 @@ import type { Routed } from '../login/in-band'
  * n-th ReadyForQuery since its login. Undefined for any other frame, or a session without it.
  */
 export function cancelNamed(ws: WebSocket, data: Buffer): number | undefined {
-  if (ws.protocol !== SUBPROTOCOL_CANCEL || data.length > 24) return undefined
+  if ((ws.protocol !== SUBPROTOCOL_CANCEL && ws.protocol !== SUBPROTOCOL_POSITIONS) || data.length > 24) return undefined
   const named = /^cancel (\d{1,10})$/.exec(data.toString('latin1'))
   return named ? Number(named[1]) : undefined
 }

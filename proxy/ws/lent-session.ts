@@ -25,6 +25,10 @@ import type { BufferBudget, SessionMemory } from './budget'
 import { cancelNamed } from './cancels'
 import { setClaims, type ClaimsError } from '../auth/claims'
 import { closeWebSocket, type OutcomeKind, type RunningSession, type SessionLog } from './session'
+import { serialize } from 'pg-protocol'
+import type { Fallback, Replica, Replicas } from '../replicas/replicas'
+import { positions, lsnText } from '../../src/positions'
+import { SUBPROTOCOL_POSITIONS } from '../../src/config'
 
 export interface LentSessionOptions {
   lender: Lender
@@ -49,10 +53,47 @@ export interface LentSessionOptions {
   /** The processID the session was told (none a backend has), and where sessions are found by it. */
   pid: number
   signals: Signals
+  /** Reads to the upstream's hot standbys (proxy/replicas/), for a session whose login they can serve. */
+  replicas?: SessionReplicas
+}
+
+export interface SessionReplicas {
+  set: Replicas
+  /** The session's key's lender on `replica` (its first login made if need be); undefined if the replica refused it. */
+  lender(replica: Replica): Promise<Lender | undefined>
+  /** Every transaction of the session starts read-only (default_transaction_read_only in its login). */
+  readOnly: boolean
+}
+
+/** A lend on a replica: what may still move it to the primary, unseen by the client. */
+interface OnReplica {
+  replica: Replica
+  /** The session's messages sent on it: sent to the primary instead if the replica cannot serve them. */
+  sent: Buffer[]
+  /** Answers held back from the client while the lend may still move; undefined once released. */
+  held?: Buffer[]
+  heldBytes: number
+  /** An autocommit read, which the standby may refuse as a write (25006): it moves then. False for a transaction begun read-only. */
+  retryable: boolean
+  /** The replica said it has replayed what the session has seen. */
+  checked: boolean
+  /** The session's messages wait for that, since (ms); and whether it was found behind it (a wait, for the metrics). */
+  gatedSince?: number
+  behind?: boolean
+  /** Moving to the primary (why), once Postgres has answered what was sent. */
+  moving?: Fallback
 }
 
 interface Lend {
   backend: Backend
+  /** Whose backend it is: the session's key's on the primary, or on a replica. */
+  lender: Lender
+  onReplica?: OnReplica
+  /** ReadyForQuery messages of the lend's the client has been sent. */
+  delivered: number
+  /** The primary's position is being asked behind the session's messages: their last ReadyForQuery waits for it here. */
+  positionDue: number
+  tail?: Buffer
   relay: StatementRelay
   watch: IdleWatch
   /** What the transaction's statements may have left behind, as the parser reads them. */
@@ -127,6 +168,13 @@ class LentSession implements RunningSession {
   private idleInTx = false
   /** Who the session is to the per-client share of backends. */
   private readonly holder?: Holder
+  /** The furthest position in the primary's WAL the session has seen (written, or read at), and the last one it was told. */
+  private seen = 0n
+  private toldSeen = 0n
+  /** The positions the client says it has seen (`after` frames): reads must not go behind them. */
+  private after = ''
+  /** What waits goes to the primary: a replica could not serve it. */
+  private toPrimary = false
 
   constructor(private readonly ws: WebSocket, private readonly o: LentSessionOptions) {
     this.bytesIn = o.loginBytes
@@ -172,7 +220,7 @@ class LentSession implements RunningSession {
   private readonly onClientMessage = (data: RawData, isBinary: boolean) => {
     if (this.ended) return
     if (!isBinary) {
-      if (this.cancelFrame(data as Buffer)) return
+      if (this.cancelFrame(data as Buffer) || this.afterFrame(data as Buffer)) return
       this.end('client_error', 'refused a text frame')
       return closeWebSocket(this.ws, 1003, 'edgepg-proxy: expected binary frames')
     }
@@ -192,11 +240,15 @@ class LentSession implements RunningSession {
     if (msgs.length) {
       clearTimeout(this.idleInTransaction)
       this.idleInTx = false
-      if (this.lend && this.parked) this.o.lender.unpark(this.lend.backend), (this.parked = false)
-      if (this.lend) this.send(msgs)
+      if (this.lend && this.parked) {
+        // (Parked where the next transaction should not run: given back, and it is lent anew.)
+        if (this.o.replicas && this.routeOf(msgs) !== 'primary') this.surrenderParked()
+        else this.lend.lender.unpark(this.lend.backend), (this.parked = false)
+      }
+      if (this.lend && !this.waitsOnReplica(this.lend)) this.send(msgs)
       else {
         for (const m of msgs) this.waiting.push(kept(m)), (this.queued += m.length + QUEUED_COST)
-        if (!this.acquiring) this.acquire()
+        if (!this.lend && !this.acquiring) this.acquire()
       }
     }
     if (!this.holds()) return
@@ -250,8 +302,94 @@ class LentSession implements RunningSession {
     return true
   }
 
+  /**
+   * A replica's lend takes no new messages while it waits to catch up, nor once its transaction is
+   * over (its verification may still be under way): they are routed afresh, when it is given back.
+   */
+  private waitsOnReplica(lend: Lend): boolean {
+    const ending = lend.watch.ending
+    return !!lend.onReplica && (lend.onReplica.gatedSince !== undefined || (ending?.pending === 0 && ending.status === TxStatus.Idle))
+  }
+
+  /** `after <positions>` (SUBPROTOCOL_POSITIONS): what the client has seen, which its reads must not go behind. */
+  private afterFrame(data: Buffer): boolean {
+    if (this.ws.protocol !== SUBPROTOCOL_POSITIONS || data.length > 1024 || data.toString('latin1', 0, 6) !== 'after ') return false
+    this.after = data.toString('latin1', 6)
+    return true
+  }
+
+  /** The position the session's reads must not go behind; undefined when it cannot be known (the client names positions, and the primary's database is not known yet). */
+  private need(): bigint | undefined {
+    const set = this.o.replicas!.set
+    const told = positions(this.after)
+    if (!set.database) return told.size ? undefined : this.seen
+    const theirs = told.get(set.database) ?? 0n
+    return theirs > this.seen ? theirs : this.seen
+  }
+
+  /**
+   * Where messages that start a transaction go: a replica for one begun read-only (or any, in a
+   * session whose transactions all are), and for an autocommit read that leaves nothing behind
+   * (`autocommit`: one the standby may refuse as a write, 25006, and is then sent to the primary);
+   * else the primary. Named statements and sessions by token stay on the primary.
+   */
+  private routeOf(msgs: Buffer[]): 'primary' | 'replica' | 'autocommit' {
+    const replicas = this.o.replicas
+    if (!replicas || this.toPrimary || this.pinned || this.o.claims !== undefined) return 'primary'
+    let first: Reading | undefined
+    let all = NOTHING
+    for (const m of msgs) {
+      const type = m[0]
+      if (type === ClientMessage.Query || type === ClientMessage.Parse) {
+        const named = type === ClientMessage.Parse && m[5] !== 0
+        if (named) return 'primary'
+        const r = this.o.lender.read(cString(m.subarray(type === ClientMessage.Query ? 5 : 6)))
+        first ??= r
+        all = merge(all, r)
+      } else if (type === ClientMessage.Bind) {
+        if (m[m.indexOf(0, 5) + 1] !== 0) return 'primary' // (a named statement)
+      } else if (!INERT.has(type) || type === ClientMessage.CopyData) return 'primary'
+    }
+    if (!first) return 'primary'
+    if (first.begins === 'read-only' || replicas.readOnly) return first.begins === 'other' ? 'primary' : 'replica'
+    const last = msgs[msgs.length - 1][0]
+    const whole = last === ClientMessage.Sync || last === ClientMessage.Query
+    return replicas.set.o.autocommit && whole && !all.writes && all.plain && !all.unseen && !all.control && !all.signals ? 'autocommit' : 'primary'
+  }
+
+  /** The primary's position, asked behind messages that end a transaction there (it is then told to the client ahead of their last ReadyForQuery). */
+  private positionBehind(lend: Lend): Own {
+    const set = this.o.replicas!.set
+    let answer = ''
+    lend.positionDue++
+    this.verifying++ // (the transaction is decided once it is in)
+    return {
+      query: serialize.query(set.position()),
+      onRow: (value) => (answer = value),
+      ready: () => {
+        this.verifying--
+        lend.positionDue--
+        const at = set.primaryAnswer(answer)
+        if (at !== undefined && at > this.seen) this.seen = at
+        if (this.lend !== lend) return
+        this.tell()
+        if (lend.tail && !lend.positionDue) this.deliver(lend, lend.tail), (lend.tail = undefined)
+        this.afterOwn(lend)
+      },
+    }
+  }
+
+  /** `seen <position>`: the client learns how far the session has seen, before the ReadyForQuery it came with. */
+  private tell() {
+    const database = this.o.replicas?.set.database
+    if (!database || this.seen <= this.toldSeen || this.ws.protocol !== SUBPROTOCOL_POSITIONS) return
+    this.toldSeen = this.seen
+    this.ws.send(`seen ${database}:${lsnText(this.seen)}`)
+  }
+
   private send(msgs: Buffer[]) {
     const lend = this.lend!
+    if (!msgs.length) return
     // pg_cancel_backend / pg_terminate_backend of a processID the proxy told: for the session told it
     // (this one, perhaps), once Postgres has run the statement and its answer is on its way to the
     // client (Postgres signals while it runs; acting as it passed by ended targets before it ran).
@@ -272,13 +410,22 @@ class LentSession implements RunningSession {
     }
     const bytes = Buffer.concat(msgs)
     lend.watch.fromClient(bytes)
+    if (lend.onReplica?.retryable) lend.onReplica.sent.push(...msgs.map((m) => Buffer.from(m)))
     // Whole transactions on an idle backend, plain but perhaps running the database's code: verified
     // lightly in the same write, the answer right behind the client's (no write, no wait of its own).
     const last = msgs[msgs.length - 1][0]
-    const whole = before?.pending === 0 && before.status === TxStatus.Idle && (last === ClientMessage.Sync || last === ClientMessage.Query)
+    const ends = last === ClientMessage.Sync || last === ClientMessage.Query
+    const idle = before?.pending === 0 && before.status === TxStatus.Idle
+    const whole = idle && ends
+    if (idle && !lend.onReplica) this.o.replicas?.set.events.routed('primary') // (a replica's, once its answer stands: see release)
     const light = whole && read.plain && read.code && !read.control && !read.unseen && !this.pinned
-    if (lend.relay.forward(msgs, false, light ? this.verification(lend, 'light') : undefined)) this.verifying++, this.o.lender.events.verified('light')
+    const behind = light ? [this.verification(lend, 'light')] : []
+    // Where reads may go to replicas, a transaction on the primary ends with its position, in the same write.
+    if (this.o.replicas && !lend.onReplica && ends && (read.block === 'closed' || (idle && read.block === undefined))) behind.push(this.positionBehind(lend))
+    const rode = lend.relay.forward(msgs, false, behind)
+    if (rode && light) this.verifying++, this.o.lender.events.verified('light')
     else lend.effects = merge(lend.effects, read)
+    if (!rode && behind.length > (light ? 1 : 0)) this.verifying--, lend.positionDue-- // (it did not go)
   }
 
   /** The signals whose statements the client has its answer to, or the first `n` (the session ended: all). */
@@ -312,33 +459,140 @@ class LentSession implements RunningSession {
 
   private acquire() {
     this.acquiring = true
-    this.o.lender.acquire((leave) => (this.leaveLine = leave), this.holder).then(
+    const route = this.o.replicas ? this.routeOf(this.waiting) : 'primary'
+    if (route === 'primary') return this.acquireOn(this.o.lender)
+    const { set } = this.o.replicas!
+    const replica = set.choose()
+    if (typeof replica === 'string') return this.fellBack(replica)
+    this.o.replicas!.lender(replica).then(
+      (lender) => {
+        if (!lender) return set.down(replica, 'it refused the login'), this.fellBack('down')
+        this.acquireOn(lender, { replica, sent: [], held: [], heldBytes: 0, retryable: route === 'autocommit', checked: false })
+      },
+      (err: Error) => (set.down(replica, err.message), this.fellBack('down'))
+    )
+  }
+
+  /** What waits goes to the primary after all, for `why`. */
+  private fellBack(why: Fallback) {
+    this.o.replicas!.set.events.fellBack(why)
+    this.acquireOn(this.o.lender)
+  }
+
+  private acquireOn(lender: Lender, onReplica?: OnReplica) {
+    this.acquiring = true
+    this.toPrimary = false
+    lender.acquire((leave) => (this.leaveLine = leave), this.holder).then(
       (backend) => {
         this.leaveLine = undefined
         const { claims } = this.o
-        if (claims === undefined || this.ended) return this.begin(backend)
+        if (claims === undefined || this.ended) return this.begin(backend, lender, onReplica)
         // A login by token: its claims on the backend first (proxy/auth/claims.ts).
         setClaims(backend.upstream, claims).then(
-          () => this.begin(backend),
+          () => this.begin(backend, lender),
           (err: ClaimsError) => {
-            this.o.lender.lost(backend) // (closed: it serves no one)
+            lender.lost(backend) // (closed: it serves no one)
             this.refuseWaiting(err)
           }
         )
       },
       (err: Error & { code?: string }) => {
         this.leaveLine = undefined
+        if (onReplica && !this.ended) return this.fellBack('down') // (its backends all busy, or a login refused)
         this.refuseWaiting(err, `edgepg-proxy: ${err.message}`)
       }
     )
   }
 
-  /** The backend is the session's now: what waited for it goes (unless the session ended meanwhile). */
-  private begin(backend: Backend) {
+  /** The backend is the session's now: what waited for it goes (unless the session ended meanwhile; on a replica, once it said it may serve). */
+  private begin(backend: Backend, lender: Lender, onReplica?: OnReplica) {
     this.acquiring = false
-    if (this.ended) return this.o.lender.giveBack(backend)
-    this.startLend(backend)
+    if (this.ended) return lender.giveBack(backend)
+    const lend = this.startLend(backend, lender, onReplica)
+    if (onReplica) {
+      // Behind what the session has seen, as far as is known: its messages wait for the replica to replay it.
+      const need = this.need()
+      if (need === undefined || onReplica.replica.replayed < need) onReplica.gatedSince = performance.now()
+      this.checkReplica(lend)
+      if (onReplica.gatedSince !== undefined) return
+    }
     this.send(this.unqueue())
+  }
+
+  /**
+   * Asks the replica how far it has replayed, ahead of the session's messages (no round trip of its
+   * own, unless they wait for it): its answer decides whether what runs there may stand.
+   */
+  private checkReplica(lend: Lend) {
+    const on = lend.onReplica!
+    const { set } = this.o.replicas!
+    let answer = ''
+    this.verifying++
+    lend.relay.ownQuery({
+      query: serialize.query(set.check(on.replica)),
+      onRow: (value) => (answer = value),
+      ready: () => {
+        this.verifying--
+        if (this.lend !== lend || on.moving) return
+        const { replayed, serves } = set.observe(on.replica, answer)
+        if (!serves) return this.move(lend, 'promoted')
+        const need = this.need()
+        if (need !== undefined && replayed >= need) {
+          on.checked = true
+          if (replayed > this.seen) this.seen = replayed
+          if (on.gatedSince !== undefined) {
+            if (on.behind) set.events.waited((performance.now() - on.gatedSince) / 1000)
+            on.gatedSince = undefined
+            return this.send(this.unqueue())
+          }
+          return this.release(lend)
+        }
+        // Behind: its messages wait (if they were sent, what they read is not what the session may see).
+        if (on.gatedSince === undefined || performance.now() - on.gatedSince >= set.o.waitMs) return this.move(lend, 'position')
+        on.behind = true
+        setTimeout(() => this.lend === lend && !this.ended && this.checkReplica(lend), Math.min(RECHECK_MS, set.o.waitMs))
+      },
+    })
+  }
+
+  /**
+   * What the replica answered goes to the client (the position first): once it has said it may
+   * serve, and, for a read it may refuse as a write, once that read is over (or too large to hold).
+   */
+  private release(lend: Lend) {
+    const on = lend.onReplica!
+    const ending = lend.watch.ending
+    const over = ending?.pending === 0 && ending.status === TxStatus.Idle && !on.gatedSince
+    if (!on.held || !on.checked || (on.retryable && !over && on.heldBytes <= HOLD_MAX)) return
+    const held = on.held
+    on.held = undefined
+    this.o.replicas!.set.events.routed('replica')
+    on.retryable = false
+    on.sent = []
+    this.tell()
+    for (const bytes of held) this.deliver(lend, bytes)
+  }
+
+  /**
+   * The replica cannot serve what the session sent (`why`): once Postgres has answered it all, the
+   * backend goes back and the messages go to the primary; the client has seen none of its answers.
+   */
+  private move(lend: Lend, why: Fallback) {
+    const on = lend.onReplica!
+    on.moving = why
+    on.held = undefined
+    if (lend.watch.pending === 0) this.moved(lend)
+  }
+
+  private moved(lend: Lend) {
+    const on = lend.onReplica!
+    this.detach(lend)
+    lend.lender.endSession(lend.backend, lend.watch.ending) // (reset: nothing of it is the session's)
+    if (on.gatedSince !== undefined) on.sent = this.unqueue()
+    this.waiting = [...on.sent, ...this.waiting]
+    this.queued += on.sent.reduce((n, m) => n + m.length + QUEUED_COST, 0)
+    this.toPrimary = true
+    this.fellBack(on.moving!)
   }
 
   /** No backend for what waits: each Query and Sync gets Postgres's way of saying no, an error and ReadyForQuery. */
@@ -350,16 +604,17 @@ class LentSession implements RunningSession {
     this.readies += answers
   }
 
-  private startLend(backend: Backend) {
+  private startLend(backend: Backend, lender: Lender, onReplica?: OnReplica): Lend {
     const statements = statementsOn(backend, this.o.statementsPerBackend)
     const { events } = this.o.lender
     const relay = new StatementRelay(this.statements, statements, (bytes) => void (backend.upstream.write(bytes) || this.ws.pause()), events.preparedAgain)
-    this.lend = { backend, relay, watch: new IdleWatch(), effects: NOTHING }
+    const lend: Lend = (this.lend = { backend, lender, onReplica, delivered: 0, positionDue: 0, relay, watch: new IdleWatch(), effects: NOTHING })
     backend.upstream.onDrain = () => this.ws.resume()
     backend.upstream.on('close', this.onBackendClose)
     const early = backend.upstream.relay(this.fromBackend)
     backend.upstream.resume()
     if (early.length) this.fromBackend(early)
+    return lend
   }
 
   // ── Postgres → client ───────────────────────────────────────────────────────────────────────
@@ -368,16 +623,32 @@ class LentSession implements RunningSession {
     const lend = this.lend
     if (!lend) return
     const visible = lend.relay.fromBackend(chunk)
-    const readies = lend.watch.readies
+    if (this.lend !== lend) return // (an answer of the proxy's own, read just now, moved the session on)
+    const on = lend.onReplica
+    // (A replica's lend whose transaction is over owes the client nothing: a FATAL now is the replica's going away.)
+    if (on && !on.held && this.waitsOnReplica(lend)) return
     lend.watch.fromBackend(visible)
-    this.readies += lend.watch.readies - readies
-    if (visible.length) this.toClient(visible)
+    if (on?.moving) return void (lend.watch.pending === 0 && this.moved(lend))
+    if (on?.held) {
+      if (visible.length) on.held.push(visible), (on.heldBytes += visible.length)
+      if (on.retryable && refusedAsWrite(visible)) return this.move(lend, 'read_only')
+      this.release(lend)
+      if (on.held) return
+    } else if (lend.positionDue && visible.length && lend.watch.last === ServerMessage.ReadyForQuery) {
+      // The last ReadyForQuery so far waits for the position asked behind it (see positionBehind).
+      const bytes = lend.tail ? Buffer.concat([lend.tail, visible]) : visible
+      lend.tail = bytes.subarray(bytes.length - READY_IDLE.length)
+      this.deliver(lend, bytes.subarray(0, bytes.length - READY_IDLE.length))
+    } else if (visible.length) {
+      if (lend.tail) this.deliver(lend, lend.tail), (lend.tail = undefined)
+      this.deliver(lend, visible)
+    }
     this.sendSignals()
     // A parked backend speaks only to say it is going away (a FATAL): it stays with this session
     // (which ends as it closes), and no other may take it meanwhile.
-    if (this.parked && lend.watch.last === ServerMessage.ErrorResponse) return this.o.lender.unpark(lend.backend), void (this.parked = false)
+    if (this.parked && lend.watch.last === ServerMessage.ErrorResponse) return lend.lender.unpark(lend.backend), void (this.parked = false)
     const ending = lend.watch.ending
-    if (this.lend !== lend || !ending || ending.pending !== 0 || this.waiting.length) return
+    if (this.lend !== lend || !ending || ending.pending !== 0 || (this.waiting.length && !lend.onReplica)) return
     if (ending.status === TxStatus.Idle) this.transactionEnded(lend)
     else this.idleInside()
   }
@@ -386,7 +657,7 @@ class LentSession implements RunningSession {
   private idleInside() {
     if (this.idleInTx) return
     this.idleInTx = true
-    this.o.lender.idleInTransaction() // (another client may be waiting for this backend)
+    this.lend?.lender.idleInTransaction() // (another client may be waiting for this backend)
     const ms = this.o.idleInTransactionMs
     if (!ms) return
     this.idleInTransaction = setTimeout(() => {
@@ -404,6 +675,14 @@ class LentSession implements RunningSession {
     this.toClient(errorResponse(code, message, 'FATAL'))
     this.finish()
     closeWebSocket(this.ws, 1000)
+  }
+
+  /** Postgres's answers of a lend to the client, counting its ReadyForQuery messages. */
+  private deliver(lend: Lend, bytes: Buffer) {
+    const readies = lend.watch.readies
+    this.readies += readies - lend.delivered
+    lend.delivered = readies
+    if (bytes.length) this.toClient(bytes)
   }
 
   private readonly resumeBackend = () => this.lend?.backend.upstream.resume()
@@ -460,12 +739,22 @@ class LentSession implements RunningSession {
       if (this.lend !== lend) return
       const statements = statementsOn(lend.backend, this.o.statementsPerBackend).held.size
       const left = f ? (f.left[0] ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
+      if (left && lend.onReplica) {
+        // State cannot follow the session to the primary, where its writes must go: it ends, and says why.
+        const message = `edgepg-proxy: a read sent to a replica left ${left} on its backend there (code of the database's own ran with it), which cannot follow the session to the primary: the session is closed. Keep such reads inside a read-write transaction, or run them in session pooling`
+        return this.evict('upstream_error', '55000', message)
+      }
       if (left) return this.pin(left)
       this.unpin()
-      const ending = lend.watch.ending
-      if (!this.verifying && ending && ending.pending === 0 && ending.status === TxStatus.Idle && !this.waiting.length) this.transactionEnded(lend)
+      this.afterOwn(lend)
     }
     return { query, onRow: (value) => rows.push(value), ready }
+  }
+
+  /** An answer of the proxy's own is in: the transaction, if it is over, is decided now. */
+  private afterOwn(lend: Lend) {
+    const ending = lend.watch.ending
+    if (!this.verifying && ending && ending.pending === 0 && ending.status === TxStatus.Idle && (!this.waiting.length || lend.onReplica)) this.transactionEnded(lend)
   }
 
   private pin(reason: string) {
@@ -487,9 +776,19 @@ class LentSession implements RunningSession {
 
   /** A transaction that left nothing: the backend stays with this session while no other needs it, else goes back. */
   private lendOn(lend: Lend) {
-    if (this.o.lender.park(lend.backend, this.surrender)) return void (this.parked = true)
+    // (A replica's is not parked: the session's next transaction may be a write, or need a later position.)
+    if (!lend.onReplica && lend.lender.park(lend.backend, this.surrender)) return void (this.parked = true)
     this.detach(lend)
-    this.o.lender.giveBack(lend.backend)
+    lend.lender.giveBack(lend.backend)
+    if (this.waiting.length && !this.acquiring) this.acquire() // (what came while a replica's lend ended)
+  }
+
+  /** The parked backend goes back: the session's next transaction runs elsewhere. */
+  private surrenderParked() {
+    const lend = this.lend!
+    this.parked = false
+    this.detach(lend)
+    lend.lender.giveBack(lend.backend)
   }
 
   /** Another session takes the parked backend: from now on this one acquires anew. */
@@ -516,8 +815,21 @@ class LentSession implements RunningSession {
   private readonly onBackendClose = () => {
     const lend = this.lend
     if (!lend) return
+    const on = lend.onReplica
+    if (on && (on.held || on.gatedSince !== undefined || this.waitsOnReplica(lend))) {
+      // A replica went away under a read the client has seen nothing of (or after it): the primary serves.
+      this.o.replicas!.set.down(on.replica, 'the connection was lost')
+      this.detach(lend)
+      lend.lender.lost(lend.backend)
+      if (this.waitsOnReplica(lend) && on.gatedSince === undefined) return void (this.waiting.length && !this.acquiring && this.acquire())
+      if (on.gatedSince !== undefined) on.sent = this.unqueue()
+      this.waiting = [...on.sent, ...this.waiting]
+      this.queued += on.sent.reduce((n, m) => n + m.length + QUEUED_COST, 0)
+      this.toPrimary = true
+      return this.fellBack('down')
+    }
     this.detach(lend)
-    this.o.lender.lost(lend.backend)
+    lend.lender.lost(lend.backend)
     this.parked = false
     if (lend.watch.last === ServerMessage.ErrorResponse) {
       this.end('ok', 'closed by upstream')
@@ -546,10 +858,10 @@ class LentSession implements RunningSession {
     const lend = this.lend
     if (!lend) return
     this.detach(lend)
-    if (this.parked) return this.o.lender.giveBack(lend.backend)
+    if (this.parked) return lend.lender.giveBack(lend.backend)
     // (The reset waits out what Postgres still owes: the session's answers, and the proxy's own.)
     const ending = lend.watch.ending
-    this.o.lender.endSession(lend.backend, ending && { ...ending, pending: ending.pending + lend.relay.ownReadiesDue, reusable: ending.reusable && !this.pinnedForGood })
+    lend.lender.endSession(lend.backend, ending && { ...ending, pending: ending.pending + lend.relay.ownReadiesDue, reusable: ending.reusable && !this.pinnedForGood })
   }
 }
 
@@ -567,6 +879,19 @@ function bindParameter(bind: Buffer, n: number): number | undefined {
   if (length < 0) return undefined
   if (format === 0) return /^\s*[+-]?\d+\s*$/.test(value.toString('latin1')) ? Number(value.toString('latin1')) : undefined
   return length === 4 ? value.readInt32BE(0) : length === 8 ? Number(value.readBigInt64BE(0)) : undefined
+}
+
+/** Answers a read on a replica holds back while it may still move to the primary; past this, it goes to the client and stays. */
+const HOLD_MAX = 64 << 10
+/** How often a read waiting for a replica to catch up asks it again (ms). */
+const RECHECK_MS = 5
+
+/** Whether answers hold a standby's refusal of a write (25006, read_only_sql_transaction). */
+function refusedAsWrite(bytes: Buffer): boolean {
+  for (let at = 0; at + 5 <= bytes.length; at += 1 + bytes.readInt32BE(at + 1)) {
+    if (bytes[at] === ServerMessage.ErrorResponse && bytes.subarray(at, at + 1 + bytes.readInt32BE(at + 1)).includes('\0C25006\0')) return true
+  }
+  return false
 }
 
 /** Signals a session keeps for statements not yet answered: a client may pipeline without end. */

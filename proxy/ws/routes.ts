@@ -24,7 +24,9 @@ import type { LoginGate, LoginTicket } from '../login/gate'
 import type { Cancels } from './cancels'
 import type { Metrics, RefusalReason } from '../admin/metrics'
 import { notAllowed, type Upstreams } from '../upstream/allowed'
-import { SUBPROTOCOL, SUBPROTOCOL_CANCEL } from '../../src/config'
+import { SUBPROTOCOL, SUBPROTOCOL_CANCEL, SUBPROTOCOL_POSITIONS } from '../../src/config'
+import { readOnlyLogin, type Replicas } from '../replicas/replicas'
+import type { SessionReplicas } from './lent-session'
 import { isLoopback, limitKey } from '../listen/client-address'
 import { giveAll, takeAll, type Places, type PlacesOf, type Wanted } from '../cluster/places'
 
@@ -54,6 +56,8 @@ export interface RouteOptions {
   lenders?: Lenders
   /** Logins by signed token (proxy/auth/); without it a login carrying a token is refused. */
   tokens?: TokenLogins
+  /** Hot standbys of the upstream (--replica): transaction pooling's reads may go there. */
+  replicas?: Replicas
   /** The client's address (behind a trusted balancer, the one it declares); default the TCP peer's. */
   clientAddress?: (req: http.IncomingMessage) => string
   /** Where the session limits are counted (the whole proxy's, with --workers n). */
@@ -80,6 +84,8 @@ export class WebSocketRoutes {
   private readonly wss: WebSocketServer
   /** Upgrades whose session can take a cancel on its own WebSocket (on a pooled backend, whose messages it follows). */
   private readonly cancelsInBand = new WeakSet<http.IncomingMessage>()
+  /** Of those, upgrades whose session may read from replicas: it takes and tells positions (SUBPROTOCOL_POSITIONS). */
+  private readonly positioned = new WeakSet<http.IncomingMessage>()
   private closing = false
 
   constructor(private readonly o: RouteOptions) {
@@ -87,14 +93,17 @@ export class WebSocketRoutes {
     this.inAll = o.places('sessions', o.maxSessions ?? 10_000)
     this.perIp = o.places('sessionsPerIp', o.maxSessionsPerIp ?? 100)
     // Selecting edgepg's subprotocol says the proxy takes a login from the upgrade (proxy/login/in-upgrade.ts);
-    // selecting SUBPROTOCOL_CANCEL, also a cancel on the session's WebSocket (proxy/ws/session.ts).
+    // selecting SUBPROTOCOL_CANCEL, also a cancel on the session's WebSocket (proxy/ws/session.ts);
+    // SUBPROTOCOL_POSITIONS, also positions in the WAL, where reads may go to replicas (proxy/replicas/).
     // Any other offered subprotocol is declined (ws would otherwise select the first one offered).
     this.wss = new WebSocketServer({
       noServer: true,
       maxPayload: FIRST_FLIGHT_BYTES, // until the login is in (proxy/ws/budget.ts)
       perMessageDeflate: false,
       handleProtocols: (offered, req) =>
-        offered.has(SUBPROTOCOL_CANCEL) && this.cancelsInBand.has(req) ? SUBPROTOCOL_CANCEL : offered.has(SUBPROTOCOL) ? SUBPROTOCOL : false,
+        offered.has(SUBPROTOCOL_POSITIONS) && this.positioned.has(req) ? SUBPROTOCOL_POSITIONS
+        : offered.has(SUBPROTOCOL_CANCEL) && this.cancelsInBand.has(req) ? SUBPROTOCOL_CANCEL
+        : offered.has(SUBPROTOCOL) ? SUBPROTOCOL : false,
     })
   }
 
@@ -147,6 +156,28 @@ export class WebSocketRoutes {
     }
     const full = takeAll(held)
     typeof full === 'number' ? admitted(full) : full.then(admitted)
+  }
+
+  /**
+   * Replicas for a session of the upstream's, by password (one by token stays on the primary: its
+   * claims go where it writes): the key's lender on each replica is made by the same login, there.
+   */
+  private replicasFor(name: string, login: Login, identity: Identity | undefined): SessionReplicas | undefined {
+    const { replicas, lenders, pool, upstreamTls } = this.o
+    if (!replicas || !lenders || identity || name !== formatHostPort(this.o.upstreams.upstream) || login.first.kind !== 'startup') return undefined
+    const { tls, first, password } = login
+    return {
+      set: replicas,
+      readOnly: readOnlyLogin(first.packet),
+      async lender(replica) {
+        const key = pool.key(replica.name, tls, first.packet, password, false)
+        const there = () => loginAs(replica.target, upstreamTls, login)
+        const got = await lenders.lenderFor(key, () => pool.open(key, there), there)
+        if (got instanceof Lender) return got
+        got.upstream.close()
+        return undefined
+      },
+    }
   }
 
   /**
@@ -232,6 +263,8 @@ export class WebSocketRoutes {
       // The 101 response and Postgres's answer (sent as the session starts) leave in one write.
       socket.cork()
       if (backend || lent) this.cancelsInBand.add(req)
+      const replicas = lent && this.replicasFor(name, login!, identity)
+      if (replicas) this.positioned.add(req)
       this.wss.handleUpgrade(req, socket, head, (session) => {
         ws = session
         this.upgrading.delete(socket)
@@ -262,6 +295,7 @@ export class WebSocketRoutes {
                 idleInTransactionMs: this.o.idleInTransactionMs,
                 signals: this.o.signals,
                 pid: lent!.told.pid,
+                replicas: replicas || undefined,
               })
             : runSession(session, {
                 upstream: up ?? newUpstream(), opened, loginBytes: login?.bytes, peer, offload, passwordsAllowed, connect, routeCancel,

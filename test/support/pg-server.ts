@@ -222,7 +222,7 @@ export async function startServer(major: 16 | 18, dataDir: string, port: number,
         log?.(line)
         recent.push(line)
         if (recent.length > 20) recent.shift()
-        if (line.includes('database system is ready to accept connections')) resolve()
+        if (/database system is ready to accept (read-only )?connections/.test(line)) resolve() // (read-only: a hot standby)
       }
     })
     child.once('error', (err) => reject(new Error(`cannot start ${join(bin, 'postgres')}: ${err.message}`)))

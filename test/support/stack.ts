@@ -59,6 +59,9 @@ export interface PostgresOptions {
 
 export interface Postgres extends PgInfo {
   version: 16 | 18
+  /** Its data directory, and the `postgres` flags it runs with (test/support/standby.ts copies both). */
+  dataDir: string
+  flags: string[]
   /** A superuser pg.Client straight to Postgres over TCP without TLS (not connected yet). */
   admin(): pg.Client
   /** ALTER SYSTEM SET (or RESET, for null) and reload; resolves once new backends see it. */
@@ -151,6 +154,8 @@ export async function startPostgres(options: PostgresOptions = {}): Promise<Post
     host: '127.0.0.1',
     port,
     database: 'postgres',
+    dataDir: databaseDir,
+    flags,
     admin,
     async useCert(certFile, keyFile) {
       if (!ssl) throw new Error('useCert: this Postgres was started without ssl')

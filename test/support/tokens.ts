@@ -10,7 +10,7 @@ import pg from 'pg'
 import { SignJWT, type JWTPayload } from 'jose'
 import { setupAuth } from '../../proxy/auth/setup'
 import type { TokenLoginOptions } from '../../proxy/auth/token-login'
-import { PASSWORD, testPostgres } from './stack'
+import { PASSWORD, testPostgres, type PgInfo } from './stack'
 
 export const WEB_USER = 'edgepg_web_user'
 export const WEB_ADMIN = 'edgepg_web_admin'
@@ -37,8 +37,7 @@ export function token(sub: string, o: { role?: string | null; seconds?: number; 
 }
 
 /** The roles, the passfile, the table and setup-auth; `teardown` removes them. */
-export async function tokenFixture(table: string) {
-  const db = testPostgres()
+export async function tokenFixture(table: string, db: PgInfo = testPostgres()) {
   const admin = new pg.Client({ connectionString: superuserUrl(db), application_name: 'edgepg-token-fixture' })
   await admin.connect()
   await admin.query(`SET password_encryption = 'scram-sha-256'`)

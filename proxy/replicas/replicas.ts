@@ -1,0 +1,131 @@
+/**
+ * Hot standbys of the upstream (--replica), and what the proxy knows of each: where it has replayed
+ * the primary's WAL to, how far behind it runs, and whether it serves. Nothing polls them: every
+ * read sent to one asks first, in the same write (REPLAY_CHECK), and its answer says whether the
+ * read may stand. A replica that is down, refuses logins, lags more than --replica-max-lag or no
+ * longer recovers (promoted) is passed over for a while; reads then go to the primary.
+ */
+import { lsn } from '../../src/positions'
+import { parseHostPort, type HostPort } from '../upstream/address'
+import { parseStartupParams } from '../wire/startup'
+
+export interface ReplicaOptions {
+  /** Hot standbys of the upstream, `host:port`. */
+  addresses: string[]
+  /** Pass over a replica whose replay lags more (ms). */
+  maxLagMs: number
+  /** How long a read waits for a replica to replay what its session has seen before it goes to the primary (ms). */
+  waitMs: number
+  /** Send autocommit reads to replicas (not only transactions begun read-only). */
+  autocommit: boolean
+}
+
+/** Why a read went to the primary after all (the metric's label). */
+export const FALLBACKS = ['none_usable', 'lag', 'down', 'read_only', 'position', 'promoted'] as const
+export type Fallback = (typeof FALLBACKS)[number]
+
+export interface ReplicaEvents {
+  /** A lend went to `target`. */
+  routed(target: 'primary' | 'replica'): void
+  /** A read waited this long for a replica to replay its session's position. */
+  waited(seconds: number): void
+  fellBack(why: Fallback): void
+  /** What a check said of a replica. */
+  observed(name: string, lagSeconds: number, up: boolean): void
+}
+
+/** How long a replica that failed is passed over before it is tried again. */
+const DOWN_MS = 2000
+
+export class Replica {
+  readonly target: HostPort
+  /** Replayed up to here, as its last check said (-1: never checked). */
+  replayed = -1n
+  lagMs = 0
+  /** When a check last said so (a lag is believed for DOWN_MS: only a check, made when a read goes there, tells it again). */
+  checkedAt = 0
+  /** Passed over until then. */
+  downUntil = 0
+  why?: string
+  /** Its system identifier, once a check said it: a replica of another cluster is no replica. */
+  database?: string
+  constructor(readonly name: string) {
+    this.target = parseHostPort(name)
+  }
+}
+
+export class Replicas {
+  readonly list: Replica[]
+  /** The primary's system identifier, once a position asked of it said it. */
+  database?: string
+  private turn = 0
+
+  constructor(readonly o: ReplicaOptions, readonly events: ReplicaEvents) {
+    this.list = o.addresses.map((a) => new Replica(a))
+  }
+
+  /** The next replica in turn that serves and keeps up, or why there is none. */
+  choose(): Replica | Fallback {
+    let why: Fallback = 'none_usable'
+    const now = Date.now()
+    for (let i = 0; i < this.list.length; i++) {
+      const replica = this.list[(this.turn + i) % this.list.length]
+      if (replica.downUntil > now) why = 'down'
+      else if (replica.lagMs > this.o.maxLagMs && now - replica.checkedAt < DOWN_MS) why = why === 'down' ? why : 'lag'
+      else return (this.turn = (this.turn + i + 1) % this.list.length), replica
+    }
+    return why
+  }
+
+  down(replica: Replica, why: string) {
+    replica.downUntil = Date.now() + DOWN_MS
+    replica.why = why
+    this.events.observed(replica.name, replica.lagMs / 1000, false)
+  }
+
+  /** The check asked of a replica: what it says, and whether it may serve reads (it recovers, and from our primary). */
+  observe(replica: Replica, answer: string): { replayed: bigint; serves: boolean } {
+    const [position, recovering, lag, database] = answer.split(' ')
+    if (database) replica.database = database
+    // (Until the primary has said its own, a replica's stands for it: a primary that says otherwise passes it over.)
+    this.database ??= replica.database
+    const replayed = lsn(position ?? '') ?? -1n
+    const serves = recovering === 't' && replayed >= 0n && (!this.database || !replica.database || replica.database === this.database)
+    if (!serves) {
+      this.down(replica, recovering !== 't' ? 'it is not in recovery (promoted?)' : 'it replicates another cluster')
+      return { replayed, serves }
+    }
+    if (replayed > replica.replayed) replica.replayed = replayed
+    replica.lagMs = Number(lag) || 0
+    replica.checkedAt = Date.now()
+    replica.downUntil = 0
+    this.events.observed(replica.name, replica.lagMs / 1000, true)
+    return { replayed, serves }
+  }
+
+  /** A position asked of the primary: its system identifier (asked the first time), and the position. */
+  primaryAnswer(answer: string): bigint | undefined {
+    const [position, database] = answer.split(' ')
+    if (database) this.database = database
+    for (const replica of this.list) if (database && replica.database && replica.database !== database) this.down(replica, 'it replicates another cluster')
+    return lsn(position ?? '')
+  }
+
+  /** Asked of a replica ahead of a read: its replay position, whether it recovers, its lag in ms (0 when it has replayed all it received), and its system identifier the first time. */
+  check(replica: Replica): string {
+    return `SELECT concat_ws(' ', coalesce(pg_last_wal_replay_lsn()::text, '-'), pg_is_in_recovery(), CASE WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 ELSE coalesce(round(1000 * extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())), 0) END${replica.database ? '' : ', (SELECT system_identifier FROM pg_control_system())'})`
+  }
+
+  /** Asked of the primary behind a transaction: where its WAL is, and its system identifier the first time. */
+  position(): string {
+    return `SELECT concat_ws(' ', pg_current_wal_insert_lsn()${this.database ? '' : ', (SELECT system_identifier FROM pg_control_system())'})`
+  }
+}
+
+/** Whether a StartupMessage makes every transaction read-only (default_transaction_read_only, as a parameter or in `options`). */
+export function readOnlyLogin(packet: Buffer): boolean {
+  const params = parseStartupParams(packet.subarray(8))
+  const on = (v: string | undefined) => v !== undefined && /^(on|true|yes|1)$/i.test(v.trim())
+  const option = /(?:^|\s)(?:-c\s*|--)default_transaction_read_only=(\S+)/.exec(params.options ?? '')
+  return on(option ? option[1] : params.default_transaction_read_only)
+}

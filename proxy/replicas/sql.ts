@@ -1,0 +1,110 @@
+/**
+ * POST /sql with replicas: a batch sent `readOnly` and, by default, an autocommit read (one
+ * statement, or a batch of reads) run on a replica, once it has replayed the position the request
+ * names (its Edgepg-Last-Write header) and any the proxy told; else, or if the standby refuses it as
+ * a write (25006), on the primary. Either way the answer tells the position it was read at or
+ * written to, in the same header. The replica is asked in the same write as the request's
+ * statements, the primary behind them: no round trip of its own, unless the request waits for a
+ * replica to catch up.
+ */
+import type { DatabaseError } from 'pg-protocol'
+import { positions, lsnText } from '../../src/positions'
+import type { HostPort } from '../upstream/address'
+import type { Reading } from '../isolation/reader'
+import type { Control, Credentials, Lease, Leases } from '../sql/lease'
+import type { Response } from '../sql/run'
+import type { Replica, Replicas } from './replicas'
+
+export const POSITION_HEADER = 'edgepg-last-write'
+
+/** The request's statements, as the proxy reads them, and whether it asked for a read-only transaction. */
+export interface Asked {
+  texts: string[]
+  batch: boolean
+  readOnly: boolean
+}
+
+/** Runs the request where it may (see above); `run` runs it on a lease. */
+export async function runRouted(
+  set: Replicas,
+  leases: Leases,
+  primary: HostPort,
+  credentials: Credentials,
+  ctl: Control,
+  asked: Asked,
+  after: string | undefined,
+  read: (sql: string) => Reading,
+  run: (lease: Lease) => Promise<Response>
+): Promise<Response> {
+  const told = positions(after)
+  // (Undefined while the primary's database is not known: the replica's check then says it.)
+  const need = () => (set.database ? (told.get(set.database) ?? 0n) : told.size ? undefined : 0n)
+  const readings = asked.texts.map(read)
+  const reads = readings.every((r) => !r.writes && r.plain && !r.unseen && !r.control && !r.signals)
+  const to = credentials.claims !== undefined ? 'primary' : asked.readOnly && asked.batch ? 'replica' : set.o.autocommit && reads ? 'autocommit' : 'primary'
+  if (to !== 'primary') {
+    const replica = set.choose()
+    if (typeof replica === 'string') set.events.fellBack(replica)
+    else {
+      try {
+        const answer = await leases.with(replica.target, credentials, ctl, (lease) => onReplica(set, replica, lease, need, run))
+        set.events.routed('replica')
+        return answer
+      } catch (err) {
+        const why = err instanceof Behind ? 'position' : (err as DatabaseError).code === '25006' && to === 'autocommit' ? 'read_only' : replicaFailed(err) ? 'down' : undefined
+        if (!why) throw err
+        if (why === 'down') set.down(replica, (err as Error).message)
+        set.events.fellBack(why)
+      }
+    }
+  }
+  set.events.routed('primary')
+  return leases.with(primary, credentials, ctl, async (lease) => {
+    const running = run(lease)
+    // (Queued in the same write as the request's statements, behind them.)
+    let answer = ''
+    const asking = lease.statements.execute(set.position(), [], (row) => void (answer = row[0] ?? '')).catch(() => undefined)
+    const response = await running
+    await asking
+    return withPosition(response, set, set.primaryAnswer(answer))
+  })
+}
+
+/** The replica had not replayed what the request must see within --replica-wait. */
+class Behind extends Error {}
+
+/** A login or a connection to the replica failed (HTTP 502/503 from the lease), not the request. */
+const replicaFailed = (err: unknown) => [502, 503].includes((err as { status?: number }).status ?? 0) || (err as Error).message === 'Connection terminated unexpectedly'
+
+async function onReplica(set: Replicas, replica: Replica, lease: Lease, needed: () => bigint | undefined, run: (lease: Lease) => Promise<Response>): Promise<Response> {
+  const check = async () => {
+    let answer = ''
+    await lease.statements.execute(set.check(replica), [], (row) => void (answer = row[0] ?? ''))
+    const { replayed, serves } = set.observe(replica, answer)
+    if (!serves) throw Object.assign(new Error(`replica ${replica.name} ${replica.why}`), { status: 503 })
+    return replayed
+  }
+  const need = needed()
+  if (need === undefined || replica.replayed < need) {
+    // Behind, or not known not to be: it is asked (again) until it has caught up, for up to --replica-wait.
+    const since = performance.now()
+    let behind = false
+    while ((await check()) < (needed() ?? Infinity)) {
+      if (performance.now() - since >= set.o.waitMs) throw new Behind()
+      behind = true
+      await new Promise((r) => setTimeout(r, 5))
+    }
+    if (behind) set.events.waited((performance.now() - since) / 1000)
+  }
+  const checking = check()
+  const running = run(lease)
+  const replayed = await checking.catch((err) => running.catch(() => {}).then(() => Promise.reject(err)))
+  if (replayed < needed()!) throw (await running.catch(() => {}), new Behind())
+  return withPosition(await running, set, replayed)
+}
+
+/** The response, with the position it was read at or written to. */
+function withPosition(response: Response, set: Replicas, at: bigint | undefined): Response {
+  if (at === undefined || !set.database) return response
+  return { ...response, headers: { ...response.headers, [POSITION_HEADER]: `${set.database}:${lsnText(at)}` } }
+}

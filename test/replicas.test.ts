@@ -1,0 +1,319 @@
+/**
+ * Reads on a real streaming replica (--replica): a primary of this file's own, and a hot standby
+ * made from it by the low-level backup API (test/support/standby.ts). Where a statement ran is what
+ * Postgres says of itself (pg_is_in_recovery()); what a read returns is checked against what was
+ * written, with the standby made to lag on purpose (recovery_min_apply_delay).
+ */
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { execFile } from 'node:child_process'
+import { promisify } from 'node:util'
+import { WebSocket } from 'ws'
+import pg from 'pg'
+import { Client, Pool, config, httpSql } from '../src/index'
+import { positions } from '../src/positions'
+import { startPostgres, PASSWORD, type Postgres } from './support/stack'
+import { replicable, startStandby, type Standby } from './support/standby'
+import { startProxy } from './support/helpers'
+import { token, tokenFixture } from './support/tokens'
+import type { ReplicaOptions } from '../proxy/replicas/replicas'
+
+let primary: Postgres
+let standby: Standby
+let admin: pg.Client
+type Proxy = Awaited<ReturnType<typeof startProxy>>
+const proxies: Proxy[] = []
+
+before(async () => {
+  primary = await startPostgres(replicable({ name: 'replicas-primary' }))
+  standby = await startStandby(primary, 'replicas-standby')
+  admin = primary.admin()
+  await admin.connect()
+  await admin.query('CREATE TABLE notes (id serial PRIMARY KEY, body text)')
+  await admin.query('CREATE SEQUENCE counter')
+  await standby.caughtUp()
+})
+
+after(async () => {
+  for (const p of proxies) await p.close()
+  await admin?.end()
+  await standby?.stop()
+  await primary?.stop()
+})
+
+async function proxyWith(replicas: Partial<ReplicaOptions> = {}, extra: Parameters<typeof startProxy>[0] = {}) {
+  const p = await startProxy({
+    upstream: `127.0.0.1:${primary.port}`,
+    replicas: { addresses: [`127.0.0.1:${standby.port}`], maxLagMs: 5000, waitMs: 3000, autocommit: true, ...replicas },
+    ...extra,
+  })
+  proxies.push(p)
+  return p
+}
+
+const clientConfig = (p: Proxy, extra: object = {}) => ({
+  host: '127.0.0.1', port: primary.port, user: 'scram_user', password: PASSWORD, database: 'postgres',
+  webSocketConstructor: WebSocket as any, wsProxy: () => `ws://127.0.0.1:${p.port}/v2`, ...extra,
+})
+const sqlVia = (p: Proxy) => httpSql(`postgresql://scram_user:${PASSWORD}@127.0.0.1:${primary.port}/postgres`, { fetchEndpoint: `http://127.0.0.1:${p.port}/sql`, fullResults: true })
+
+/** Whether the statement ran on the standby, by Postgres's own word. */
+const where = async (c: Client | Pool) => ((await c.query('SELECT pg_is_in_recovery() AS standby')).rows[0].standby ? 'replica' : 'primary')
+
+async function metric(p: Proxy, name: string, labels = ''): Promise<number> {
+  const text = await p.metrics.registry.metrics()
+  const line = text.split('\n').find((l) => l.startsWith(`edgepg_proxy_${name}${labels ? `{${labels}}` : ''} `))
+  return line ? Number(line.split(' ')[1]) : NaN
+}
+
+const primaryLsn = async () => (await admin.query('SELECT pg_current_wal_insert_lsn()::text AS lsn')).rows[0].lsn as string
+
+test('routing: autocommit reads and transactions begun read-only on the replica; writes, read-write transactions, session state and named statements on the primary', async () => {
+  const p = await proxyWith()
+  const c = new Client(clientConfig(p))
+  await c.connect()
+  try {
+    assert.equal(await where(c), 'replica')
+    await c.query('INSERT INTO notes (body) VALUES ($1)', ['routing'])
+    await c.query('BEGIN READ ONLY')
+    assert.equal(await where(c), 'replica')
+    await c.query('COMMIT')
+    await c.query('START TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY')
+    assert.equal(await where(c), 'replica')
+    await c.query('COMMIT')
+    // A standby cannot serialize: SERIALIZABLE READ ONLY stays on the primary.
+    await c.query('BEGIN ISOLATION LEVEL SERIALIZABLE READ ONLY')
+    assert.equal(await where(c), 'primary')
+    await c.query('COMMIT')
+    await c.query('BEGIN')
+    assert.equal(await where(c), 'primary', 'a read inside a read-write transaction')
+    await c.query('INSERT INTO notes (body) VALUES ($1)', ['in a transaction'])
+    assert.equal(await where(c), 'primary')
+    await c.query('COMMIT')
+    assert.equal((await c.query({ name: 'named', text: 'SELECT pg_is_in_recovery() AS standby' })).rows[0].standby, false, 'a named statement')
+    assert.equal(await where(c), 'replica')
+    // Session state is the primary's, and the session keeps to it from then on.
+    await c.query(`SELECT set_config('edgepg.test', 'x', false)`)
+    assert.equal(await where(c), 'primary')
+    assert.equal((await c.query(`SELECT current_setting('edgepg.test') AS v`)).rows[0].v, 'x')
+  } finally {
+    await c.end()
+  }
+  const pool = new Pool(clientConfig(p, { options: '-c default_transaction_read_only=on' }))
+  try {
+    assert.equal(await where(pool), 'replica', 'a session whose transactions all start read-only')
+    const r = await pool.query('SELECT count(*)::int AS n FROM notes')
+    assert.ok(r.rows[0].n >= 2)
+  } finally {
+    await pool.end()
+  }
+  assert.ok((await metric(p, 'transactions_total', 'target="replica"')) >= 5)
+  assert.ok((await metric(p, 'transactions_total', 'target="primary"')) >= 5)
+})
+
+test('a statement the standby refuses as a write (25006) runs on the primary instead, once, and the client never sees the refusal', async () => {
+  const p = await proxyWith()
+  const c = new Client(clientConfig(p))
+  await c.connect()
+  try {
+    const { last_value, is_called } = (await admin.query('SELECT last_value::int, is_called FROM counter')).rows[0]
+    const r = await c.query(`SELECT nextval('counter')::int AS n, pg_is_in_recovery() AS standby`)
+    assert.deepEqual(r.rows[0], { n: is_called ? last_value + 1 : last_value, standby: false })
+    // Data-modifying WITH reads as a SELECT to the parser: the standby says otherwise.
+    const tag = `cte ${Date.now()}`
+    const w = await c.query(`WITH made AS (INSERT INTO notes (body) VALUES ($1) RETURNING id) SELECT count(*)::int AS n FROM made`, [tag])
+    assert.equal(w.rows[0].n, 1)
+    assert.equal((await admin.query('SELECT count(*)::int AS n FROM notes WHERE body = $1', [tag])).rows[0].n, 1, 'written once')
+    assert.equal(await where(c), 'replica', 'the next read goes to the replica again')
+  } finally {
+    await c.end()
+  }
+  assert.equal(await metric(p, 'replica_fallbacks_total', 'reason="read_only"'), 2)
+})
+
+test('read your writes: a read right after a write waits for the lagging replica (or, past --replica-wait, goes to the primary); never an older answer', async () => {
+  const waits = await proxyWith({ waitMs: 3000 })
+  const hurries = await proxyWith({ waitMs: 50 })
+  await standby.delay(400)
+  try {
+    for (const [p, expected] of [[waits, 'replica'], [hurries, 'primary']] as const) {
+      const c = new Client(clientConfig(p))
+      await c.connect()
+      try {
+        const tag = `ryw ${expected} ${Date.now()}`
+        await c.query('INSERT INTO notes (body) VALUES ($1)', [tag])
+        const r = await c.query('SELECT count(*)::int AS n, pg_is_in_recovery() AS standby FROM notes WHERE body = $1', [tag])
+        assert.deepEqual(r.rows[0], { n: 1, standby: expected === 'replica' })
+      } finally {
+        await c.end()
+      }
+    }
+    console.log(await waits.metrics.registry.getSingleMetricAsString("edgepg_proxy_replica_wait_seconds"))
+    assert.equal(await metric(waits, 'replica_wait_seconds_count'), 1)
+    assert.ok((await metric(waits, 'replica_wait_seconds_sum')) >= 0.3, 'it waited for the apply delay')
+    assert.equal(await metric(hurries, 'replica_fallbacks_total', 'reason="position"'), 1)
+  } finally {
+    await standby.delay(0)
+    await standby.caughtUp()
+  }
+})
+
+test('across Clients, Pools and httpSql in one process: config.lastWrite carries the position, so no read goes back in time', async () => {
+  const p = await proxyWith({ waitMs: 3000 })
+  await standby.delay(300)
+  const pool = new Pool(clientConfig(p, { max: 2 }))
+  const sql = sqlVia(p)
+  try {
+    // A Pool's connection made before the write, in another session than the write's.
+    const idle = await pool.connect()
+    const writer = new Client(clientConfig(p))
+    await writer.connect()
+    const tag = `across ${Date.now()}`
+    await writer.query('INSERT INTO notes (body) VALUES ($1)', [tag])
+    await writer.end()
+    const [id, lsn] = config.lastWrite!.split(':')
+    assert.match(config.lastWrite!, /^\d+:[0-9A-F]+\/[0-9A-F]+$/)
+    assert.ok(positions(config.lastWrite).get(id)! <= positions(`${id}:${await primaryLsn()}`).get(id)!, `${lsn} is the primary's`)
+    const count = 'SELECT count(*)::int AS n FROM notes WHERE body = $1'
+    assert.equal((await idle.query(count, [tag])).rows[0].n, 1, 'a Pool connection opened before the write')
+    idle.release()
+    assert.equal((await pool.query(count, [tag])).rows[0].n, 1)
+    assert.equal((await sql.query(count, [tag])).rows[0].n, 1, 'httpSql')
+    // And the other way: a write over HTTP, read over a WebSocket.
+    const tag2 = `${tag} http`
+    await sql.query('INSERT INTO notes (body) VALUES ($1)', [tag2])
+    assert.equal((await pool.query(count, [tag2])).rows[0].n, 1)
+    const [, b] = await sql.transaction([sql`INSERT INTO notes (body) VALUES (${tag2})`, sql`SELECT count(*)::int AS n FROM notes WHERE body = ${tag2}`])
+    assert.equal((b as any).rows[0].n, 2)
+    assert.equal(((await sql.query(count, [tag2])) as any).rows[0].n, 2)
+  } finally {
+    await pool.end()
+    await standby.delay(0)
+    await standby.caughtUp()
+  }
+})
+
+test('/sql: readOnly batches and reads on the replica, and the position in the Edgepg-Last-Write header both ways', async () => {
+  const p = await proxyWith()
+  const post = (body: object, headers: Record<string, string> = {}) =>
+    fetch(`http://127.0.0.1:${p.port}/sql`, {
+      method: 'POST',
+      headers: { 'Neon-Connection-String': `postgresql://scram_user:${PASSWORD}@127.0.0.1:${primary.port}/postgres`, ...headers },
+      body: JSON.stringify(body),
+    })
+  const read = await post({ query: 'SELECT pg_is_in_recovery() AS standby', params: [] })
+  assert.equal((await read.json()).rows[0].standby, true)
+  const readAt = read.headers.get('edgepg-last-write')
+  assert.match(readAt ?? '', /^\d+:[0-9A-F]+\/[0-9A-F]+$/, 'a read tells where it read')
+  const batch = await post({ queries: [{ query: 'SELECT pg_is_in_recovery() AS standby', params: [] }] }, { 'Neon-Batch-Read-Only': 'true' })
+  assert.equal((await batch.json()).results[0].rows[0].standby, true)
+  const write = await post({ query: 'INSERT INTO notes (body) VALUES ($1)', params: ['over http'] })
+  assert.equal(write.status, 200)
+  const written = write.headers.get('edgepg-last-write')!
+  const [id] = written.split(':')
+  assert.ok(positions(written).get(id)! > positions(readAt!).get(id)!)
+  // A position no replica has reached (far ahead): the read waits --replica-wait, then the primary serves.
+  const quick = await proxyWith({ waitMs: 50 })
+  const ahead = `${id}:FFFF/0`
+  const r = await fetch(`http://127.0.0.1:${quick.port}/sql`, {
+    method: 'POST',
+    headers: { 'Neon-Connection-String': `postgresql://scram_user:${PASSWORD}@127.0.0.1:${primary.port}/postgres`, 'Edgepg-Last-Write': ahead },
+    body: JSON.stringify({ query: 'SELECT pg_is_in_recovery() AS standby', params: [] }),
+  })
+  assert.equal((await r.json()).rows[0].standby, false)
+  assert.equal(await metric(quick, 'replica_fallbacks_total', 'reason="position"'), 1)
+  // A position of another database is not waited on.
+  const other = await fetch(`http://127.0.0.1:${quick.port}/sql`, {
+    method: 'POST',
+    headers: { 'Neon-Connection-String': `postgresql://scram_user:${PASSWORD}@127.0.0.1:${primary.port}/postgres`, 'Edgepg-Last-Write': '12345:FFFF/0' },
+    body: JSON.stringify({ query: 'SELECT pg_is_in_recovery() AS standby', params: [] }),
+  })
+  assert.equal((await other.json()).rows[0].standby, true)
+})
+
+test('across processes: config.lastWrite read in one and set in another keeps the second from reading behind the first', async () => {
+  const p = await proxyWith({ waitMs: 3000 })
+  await standby.delay(400)
+  try {
+    const tag = `process ${Date.now()}`
+    const { webSocketConstructor, wsProxy, ...plain } = clientConfig(p)
+    const script = `
+      import { WebSocket } from 'ws'
+      import { Client, config } from './src/index.ts'
+      const c = new Client({ ...${JSON.stringify(plain)}, webSocketConstructor: WebSocket, wsProxy: () => 'ws://127.0.0.1:${p.port}/v2' })
+      await c.connect()
+      await c.query('INSERT INTO notes (body) VALUES ($1)', [${JSON.stringify(tag)}])
+      await c.end()
+      console.log(config.lastWrite)`
+    const { stdout } = await promisify(execFile)(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], { cwd: process.cwd() })
+    const carried = stdout.trim()
+    assert.match(carried, /^\d+:[0-9A-F]+\/[0-9A-F]+$/)
+    config.lastWrite = carried
+    const c = new Client(clientConfig(p))
+    await c.connect()
+    try {
+      const r = await c.query('SELECT count(*)::int AS n, pg_is_in_recovery() AS standby FROM notes WHERE body = $1', [tag])
+      assert.deepEqual(r.rows[0], { n: 1, standby: true })
+    } finally {
+      await c.end()
+    }
+  } finally {
+    await standby.delay(0)
+    await standby.caughtUp()
+  }
+})
+
+test('a replica lagging past --replica-max-lag is passed over; one killed mid-run is too, with no error reaching a client; both come back', async () => {
+  const p = await proxyWith({ maxLagMs: 200, waitMs: 3000 })
+  const c = new Client(clientConfig(p))
+  await c.connect()
+  try {
+    assert.equal(await where(c), 'replica')
+    await standby.delay(1500)
+    // Writes the client does not see (over TCP): the replica lags behind them.
+    for (let i = 0; i < 5; i++) await admin.query('INSERT INTO notes (body) VALUES ($1)', ['lag']), await new Promise((r) => setTimeout(r, 100))
+    await where(c) // its check finds the lag
+    assert.ok((await metric(p, 'replica_lag_seconds', `replica="127.0.0.1:${standby.port}"`)) > 0.2)
+    assert.equal(await where(c), 'primary')
+    assert.ok((await metric(p, 'replica_fallbacks_total', 'reason="lag"')) >= 1)
+    await standby.delay(0)
+    await standby.caughtUp()
+    await new Promise((r) => setTimeout(r, 2100)) // (passed over for 2 s, then tried again)
+    let back = false
+    for (let i = 0; i < 20 && !back; i++) back = (await where(c)) === 'replica'
+    assert.ok(back, 'back on the replica once it caught up')
+
+    await standby.shutdown()
+    for (let i = 0; i < 10; i++) assert.equal(await where(c), 'primary')
+    assert.ok((await metric(p, 'replica_fallbacks_total', 'reason="down"')) >= 1)
+    assert.equal(await metric(p, 'replica_up', `replica="127.0.0.1:${standby.port}"`), 0)
+    await standby.start()
+    await standby.caughtUp()
+    await new Promise((r) => setTimeout(r, 2100))
+    back = false
+    for (let i = 0; i < 20 && !back; i++) back = (await where(c)) === 'replica'
+    assert.ok(back, 'back on the replica once it is up again')
+  } finally {
+    await c.end()
+    await standby.delay(0)
+  }
+})
+
+test('sessions by token read from the primary: their claims are set where they write (a standby cannot hold them unforged)', async () => {
+  const table = `replica_rls_${process.pid}`
+  const fx = await tokenFixture(table, primary)
+  try {
+    await standby.caughtUp()
+    const p = await proxyWith({}, { tokens: fx.options })
+    const c = new Client({ host: '127.0.0.1', port: primary.port, database: 'postgres', authToken: await token('alice'), webSocketConstructor: WebSocket as any, wsProxy: () => p.url })
+    await c.connect()
+    try {
+      const r = await c.query(`SELECT owner, pg_is_in_recovery() AS standby FROM ${table}`)
+      assert.deepEqual(r.rows, [{ owner: 'alice', standby: false }])
+    } finally {
+      await c.end()
+    }
+  } finally {
+    await fx.teardown()
+  }
+})
