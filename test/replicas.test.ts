@@ -148,7 +148,6 @@ test('read your writes: a read right after a write waits for the lagging replica
         await c.end()
       }
     }
-    console.log(await waits.metrics.registry.getSingleMetricAsString("edgepg_proxy_replica_wait_seconds"))
     assert.equal(await metric(waits, 'replica_wait_seconds_count'), 1)
     assert.ok((await metric(waits, 'replica_wait_seconds_sum')) >= 0.3, 'it waited for the apply delay')
     assert.equal(await metric(hurries, 'replica_fallbacks_total', 'reason="position"'), 1)
