@@ -354,14 +354,14 @@ test('/sql: a warm backend that died unseen is passed over: the request runs onc
   const relayPort = (relay.address() as net.AddressInfo).port
   const proxy = await startProxy({}, { upstream: `127.0.0.1:${relayPort}` })
   const admin = own.admin()
-  await admin.connect()
+  await within(10_000, 'the admin connection', admin.connect())
   try {
-    await admin.query('CREATE TABLE IF NOT EXISTS pool_once (n int); TRUNCATE pool_once')
+    await within(10_000, 'the table', admin.query('CREATE TABLE IF NOT EXISTS pool_once (n int); TRUNCATE pool_once'))
     const sql = sqlVia(proxy, `127.0.0.1:${relayPort}`)
-    const first = await sql('SELECT pg_backend_pid() AS pid')
+    const first = await within(10_000, 'the first request', sql('SELECT pg_backend_pid() AS pid'))
     assert.equal(links.length, 1)
     links[0].silent = true
-    const next = await sql('INSERT INTO pool_once VALUES (1) RETURNING pg_backend_pid() AS pid')
+    const next = await within(10_000, 'the request on the dead backend', sql('INSERT INTO pool_once VALUES (1) RETURNING pg_backend_pid() AS pid'))
     assert.notEqual(next.pid, first.pid, 'served by a new backend')
     assert.equal((await admin.query('SELECT count(*)::int AS n FROM pool_once')).rows[0].n, 1, 'the statement ran once')
     const stats = await proxy.stats()
