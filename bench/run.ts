@@ -25,11 +25,12 @@ import { pool } from './pool'
 import { workers } from './workers'
 import { isolation } from './isolation'
 import { where } from './where'
+import { regions } from './regions'
 import { passes, type BenchContext, type ProxyMode, type Row, type Section } from './lib'
 import { startProxy, type RunningProxy } from './proxy'
 
 const SECTIONS: Section[] = [core, connect, sessions, proxycost, loadBench]
-SECTIONS.push(httpBench, bundle, stop, workerd, attack, pool, workers, isolation, where)
+SECTIONS.push(httpBench, bundle, stop, workerd, attack, pool, workers, isolation, where, regions)
 
 const args = process.argv.slice(2)
 const proxyArg = args.find((a) => a.startsWith('--proxy='))?.slice('--proxy='.length) ?? 'child'

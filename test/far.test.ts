@@ -6,7 +6,9 @@ import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { Client, httpSql } from '../src/index'
 import { startDelayRelay } from './support/delay-relay'
-import { edgeConfig, eventually, pgConfig, scratchTable, startProxy, testPostgres } from './support/helpers'
+import { edgeConfig, eventually, pgConfig, scratchTable, startProxy, testPostgres, within } from './support/helpers'
+import { generateCerts } from './support/certs'
+import { startPostgres, tlsOnly } from './support/stack'
 
 const ONE_WAY_MS = 60
 let relay: Awaited<ReturnType<typeof startDelayRelay>>
@@ -95,5 +97,58 @@ test("no cliff after idle: a key's last backend stays past --pool-idle-timeout a
     assert.equal(await firstRow(), 1, 'after the lifetime: its replacement, already logged in')
   } finally {
     await near.close()
+  }
+})
+
+test('a link to Postgres that is lost is noticed and replaced: a session holding no backend goes on, and never hears of it', async () => {
+  const cutting = await startDelayRelay(testPostgres(), ONE_WAY_MS)
+  const near = await startProxy({ upstream: `127.0.0.1:${cutting.port}` })
+  const client = new Client(edgeConfig(near.port))
+  const errors: Error[] = []
+  client.on('error', (err) => errors.push(err))
+  try {
+    await client.connect()
+    const before = (await client.query('SELECT pg_backend_pid() AS pid')).rows[0].pid
+    const discards = async () => Number(/^edgepg_proxy_pool_discards_total (\d+)$/m.exec(await near.metrics.registry.metrics())?.[1])
+    const discarded = await discards()
+    cutting.cut() // (every link under way: the session's parked backend, the pool's idle ones)
+    // (A statement sent in the very instant its parked backend's link dies fails, as on a TCP connection of its own.)
+    await eventually(async () => (await discards()) > discarded, 'the proxy to notice')
+    const after = await within(5000, 'the query after the cut', client.query('SELECT pg_backend_pid() AS pid'))
+    assert.notEqual(after.rows[0].pid, before, 'a fresh backend')
+    const other = new Client(edgeConfig(near.port))
+    await other.connect()
+    assert.deepEqual((await other.query('SELECT 1 AS one')).rows, [{ one: 1 }])
+    await other.end()
+    assert.deepEqual(errors, [])
+  } finally {
+    await client.end()
+    await near.close()
+    await cutting.close()
+  }
+})
+
+test('--upstream-sslmode verify-full across the long link: the handshake is paid by the first login only; fresh Clients after it cost one round trip', async () => {
+  const certs = await generateCerts()
+  const tlsPg = await startPostgres(tlsOnly(18, certs.server))
+  const wan = await startDelayRelay(tlsPg, ONE_WAY_MS)
+  const near = await startProxy({ upstream: `127.0.0.1:${wan.port}`, upstreamTls: { mode: 'verify-full', ca: certs.ca.cert } })
+  const firstRow = async () => {
+    const client = new Client({ ...edgeConfig(near.port), host: '127.0.0.1', port: wan.port })
+    const trips = await roundTrips(async () => {
+      await client.connect()
+      assert.deepEqual((await client.query('SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()')).rows, [{ ssl: true }])
+    })
+    await client.end()
+    return trips
+  }
+  try {
+    assert.ok((await firstRow()) >= 4, 'the first login: TCP, TLS and SCRAM across the link')
+    await new Promise((r) => setTimeout(r, 4 * wan.rttMs)) // (its backend back in the pool)
+    assert.equal(await firstRow(), 1, 'then: the login answered near the client, over the verified link already made')
+  } finally {
+    await near.close()
+    await wan.close()
+    await tlsPg.stop()
   }
 })

@@ -350,11 +350,12 @@ class LentSession implements RunningSession {
         if (m[m.indexOf(0, 5) + 1] !== 0) return 'primary' // (a named statement)
       } else if (!INERT.has(type) || type === ClientMessage.CopyData) return 'primary'
     }
-    if (!first) return 'primary'
+    // (What sets session state sets it on the primary, where the session's writes go.)
+    if (!first || !all.plain || all.unseen || all.signals) return 'primary'
     if (first.begins === 'read-only' || replicas.readOnly) return first.begins === 'other' ? 'primary' : 'replica'
     const last = msgs[msgs.length - 1][0]
     const whole = last === ClientMessage.Sync || last === ClientMessage.Query
-    return replicas.set.o.autocommit && whole && !all.writes && all.plain && !all.unseen && !all.control && !all.signals ? 'autocommit' : 'primary'
+    return replicas.set.o.autocommit && whole && !all.writes && !all.control ? 'autocommit' : 'primary'
   }
 
   /** The primary's position, asked behind messages that end a transaction there (it is then told to the client ahead of their last ReadyForQuery). */
