@@ -1,8 +1,9 @@
 /**
  * Bundle budgets, on the built dist/ (what users get), bundled the way an app's bundler does it
  * (esbuild, minified; sizes gzipped at level 9, 1 KB = 1000 bytes):
- *  - the driver, everything edgepg exports, ≤ 42 KB (40 KB until it took Neon's names, AbortSignal
- *    and query_timeout cancels, Workers' module-scope Pool and the Pool's transaction guard): ESM (what loads up front; the lazily imported
+ *  - the driver, everything edgepg exports, ≤ 43 KB (40 KB until it took Neon's names, AbortSignal
+ *    and query_timeout cancels, Workers' module-scope Pool and the Pool's transaction guard; 42 KB
+ *    until it carried WAL positions for reads on replicas, config.lastWrite): ESM (what loads up front; the lazily imported
  *    TLS handshake with subtls and the md5 for md5 passwords stay out, as a splitting bundler
  *    or a browser leaves them) and dist/index.cjs as it is;
  *  - an app that imports only httpSql, bundled without splitting, ≤ 10 KB; and it runs in a bare
@@ -25,10 +26,10 @@ let proxy: Awaited<ReturnType<typeof startProxy>>
 before(async () => (proxy = await startProxy()))
 after(() => proxy.close())
 
-test('the driver bundle is ≤ 42 KB gzipped, ESM and CommonJS, with no Node built-ins', async () => {
+test('the driver bundle is ≤ 43 KB gzipped, ESM and CommonJS, with no Node built-ins', async () => {
   const sizes = await driverSizes()
-  assert.ok(sizes.esm.gzip <= 42 * KB, `ESM driver (index + its static chunks, minified): ${sizes.esm.gzip} bytes gzipped, over 42 KB`)
-  assert.ok(sizes.cjs.gzip <= 42 * KB, `dist/index.cjs: ${sizes.cjs.gzip} bytes gzipped, over 42 KB`)
+  assert.ok(sizes.esm.gzip <= 43 * KB, `ESM driver (index + its static chunks, minified): ${sizes.esm.gzip} bytes gzipped, over 43 KB`)
+  assert.ok(sizes.cjs.gzip <= 43 * KB, `dist/index.cjs: ${sizes.cjs.gzip} bytes gzipped, over 43 KB`)
   assert.deepEqual(sizes.esm.builtins, [], 'no Node built-in in the ESM driver')
   assert.equal(sizes.esm.lazy.some((f) => /tls-handshake/.test(f)), true, `the TLS handshake is a lazy chunk: ${sizes.esm.lazy}`)
   // The lazy TLS handshake must carry subtls: bundled, not left for the app to find.

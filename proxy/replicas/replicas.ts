@@ -5,7 +5,7 @@
  * read may stand. A replica that is down, refuses logins, lags more than --replica-max-lag or no
  * longer recovers (promoted) is passed over for a while; reads then go to the primary.
  */
-import { lsn } from '../../src/positions'
+import { lsn } from './positions'
 import { parseHostPort, type HostPort } from '../upstream/address'
 import { parseStartupParams } from '../wire/startup'
 

@@ -8,7 +8,8 @@
  * replica to catch up.
  */
 import type { DatabaseError } from 'pg-protocol'
-import { positions, lsnText } from '../../src/positions'
+import { later } from '../../src/positions'
+import { lsnText, positionOf } from './positions'
 import type { HostPort } from '../upstream/address'
 import type { Reading } from '../isolation/reader'
 import type { Control, Credentials, Lease, Leases } from '../sql/lease'
@@ -36,9 +37,9 @@ export async function runRouted(
   read: (sql: string) => Reading,
   run: (lease: Lease) => Promise<Response>
 ): Promise<Response> {
-  const told = positions(after)
   // (Undefined while the primary's database is not known: the replica's check then says it.)
-  const need = () => (set.database ? (told.get(set.database) ?? 0n) : told.size ? undefined : 0n)
+  const names = later(after) !== ''
+  const need = () => (set.database ? positionOf(after, set.database) : names ? undefined : 0n)
   const readings = asked.texts.map(read)
   const reads = readings.every((r) => !r.writes && r.plain && !r.unseen && !r.control && !r.signals)
   const to = credentials.claims !== undefined ? 'primary' : asked.readOnly && asked.batch ? 'replica' : set.o.autocommit && reads ? 'autocommit' : 'primary'

@@ -12,7 +12,7 @@
  */
 import type { WebSocket, RawData } from 'ws'
 import type { Backend } from '../pool/backends'
-import type { Holder, Lender } from '../pool/lender'
+import { PoolTimeout, type Holder, type Lender } from '../pool/lender'
 import { IdleWatch } from '../pool/idle-watch'
 import { BackendStatements, StatementRelay, type Own, type SessionStatements } from '../pool/prepared'
 import { merge, NOTHING, type Reading } from '../isolation/reader'
@@ -27,7 +27,8 @@ import { setClaims, type ClaimsError } from '../auth/claims'
 import { closeWebSocket, type OutcomeKind, type RunningSession, type SessionLog } from './session'
 import { serialize } from 'pg-protocol'
 import type { Fallback, Replica, Replicas } from '../replicas/replicas'
-import { positions, lsnText } from '../../src/positions'
+import { later } from '../../src/positions'
+import { lsnText, positionOf } from '../replicas/positions'
 import { SUBPROTOCOL_POSITIONS } from '../../src/config'
 
 export interface LentSessionOptions {
@@ -321,9 +322,8 @@ class LentSession implements RunningSession {
   /** The position the session's reads must not go behind; undefined when it cannot be known (the client names positions, and the primary's database is not known yet). */
   private need(): bigint | undefined {
     const set = this.o.replicas!.set
-    const told = positions(this.after)
-    if (!set.database) return told.size ? undefined : this.seen
-    const theirs = told.get(set.database) ?? 0n
+    if (!set.database) return later(this.after) ? undefined : this.seen
+    const theirs = positionOf(this.after, set.database)
     return theirs > this.seen ? theirs : this.seen
   }
 
@@ -499,7 +499,11 @@ class LentSession implements RunningSession {
       },
       (err: Error & { code?: string }) => {
         this.leaveLine = undefined
-        if (onReplica && !this.ended) return this.fellBack('down') // (its backends all busy, or a login refused)
+        if (onReplica && !this.ended) {
+          // (A login refused or a connection failed: passed over a while. Its backends all busy: this read only.)
+          if (!(err instanceof PoolTimeout)) this.o.replicas!.set.down(onReplica.replica, err.message)
+          return this.fellBack('down')
+        }
         this.refuseWaiting(err, `edgepg-proxy: ${err.message}`)
       }
     )
