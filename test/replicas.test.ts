@@ -15,6 +15,7 @@ import { lsn } from '../proxy/replicas/positions'
 import { startPostgres, PASSWORD, type Postgres } from './support/stack'
 import { replicable, startStandby, type Standby } from './support/standby'
 import { startProxy } from './support/helpers'
+import { startDelayRelay } from './support/delay-relay'
 import { token, tokenFixture } from './support/tokens'
 import type { ReplicaOptions } from '../proxy/replicas/replicas'
 
@@ -314,5 +315,41 @@ test('sessions by token read from the primary: their claims are set where they w
     }
   } finally {
     await fx.teardown()
+  }
+})
+
+test('round trips far from the primary: with the replica next to the proxy, a fresh read costs two short round trips, a warm read or a read right after a write one, a write one short and one long', async () => {
+  // The user 100 ms (RTT) from the proxy, the primary 300 ms beyond it, the replica next to the proxy.
+  const SHORT = 100
+  const wan = await startDelayRelay({ host: '127.0.0.1', port: primary.port }, 150)
+  const p = await startProxy({ upstream: `127.0.0.1:${wan.port}`, replicas: { addresses: [`127.0.0.1:${standby.port}`], maxLagMs: 5000, waitMs: 3000, autocommit: true } })
+  proxies.push(p)
+  const near = await startDelayRelay({ host: '127.0.0.1', port: p.port }, SHORT / 2)
+  const config = { ...clientConfig(p), port: wan.port, wsProxy: () => `ws://127.0.0.1:${near.port}/v2` }
+  const trips = async (fn: () => Promise<unknown>) => {
+    const t0 = performance.now()
+    await fn()
+    return Math.floor((performance.now() - t0) / SHORT)
+  }
+  const read = 'SELECT count(*)::int AS n, pg_is_in_recovery() AS standby FROM notes WHERE body = $1'
+  try {
+    for (let i = 0; i < 2; i++) {
+      const warmUp = new Client(config) // (the key's first logins, on the primary and the replica)
+      await warmUp.connect()
+      await warmUp.query(read, ['warm-up'])
+      await warmUp.end()
+    }
+    const c = new Client(config)
+    const tag = `trips ${Date.now()}`
+    assert.equal(await trips(async () => (await c.connect(), await c.query(read, [tag]))), 2, 'a fresh read: the login, then the query')
+    assert.equal(await trips(() => c.query(read, [tag])), 1, 'a warm read')
+    assert.equal(await trips(() => c.query('INSERT INTO notes (body) VALUES ($1)', [tag])), 4, 'a write: one short and one long')
+    let after: any
+    assert.equal(await trips(async () => (after = await c.query(read, [tag]))), 1, 'the read right after it')
+    assert.deepEqual(after.rows[0], { n: 1, standby: true })
+    await c.end()
+  } finally {
+    await near.close()
+    await wan.close()
   }
 })
