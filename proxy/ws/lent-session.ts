@@ -593,11 +593,16 @@ class LentSession implements RunningSession {
     const on = lend.onReplica!
     this.detach(lend)
     lend.lender.endSession(lend.backend, lend.watch.ending) // (reset: nothing of it is the session's)
+    this.toPrimaryAfter(on, on.moving!)
+  }
+
+  /** What the session sent on a replica's lend (or kept waiting for it), to the primary, ahead of anything sent since. */
+  private toPrimaryAfter(on: OnReplica, why: Fallback) {
     if (on.gatedSince !== undefined) on.sent = this.unqueue()
     this.waiting = [...on.sent, ...this.waiting]
     this.queued += on.sent.reduce((n, m) => n + m.length + QUEUED_COST, 0)
     this.toPrimary = true
-    this.fellBack(on.moving!)
+    this.fellBack(why)
   }
 
   /** No backend for what waits: each Query and Sync gets Postgres's way of saying no, an error and ReadyForQuery. */
@@ -827,11 +832,7 @@ class LentSession implements RunningSession {
       this.detach(lend)
       lend.lender.lost(lend.backend)
       if (this.waitsOnReplica(lend) && on.gatedSince === undefined) return void (this.waiting.length && !this.acquiring && this.acquire())
-      if (on.gatedSince !== undefined) on.sent = this.unqueue()
-      this.waiting = [...on.sent, ...this.waiting]
-      this.queued += on.sent.reduce((n, m) => n + m.length + QUEUED_COST, 0)
-      this.toPrimary = true
-      return this.fellBack('down')
+      return this.toPrimaryAfter(on, 'down')
     }
     this.detach(lend)
     lend.lender.lost(lend.backend)
