@@ -91,34 +91,46 @@ async function path(pgPort: number, standby: Standby, userMs: number, dbMs: numb
   const [host, upPort] = upstream.split(':')
   const config = { host, port: Number(upPort), user: 'scram_user', password: PASSWORD, database: 'postgres', webSocketConstructor: WebSocket as any, wsProxy: () => `ws://127.0.0.1:${front.port}/v2` }
   const sql = httpSql(`postgresql://scram_user:${PASSWORD}@${upstream}/postgres`, { fetchEndpoint: `http://127.0.0.1:${front.port}/sql` })
-  const fresh = async () => {
-    const client = new Client(config)
-    const ms = await time(async () => (await client.connect(), await client.query(select)))
-    await client.end()
-    return ms
-  }
-  const out: Record<string, number> = {}
   try {
-    await fresh() // (the key's first logins: primary, and replica)
-    await fresh()
-    out['fresh Client, first read'] = await median(3, fresh)
-    const client = new Client(config)
-    await client.connect()
-    await client.query(select)
-    out['warm read'] = await median(5, () => time(() => client.query(select)))
-    out.write = await median(5, () => time(() => client.query(update)))
-    out['read right after a write'] = await median(5, async () => (await client.query(update), await time(() => client.query(select))))
-    await client.end()
-    await sql.query(select)
-    out['httpSql read'] = await median(5, () => time(() => sql.query(select)))
-    out['httpSql transaction (UPDATE, SELECT)'] = await median(5, () => time(() => sql.transaction([sql.query(update), sql.query(select)])))
-    await new Promise((r) => setTimeout(r, 3 * IDLE_TIMEOUT_MS))
-    out["fresh Client's first read after idle"] = await fresh()
+    return await operations(() => new Client(config), sql)
   } finally {
     await proxy.close()
     await front.close()
     await dbRelay?.close()
   }
+}
+
+interface Queries {
+  query(text: string): Promise<unknown>
+}
+interface Sql extends Queries {
+  transaction(queries: unknown[]): Promise<unknown>
+}
+
+/** Each operation's ms, with Clients from `client`, and `sql` for httpSql (edgepg's, or Neon's). */
+async function operations(client: () => Queries & { connect(): Promise<unknown>; end(): Promise<unknown> }, sql: Sql): Promise<Record<string, number>> {
+  const fresh = async () => {
+    const c = client()
+    const ms = await time(async () => (await c.connect(), await c.query(select)))
+    await c.end()
+    return ms
+  }
+  const out: Record<string, number> = {}
+  await fresh() // (the key's first logins: the primary's, and a replica's)
+  await fresh()
+  out['fresh Client, first read'] = await median(3, fresh)
+  const c = client()
+  await c.connect()
+  await c.query(select)
+  out['warm read'] = await median(5, () => time(() => c.query(select)))
+  out.write = await median(5, () => time(() => c.query(update)))
+  out['read right after a write'] = await median(5, async () => (await c.query(update), await time(() => c.query(select))))
+  await c.end()
+  await sql.query(select)
+  out['httpSql read'] = await median(5, () => time(() => sql.query(select)))
+  out['httpSql transaction (UPDATE, SELECT)'] = await median(5, () => time(() => sql.transaction([sql.query(update), sql.query(select)])))
+  await new Promise((r) => setTimeout(r, 3 * IDLE_TIMEOUT_MS))
+  out["fresh Client's first read after idle"] = await fresh()
   return out
 }
 
@@ -134,33 +146,12 @@ async function neonPath(pgPort: number, userMs: number): Promise<Record<string, 
   }
   neonConfig.fetchEndpoint = `http://127.0.0.1:${front.port}/sql`
   const sql = neon(`postgresql://scram_user:${PASSWORD}@127.0.0.1:${pgPort}/postgres`)
-  const fresh = async () => {
-    const c = client()
-    const ms = await time(async () => (await c.connect(), await c.query(select)))
-    await c.end()
-    return ms
-  }
-  const out: Record<string, number> = {}
   try {
-    await fresh()
-    out['fresh Client, first read'] = await median(3, fresh)
-    const c = client()
-    await c.connect()
-    await c.query(select)
-    out['warm read'] = await median(5, () => time(() => c.query(select)))
-    out.write = await median(5, () => time(() => c.query(update)))
-    out['read right after a write'] = await median(5, async () => (await c.query(update), await time(() => c.query(select))))
-    await c.end()
-    await sql.query(select)
-    out['httpSql read'] = await median(5, () => time(() => sql.query(select)))
-    out['httpSql transaction (UPDATE, SELECT)'] = await median(5, () => time(() => sql.transaction([sql.query(update), sql.query(select)])))
-    await new Promise((r) => setTimeout(r, 3 * IDLE_TIMEOUT_MS))
-    out["fresh Client's first read after idle"] = await fresh()
+    return await operations(client, sql as unknown as Sql)
   } finally {
     await proxy.close()
     await front.close()
   }
-  return out
 }
 
 /** PAIRS write-then-read pairs (AT_ONCE at a time, a row each), each read by another Client than its write, through B with the replica lagging 300 ms. */

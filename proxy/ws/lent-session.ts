@@ -71,6 +71,7 @@ interface OnReplica {
   replica: Replica
   /** The session's messages sent on it: sent to the primary instead if the replica cannot serve them. */
   sent: Buffer[]
+  sentBytes: number
   /** Answers held back from the client while the lend may still move; undefined once released. */
   held?: Buffer[]
   heldBytes: number
@@ -411,7 +412,13 @@ class LentSession implements RunningSession {
     }
     const bytes = Buffer.concat(msgs)
     lend.watch.fromClient(bytes)
-    if (lend.onReplica?.retryable) lend.onReplica.sent.push(...msgs.map((m) => Buffer.from(m)))
+    const on = lend.onReplica
+    if (on?.retryable) {
+      on.sent.push(...msgs.map(kept))
+      on.sentBytes += bytes.length
+      // (What may be sent again is bounded as what is held back is: past it, the read stays where it is.)
+      if (on.sentBytes > HOLD_MAX) (on.retryable = false), (on.sent = []), this.release(lend)
+    }
     // Whole transactions on an idle backend, plain but perhaps running the database's code: verified
     // lightly in the same write, the answer right behind the client's (no write, no wait of its own).
     const last = msgs[msgs.length - 1][0]
@@ -468,7 +475,7 @@ class LentSession implements RunningSession {
     this.o.replicas!.lender(replica).then(
       (lender) => {
         if (!lender) return set.down(replica, 'it refused the login'), this.fellBack('down')
-        this.acquireOn(lender, { replica, sent: [], held: [], heldBytes: 0, retryable: route === 'autocommit', checked: false })
+        this.acquireOn(lender, { replica, sent: [], sentBytes: 0, held: [], heldBytes: 0, retryable: route === 'autocommit', checked: false })
       },
       (err: Error) => (set.down(replica, err.message), this.fellBack('down'))
     )
