@@ -25,6 +25,7 @@ import { PASSWORD } from './support/stack'
 import type { SqlLog } from '../proxy/sql/handler'
 import { assertChecks } from './runtimes/assert-checks'
 import { token, tokenFixture } from './support/tokens'
+import { replicaFixture } from './support/standby'
 
 const DIST = fileURLToPath(new URL('../dist/', import.meta.url)) // ends with a separator
 const CHECKS = fileURLToPath(new URL('./runtimes/checks.js', import.meta.url))
@@ -117,6 +118,8 @@ let origin: string
 const proxies: Array<Awaited<ReturnType<typeof startProxy>>> = []
 /** Logins by token: the roles, the table of rows per user, setup-auth (test/support/tokens.ts). */
 let fixture: Awaited<ReturnType<typeof tokenFixture>>
+/** A primary of its own with a lagging standby (test/support/standby.ts). */
+let replicas: Awaited<ReturnType<typeof replicaFixture>>
 const TABLE = `browser_notes_${process.pid}`
 
 before(async () => {
@@ -124,6 +127,7 @@ before(async () => {
   await new Promise<void>((ok) => site.server.listen(0, '127.0.0.1', ok))
   origin = `http://127.0.0.1:${(site.server.address() as AddressInfo).port}`
   fixture = await tokenFixture(TABLE)
+  replicas = await replicaFixture('browser-primary')
   browser = await within(TIMEOUT_MS, 'Chromium to start', launchChromium())
 })
 
@@ -131,6 +135,7 @@ after(async () => {
   await browser?.close()
   await Promise.all(proxies.map((p) => p.close()))
   await fixture?.teardown()
+  await replicas?.teardown()
   site?.server.closeAllConnections()
   await new Promise((ok) => (site?.server.listening ? site.server.close(ok) : ok(undefined)))
 })
@@ -173,7 +178,7 @@ const bounded = <T>(what: string, promise: Promise<T>, report: () => string) =>
   })
 
 /** The checks' options for a proxy on `proxyPort` (and one taking tokens on `tokens.proxyPort`). */
-const checkOptions = (proxyPort: number, tokens?: object) => ({ proxyPort, ...testPostgres(), password: PASSWORD, tokens })
+const checkOptions = (proxyPort: number, tokens?: object, replica?: object) => ({ proxyPort, ...testPostgres(), password: PASSWORD, tokens, replica })
 
 test('Chromium runs dist/index.mjs with its own WebSocket and fetch: Client, Pool, the login in the upgrade, httpSql (CORS)', async () => {
   const { proxy, sqlLogs } = await proxyFor({ allowedOrigins: [origin] })
@@ -188,7 +193,8 @@ test('Chromium runs dist/index.mjs with its own WebSocket and fetch: Client, Poo
 
     const { proxy: byToken } = await proxyFor({ allowedOrigins: [origin], tokens: fixture.options })
     const tokens = { proxyPort: byToken.port, table: TABLE, alice: await token('alice', { seconds: 600 }), bob: await token('bob', { seconds: 600 }) }
-    const run = inPage(page, RUN_CHECKS, { url: `${origin}/dist/index.mjs`, options: checkOptions(proxy.port, tokens) })
+    const { proxy: withReplica } = await proxyFor({ allowedOrigins: [origin], upstream: replicas.upstream, replicas: replicas.replicas })
+    const run = inPage(page, RUN_CHECKS, { url: `${origin}/dist/index.mjs`, options: checkOptions(proxy.port, tokens, replicas.checks(withReplica.port)) })
     const result: any = await bounded('the checks in Chromium', run, report)
     assert.ok(result.ok === true, `the checks passed in Chromium: ${result.error}\n${report()}`)
     assertChecks(result.out, 'Chromium', report())

@@ -10,7 +10,8 @@
  *    fetch and crypto come from @edge-runtime/primitives.
  * Each covers Client (connect, parameterized query, end), Pool (query, end), pipelined connect
  * (the proxy selected the auth-offload subprotocol) and httpSql against the proxy's POST /sql:
- * the checks themselves are test/runtimes/checks.js, shared by every runtime.
+ * the checks themselves are test/runtimes/checks.js, shared by every runtime. Then reads from a
+ * lagging replica right after writes (a Client's and httpSql's), through a proxy with --replica.
  * `npm test` builds dist/ first.
  */
 import { test, before, after } from 'node:test'
@@ -23,6 +24,7 @@ import { startProxy, testPostgres, within } from './support/helpers'
 import { PASSWORD } from './support/stack'
 import { assertChecks } from './runtimes/assert-checks'
 import { token, tokenFixture } from './support/tokens'
+import { replicaFixture } from './support/standby'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
 const SMOKE = fileURLToPath(new URL('./runtimes/smoke.mjs', import.meta.url))
@@ -34,6 +36,9 @@ let proxy: Awaited<ReturnType<typeof startProxy>>
 let tokens: { proxyPort: number; table: string; alice: string; bob: string }
 let fixture: Awaited<ReturnType<typeof tokenFixture>>
 let byToken: Awaited<ReturnType<typeof startProxy>> | undefined
+/** A primary of its own with a lagging standby, and a proxy reading from it. */
+let replicas: Awaited<ReturnType<typeof replicaFixture>>
+let withReplica: Awaited<ReturnType<typeof startProxy>> | undefined
 const TABLE = `runtime_notes_${process.pid}`
 before(async () => {
   // Session mode: the checks compare processID with pg_backend_pid(), which transaction mode shares among a key's sessions.
@@ -41,14 +46,18 @@ before(async () => {
   fixture = await tokenFixture(TABLE)
   byToken = await startProxy({ tokens: fixture.options })
   tokens = { proxyPort: byToken.port, table: TABLE, alice: await token('alice', { seconds: 600 }), bob: await token('bob', { seconds: 600 }) }
+  replicas = await replicaFixture('runtimes-primary')
+  withReplica = await startProxy({ upstream: replicas.upstream, replicas: replicas.replicas })
 })
 after(async () => {
   await proxy.close()
   await byToken?.close()
+  await withReplica?.close()
   await fixture?.teardown()
+  await replicas?.teardown()
 })
 
-const smokeOptions = () => ({ proxyPort: proxy.port, ...testPostgres(), password: PASSWORD, tokens })
+const smokeOptions = () => ({ proxyPort: proxy.port, ...testPostgres(), password: PASSWORD, tokens, replica: replicas.checks(withReplica!.port) })
 
 /** Runs smoke.mjs with `bin args…`, bounded; resolves with the exit code and the parsed JSON line. */
 function runSmoke(bin: string, args: string[]): Promise<{ code: number | null; out: any; stdout: string; stderr: string }> {

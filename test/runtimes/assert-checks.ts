@@ -7,8 +7,8 @@ import assert from 'node:assert/strict'
 import { same } from '../support/helpers'
 import { WEB_USER } from '../support/tokens'
 
-/** `endToEnd`: the runtime could load client-side SCRAM on first use (import()). */
-export function assertChecks(out: any, runtime: string, context = '', endToEnd = true) {
+/** `endToEnd`: the runtime could load client-side SCRAM on first use (import()); `replica`: the checks read from a replica. */
+export function assertChecks(out: any, runtime: string, context = '', endToEnd = true, replica = true) {
   const more = context ? `\n${context}` : ''
   assert.equal(out.globalWebSocket, 'function', `${runtime}: a global WebSocket${more}`)
   assert.equal(out.node, false, `${runtime}: not running under Node${more}`)
@@ -28,4 +28,16 @@ export function assertChecks(out: any, runtime: string, context = '', endToEnd =
   same(out.http, { template: [{ ten: 10, s: 'a b' }], query: [{ joined: 'edgepg' }] }, `${runtime}: httpSql over POST /sql${more}`)
   const as = (sub: string) => [{ sub, who: WEB_USER, owners: [sub] }]
   same(out.tokens, { alice: as('alice'), bob: as('bob'), http: as('bob') }, `${runtime}: logins by token (Client and httpSql), each user their own rows${more}`)
+  if (replica) assertReplicaReads(out.replica, runtime, more)
+}
+
+/** The replica checks: each read on the replica and not older than the write before it. */
+function assertReplicaReads(r: any, runtime: string, more: string) {
+  const position = /^\d+:([0-9A-F]+)\/([0-9A-F]+)$/
+  assert.match(r?.afterClient ?? '', position, `${runtime}: config.lastWrite holds the position told after the Client's write: ${JSON.stringify(r)}${more}`)
+  assert.match(r.afterHttp, position, `${runtime}: config.lastWrite after httpSql's write${more}`)
+  const lsn = (text: string) => text.replace(position, (_, hi, lo) => (BigInt(`0x${hi}`) << 32n) + BigInt(`0x${lo}`) + '')
+  assert.ok(BigInt(lsn(r.afterHttp)) > BigInt(lsn(r.afterClient)), `${runtime}: httpSql's write moved config.lastWrite on (the Edgepg-Last-Write header was read): ${r.afterClient} → ${r.afterHttp}${more}`)
+  same(r.read, [{ n: r.written, replica: true }], `${runtime}: another Client's read right after the write, on the replica, sees it${more}`)
+  same(r.httpRead, [{ n: r.httpWritten, replica: true }], `${runtime}: httpSql's read right after its write, on the replica, sees it${more}`)
 }

@@ -3,7 +3,7 @@
 // edge-runtime's EdgeVM (test/runtimes.test.ts). It defines globalThis.edgepgChecks(mod, options),
 // which resolves with what it saw; `mod` is the bundle's exports, used with the runtime's own
 // global WebSocket and fetch.
-globalThis.edgepgChecks = async function edgepgChecks(mod, { proxyPort, host, port, database, password, dynamicImport = true, tokens }) {
+globalThis.edgepgChecks = async function edgepgChecks(mod, { proxyPort, host, port, database, password, dynamicImport = true, tokens, replica }) {
   const { Client, Pool, httpSql } = mod
   const base = (user) => ({ host, port, database, user, password, wsProxy: () => `ws://127.0.0.1:${proxyPort}/v2` })
   const plain = (rows) => JSON.parse(JSON.stringify(rows))
@@ -95,6 +95,27 @@ globalThis.edgepgChecks = async function edgepgChecks(mod, { proxyPort, host, po
     }
     const byToken = httpSql(`postgresql://${host}:${port}/${database}`, { fetchEndpoint: `http://127.0.0.1:${tokens.proxyPort}/sql`, authToken: tokens.bob })
     out.tokens.http = plain(await byToken.query(probe))
+  }
+
+  // Reads from a replica that lags (a proxy with --replica, before a primary of its own): a read
+  // right after a write, by another Client and by httpSql, waits for the replica to replay it, as
+  // the position the proxy told (a WebSocket text frame; a response header, exposed by CORS) says.
+  if (replica) {
+    const at = { host, port: replica.port, database, user: 'scram_user', password, wsProxy: () => `ws://127.0.0.1:${replica.proxyPort}/v2` }
+    const update = `UPDATE ${replica.table} SET n = n + 1 WHERE id = 1 RETURNING n`
+    const select = `SELECT n, pg_is_in_recovery() AS replica FROM ${replica.table} WHERE id = 1`
+    const writer = new Client(at)
+    await writer.connect()
+    const written = (await writer.query(update)).rows[0].n
+    await writer.end()
+    const afterClient = mod.config.lastWrite
+    const reader = new Client(at)
+    await reader.connect()
+    const read = plain((await reader.query(select)).rows)
+    await reader.end()
+    const sql = httpSql(`postgresql://scram_user:${encodeURIComponent(password)}@${host}:${replica.port}/${database}`, { fetchEndpoint: `http://127.0.0.1:${replica.proxyPort}/sql` })
+    const httpWritten = (await sql.query(update))[0].n
+    out.replica = { afterClient, afterHttp: mod.config.lastWrite, written, read, httpWritten, httpRead: plain(await sql.query(select)) }
   }
   return out
 }

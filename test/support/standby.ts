@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import pg from 'pg'
 import { giveToRunner, runner, startServer, type Server } from './pg-server'
-import { freePort, hbaLines, PASSWORD, ROLES, type Postgres, type PostgresOptions } from './stack'
+import { freePort, hbaLines, PASSWORD, ROLES, startPostgres, type Postgres, type PostgresOptions } from './stack'
 
 /** Options for a primary a standby can stream from: the default roles, and `postgres` may log in for replication. */
 export function replicable(options: PostgresOptions = {}): PostgresOptions {
@@ -110,4 +110,31 @@ export async function startStandby(primary: Postgres, name = 'standby'): Promise
     },
   }
   return standby
+}
+
+/**
+ * For checks of the built bundle: a primary of its own (`name`), a standby replaying `lagMs` behind
+ * it, a table `reads (id, n)` holding one row, and the proxy options that read from the standby
+ * (waiting up to 10 s for it to replay a session's position).
+ */
+export async function replicaFixture(name: string, lagMs = 300) {
+  const primary = await startPostgres(replicable({ name }))
+  const standby = await startStandby(primary, `${name}-standby`).catch(async (err) => (await primary.stop(), Promise.reject(err)))
+  const admin = primary.admin()
+  await admin.connect()
+  await admin.query('CREATE TABLE reads (id int PRIMARY KEY, n int NOT NULL); INSERT INTO reads VALUES (1, 0)')
+  await admin.end()
+  await standby.caughtUp()
+  await standby.delay(lagMs)
+  return {
+    primary,
+    upstream: `127.0.0.1:${primary.port}`,
+    replicas: { addresses: [`127.0.0.1:${standby.port}`], maxLagMs: 60_000, waitMs: 10_000, autocommit: true },
+    /** What the shared checks (test/runtimes/checks.js) take as `replica`, for a proxy on `proxyPort`. */
+    checks: (proxyPort: number) => ({ proxyPort, port: primary.port, table: 'reads' }),
+    async teardown() {
+      await standby.stop()
+      await primary.stop()
+    },
+  }
 }
