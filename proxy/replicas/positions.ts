@@ -3,7 +3,7 @@
 /** An LSN as a number (`X/Y`, each 32 bits in hex); undefined if it is none. */
 export function lsn(text: string): bigint | undefined {
   const m = /^([0-9A-Fa-f]{1,8})\/([0-9A-Fa-f]{1,8})$/.exec(text)
-  return m ? (BigInt(`0x${m[1]}`) << 32n) | BigInt(`0x${m[2]}`) : undefined
+  return m ? (BigInt(parseInt(m[1], 16)) << 32n) | BigInt(parseInt(m[2], 16)) : undefined
 }
 
 export const lsnText = (n: bigint) => `${(n >> 32n).toString(16).toUpperCase()}/${(n & 0xffffffffn).toString(16).toUpperCase()}`

@@ -5,6 +5,7 @@
  * read may stand. A replica that is down, refuses logins, lags more than --replica-max-lag or no
  * longer recovers (promoted) is passed over for a while; reads then go to the primary.
  */
+import { serialize } from 'pg-protocol'
 import { lsn } from './positions'
 import { parseHostPort, type HostPort } from '../upstream/address'
 import { parseStartupParams } from '../wire/startup'
@@ -96,10 +97,12 @@ export class Replicas {
       return { replayed, serves }
     }
     if (replayed > replica.replayed) replica.replayed = replayed
-    replica.lagMs = Number(lag) || 0
+    const lagMs = Number(lag) || 0
+    // (Every read checks: the metrics hear of a change only.)
+    if (lagMs !== replica.lagMs || replica.downUntil || !replica.checkedAt) this.events.observed(replica.name, lagMs / 1000, true)
+    replica.lagMs = lagMs
     replica.checkedAt = Date.now()
     replica.downUntil = 0
-    this.events.observed(replica.name, replica.lagMs / 1000, true)
     return { replayed, serves }
   }
 
@@ -113,14 +116,31 @@ export class Replicas {
 
   /** Asked of a replica ahead of a read: its replay position, whether it recovers, its lag in ms (0 when it has replayed all it received), and its system identifier the first time. */
   check(replica: Replica): string {
-    return `SELECT concat_ws(' ', coalesce(pg_last_wal_replay_lsn()::text, '-'), pg_is_in_recovery(), CASE WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 ELSE coalesce(round(1000 * extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())), 0) END${replica.database ? '' : ', (SELECT system_identifier FROM pg_control_system())'})`
+    return replica.database ? CHECK : CHECK_FIRST
   }
 
   /** Asked of the primary behind a transaction: where its WAL is, and its system identifier the first time. */
   position(): string {
-    return `SELECT concat_ws(' ', pg_current_wal_insert_lsn()${this.database ? '' : ', (SELECT system_identifier FROM pg_control_system())'})`
+    return this.database ? POSITION : POSITION_FIRST
+  }
+
+  /** The check as a Query message (made once: one goes with every read). */
+  checkMessage(replica: Replica): Buffer {
+    return replica.database ? (checkQuery ??= serialize.query(CHECK)) : serialize.query(CHECK_FIRST)
+  }
+
+  positionMessage(): Buffer {
+    return this.database ? (positionQuery ??= serialize.query(POSITION)) : serialize.query(POSITION_FIRST)
   }
 }
+
+const IDENTIFIER = ', (SELECT system_identifier FROM pg_control_system())'
+const CHECK_FIRST = `SELECT concat_ws(' ', coalesce(pg_last_wal_replay_lsn()::text, '-'), pg_is_in_recovery(), CASE WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 ELSE coalesce(round(1000 * extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())), 0) END${IDENTIFIER})`
+const CHECK = CHECK_FIRST.replace(IDENTIFIER, '')
+const POSITION_FIRST = `SELECT concat_ws(' ', pg_current_wal_insert_lsn()${IDENTIFIER})`
+const POSITION = POSITION_FIRST.replace(IDENTIFIER, '')
+let checkQuery: Buffer | undefined
+let positionQuery: Buffer | undefined
 
 /** Whether a StartupMessage makes every transaction read-only (default_transaction_read_only, as a parameter or in `options`). */
 export function readOnlyLogin(packet: Buffer): boolean {

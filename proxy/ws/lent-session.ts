@@ -25,7 +25,6 @@ import type { BufferBudget, SessionMemory } from './budget'
 import { cancelNamed } from './cancels'
 import { setClaims, type ClaimsError } from '../auth/claims'
 import { closeWebSocket, type OutcomeKind, type RunningSession, type SessionLog } from './session'
-import { serialize } from 'pg-protocol'
 import type { Fallback, Replica, Replicas } from '../replicas/replicas'
 import { later } from '../../src/positions'
 import { lsnText, positionOf } from '../replicas/positions'
@@ -175,6 +174,8 @@ class LentSession implements RunningSession {
   private toldSeen = 0n
   /** The positions the client says it has seen (`after` frames): reads must not go behind them. */
   private after = ''
+  /** Its position of the primary's database, once read. */
+  private afterAt?: bigint
   /** What waits goes to the primary: a replica could not serve it. */
   private toPrimary = false
 
@@ -317,6 +318,7 @@ class LentSession implements RunningSession {
   private afterFrame(data: Buffer): boolean {
     if (this.ws.protocol !== SUBPROTOCOL_POSITIONS || data.length > 1024 || data.toString('latin1', 0, 6) !== 'after ') return false
     this.after = data.toString('latin1', 6)
+    this.afterAt = undefined
     return true
   }
 
@@ -324,7 +326,7 @@ class LentSession implements RunningSession {
   private need(): bigint | undefined {
     const set = this.o.replicas!.set
     if (!set.database) return later(this.after) ? undefined : this.seen
-    const theirs = positionOf(this.after, set.database)
+    const theirs = (this.afterAt ??= positionOf(this.after, set.database))
     return theirs > this.seen ? theirs : this.seen
   }
 
@@ -366,7 +368,7 @@ class LentSession implements RunningSession {
     lend.positionDue++
     this.verifying++ // (the transaction is decided once it is in)
     return {
-      query: serialize.query(set.position()),
+      query: set.positionMessage(),
       onRow: (value) => (answer = value),
       ready: () => {
         this.verifying--
@@ -541,7 +543,7 @@ class LentSession implements RunningSession {
     let answer = ''
     this.verifying++
     lend.relay.ownQuery({
-      query: serialize.query(set.check(on.replica)),
+      query: set.checkMessage(on.replica),
       onRow: (value) => (answer = value),
       ready: () => {
         this.verifying--
