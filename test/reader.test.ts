@@ -84,11 +84,11 @@ test('command tags: plain reads and writes, and transaction control are plain; a
   for (const tag of ['SET', 'CREATE TABLE', 'DECLARE CURSOR', 'LISTEN', 'PREPARE', 'DO', 'CALL', 'DISCARD ALL', 'RESET', 'LOAD', 'SELECTED']) assert.ok(!plainTag(tag), tag)
 })
 
-/** What routing to replicas reads (proxy/ws/lent-session.ts routeOf): a standby may run it, a transaction it opens, where it leaves the block. */
+/** What routing to replicas reads (proxy/ws/lent-session.ts routeOf): a standby may run it, a transaction it opens, where it leaves the block, a COPY FROM STDIN. */
 test('what a standby may run, and the transaction blocks statements open and close', () => {
   const routing = (sql: string) => {
-    const { writes, begins, block } = read(sql)
-    return [writes ? 'writes' : 'reads', begins, block].filter(Boolean).join(' ')
+    const { writes, begins, block, copyIn } = read(sql)
+    return [writes ? 'writes' : 'reads', begins, block, copyIn && 'copy-in'].filter(Boolean).join(' ')
   }
   const expected: Array<[string, string]> = [
     ['SELECT * FROM t WHERE id = $1', 'reads'],
@@ -115,7 +115,12 @@ test('what a standby may run, and the transaction blocks statements open and clo
     ['ROLLBACK', 'writes closed'],
     ["PREPARE TRANSACTION 'x'", 'writes closed'],
     ['SAVEPOINT a', 'writes'],
-    ['not sql at all', 'writes'],
+    // (Postgres waits for the client's data: the proxy's position query goes after it, not behind it.)
+    ['COPY t FROM STDIN', 'writes copy-in'],
+    ['SELECT 1; COPY t (a) FROM stdin WITH (FORMAT csv); COMMIT', 'writes closed copy-in'],
+    ["COPY t FROM '/tmp/t.csv'", 'writes'],
+    ['COPY t TO STDOUT', 'writes'],
+    ['not sql at all', 'writes copy-in'], // (what the parser cannot read may be anything)
   ]
   assert.deepEqual(expected.map(([sql]) => [sql, routing(sql)]), expected)
 })

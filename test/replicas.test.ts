@@ -8,6 +8,9 @@ import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFile } from 'node:child_process'
 import { promisify } from 'node:util'
+import { Readable } from 'node:stream'
+import { pipeline } from 'node:stream/promises'
+import { from as copyFrom } from 'pg-copy-streams'
 import { WebSocket } from 'ws'
 import pg from 'pg'
 import { Client, Pool, config, httpSql } from '../src/index'
@@ -153,6 +156,32 @@ test('read your writes: a read right after a write waits for the lagging replica
     assert.ok((await metric(waits, 'replica_wait_seconds_sum')) >= 0.3, 'it waited for the apply delay')
     assert.equal(await metric(hurries, 'replica_fallbacks_total', 'reason="position"'), 1)
   } finally {
+    await standby.delay(0)
+    await standby.caughtUp()
+  }
+})
+
+test('COPY FROM STDIN on the primary: nothing of the proxy\'s rides behind it (Postgres would take it for data), and its position is told once it is done', async () => {
+  await admin.query('CREATE TABLE copied (n int, tag text)')
+  await standby.caughtUp()
+  const p = await proxyWith({ waitMs: 5000 })
+  await standby.delay(400)
+  const [writer, reader] = [new Client(clientConfig(p)), new Client(clientConfig(p))]
+  await Promise.all([writer.connect(), reader.connect()])
+  try {
+    const count = 'SELECT count(*)::int AS n, pg_is_in_recovery() AS standby FROM copied WHERE tag = $1'
+    // Autocommit, and inside a transaction (where the COMMIT ends it).
+    for (const tag of ['autocommit', 'in a transaction']) {
+      const before = lsn(config.lastWrite!.split(':')[1] ?? '') ?? 0n
+      if (tag !== 'autocommit') await writer.query('BEGIN')
+      await pipeline(Readable.from([`1\t${tag}\n2\t${tag}\n`]), writer.query(copyFrom('COPY copied FROM STDIN')))
+      if (tag !== 'autocommit') await writer.query('COMMIT')
+      assert.ok((lsn(config.lastWrite!.split(':')[1]) ?? 0n) > before, `${tag}: the COPY's position was told (config.lastWrite ${config.lastWrite})`)
+      assert.deepEqual((await reader.query(count, [tag])).rows[0], { n: 2, standby: true }, `${tag}: another Client reads the copied rows on the replica`)
+      assert.deepEqual((await writer.query(count, [tag])).rows[0], { n: 2, standby: true }, `${tag}: and so does the writer`)
+    }
+  } finally {
+    await Promise.all([writer.end(), reader.end()])
     await standby.delay(0)
     await standby.caughtUp()
   }

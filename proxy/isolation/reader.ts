@@ -15,6 +15,8 @@ export interface Reading {
   unseen: boolean
   /** Transaction control or COPY: the transaction may go on past the message, or Postgres wait for data (nothing of the proxy's may ride right behind it). */
   control: boolean
+  /** COPY … FROM STDIN: Postgres waits for the client's data, and takes nothing else meanwhile. */
+  copyIn?: boolean
   /** pg_cancel_backend / pg_terminate_backend of a constant or a parameter ($n): what the proxy acts on (proxy/ws/signals.ts). */
   signals?: Signal[]
   /** Something other than a read (SELECT without FOR UPDATE or INTO, SHOW): a standby would refuse it, or it may change what follows. */
@@ -33,7 +35,7 @@ export interface Signal {
 }
 
 export const NOTHING: Reading = { plain: true, code: false, unseen: false, control: false }
-const UNPARSED: Reading = { plain: false, code: true, unseen: false, control: true, writes: true }
+const UNPARSED: Reading = { plain: false, code: true, unseen: false, control: true, writes: true, copyIn: true }
 
 /** What either of two readings may leave. */
 export function merge(a: Reading, b: Reading): Reading {
@@ -43,7 +45,7 @@ export function merge(a: Reading, b: Reading): Reading {
   const block = b.block ?? a.block
   return {
     plain: a.plain && b.plain, code: a.code || b.code, unseen: a.unseen || b.unseen, control: a.control || b.control, writes: a.writes || b.writes,
-    ...(signals && { signals }), ...(block && { block }), // (`begins` is the first statement's: routing reads it there)
+    ...((a.copyIn || b.copyIn) && { copyIn: true }), ...(signals && { signals }), ...(block && { block }), // (`begins` is the first statement's: routing reads it there)
   }
 }
 
@@ -148,6 +150,7 @@ function readStatement(stmt: Node, r: Reading, first: boolean) {
   else if (!PLAIN.has(kind)) r.plain = false
   if (WRITES.has(kind)) r.code = true // (the relation written: its triggers, rules, defaults)
   if (kind === 'TransactionStmt' || kind === 'CopyStmt') r.control = true
+  if (kind === 'CopyStmt' && body.is_from && !body.filename) r.copyIn = true
   if (kind === 'DeclareCursorStmt' && (Number(body.options) & CURSOR_OPT_HOLD) !== 0) r.plain = false
   else if (kind === 'LoadStmt') r.unseen = true
   walk(body, r)

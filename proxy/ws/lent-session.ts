@@ -94,6 +94,8 @@ interface Lend {
   delivered: number
   /** The primary's position is being asked behind the session's messages: their last ReadyForQuery waits for it here. */
   positionDue: number
+  /** A COPY FROM STDIN ends the transaction: the position is asked once Postgres has answered all (see send). */
+  positionAfter?: boolean
   tail?: Buffer
   relay: StatementRelay
   watch: IdleWatch
@@ -430,8 +432,12 @@ class LentSession implements RunningSession {
     if (idle && !lend.onReplica) this.o.replicas?.set.events.routed('primary') // (a replica's, once its answer stands: see release)
     const light = whole && read.plain && read.code && !read.control && !read.unseen && !this.pinned
     const behind = light ? [this.verification(lend, 'light')] : []
-    // Where reads may go to replicas, a transaction on the primary ends with its position, in the same write.
-    if (this.o.replicas && !lend.onReplica && ends && (read.block === 'closed' || (idle && read.block === undefined))) behind.push(this.positionBehind(lend))
+    // Where reads may go to replicas, a transaction on the primary ends with its position, in the same
+    // write; behind a COPY FROM STDIN, which would take it for the copy's data, once it is all answered.
+    if (this.o.replicas && !lend.onReplica && ends && (read.block === 'closed' || (idle && read.block === undefined))) {
+      if (read.copyIn) (lend.positionAfter = true), lend.positionDue++
+      else behind.push(this.positionBehind(lend))
+    }
     const rode = lend.relay.forward(msgs, false, behind)
     if (rode && light) this.verifying++, this.o.lender.events.verified('light')
     else lend.effects = merge(lend.effects, read)
@@ -658,6 +664,7 @@ class LentSession implements RunningSession {
       const bytes = lend.tail ? Buffer.concat([lend.tail, visible]) : visible
       lend.tail = bytes.subarray(bytes.length - READY_IDLE.length)
       this.deliver(lend, bytes.subarray(0, bytes.length - READY_IDLE.length))
+      if (lend.positionAfter && lend.watch.ending?.pending === 0) (lend.positionAfter = false), lend.positionDue--, lend.relay.ownQuery(this.positionBehind(lend))
     } else if (visible.length) {
       if (lend.tail) this.deliver(lend, lend.tail), (lend.tail = undefined)
       this.deliver(lend, visible)
