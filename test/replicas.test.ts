@@ -187,6 +187,35 @@ test('COPY FROM STDIN on the primary: nothing of the proxy\'s rides behind it (P
   }
 })
 
+test('a read running on the replica is cancelled there (an AbortSignal), and the session goes on', async () => {
+  const p = await proxyWith()
+  const c = new Client(clientConfig(p))
+  await c.connect()
+  const onStandby = standby.admin()
+  await onStandby.connect()
+  try {
+    const controller = new AbortController()
+    const sleeping = c.query({ text: 'SELECT pg_sleep(30), pg_is_in_recovery()', signal: controller.signal } as any)
+    const running = async () => (await onStandby.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(30)%' AND state = 'active'")).rows[0].n
+    const deadline = Date.now() + 5000
+    while ((await running()) === 0) {
+      assert.ok(Date.now() < deadline, 'the read runs on the standby')
+      await new Promise((r) => setTimeout(r, 20))
+    }
+    controller.abort()
+    assert.equal(await sleeping.then(() => 'ran to the end', (err: Error) => err === controller.signal.reason && err.name), 'AbortError')
+    const gone = Date.now() + 5000
+    while ((await running()) > 0) {
+      assert.ok(Date.now() < gone, 'Postgres cancelled it on the standby')
+      await new Promise((r) => setTimeout(r, 20))
+    }
+    assert.equal(await where(c), 'replica', 'the session goes on')
+  } finally {
+    await onStandby.end()
+    await c.end()
+  }
+})
+
 test('across Clients, Pools and httpSql in one process: config.lastWrite carries the position, so no read goes back in time', async () => {
   const p = await proxyWith({ waitMs: 3000 })
   await standby.delay(300)
