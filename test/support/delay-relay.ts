@@ -14,8 +14,9 @@ export async function startDelayRelay(target: { host: string; port: number }, on
     const due: Array<{ at: number; pass(): void }> = []
     const pump = () => {
       while (due.length && performance.now() >= due[0].at) due.shift()!.pass()
-      const wait = due.length ? due[0].at - performance.now() : 0
-      if (due.length) wait > 1.5 ? setTimeout(pump, wait - 1.5) : setImmediate(pump)
+      if (!due.length) return
+      const wait = due[0].at - performance.now()
+      wait > 1.5 ? setTimeout(pump, wait - 1.5) : setImmediate(pump)
     }
     const later = (pass: () => void) => due.push({ at: performance.now() + oneWayMs, pass }) === 1 && pump()
     from.on('data', (chunk) => later(() => to.writable && to.write(chunk)))

@@ -127,7 +127,6 @@ export async function replicaFixture(name: string, lagMs = 300) {
   await standby.caughtUp()
   await standby.delay(lagMs)
   return {
-    primary,
     upstream: `127.0.0.1:${primary.port}`,
     replicas: { addresses: [`127.0.0.1:${standby.port}`], maxLagMs: 60_000, waitMs: 10_000, autocommit: true },
     /** What the shared checks (test/runtimes/checks.js) take as `replica`, for a proxy on `proxyPort`. */
