@@ -10,7 +10,7 @@ import assert from 'node:assert/strict'
 import type { Client } from '../src/index'
 import { NOTHING } from '../proxy/isolation/reader'
 import { startProxy, edgeClient, scratchTable, testPostgres, within } from './support/helpers'
-import { startDelayRelay } from './support/delay-relay'
+import { startDelayRelay, startHoldingRelay } from './support/delay-relay'
 
 let scratch: Awaited<ReturnType<typeof scratchTable>>
 before(async () => (scratch = await scratchTable('isolation', 'note text')))
@@ -195,6 +195,26 @@ test('the light verification rides in the write of the transaction it checks: th
     assert.ok(ta >= 200 && ta < 300, `a took ${ta.toFixed(0)} ms`)
     assert.ok(tb >= 400 && tb < 500, `b took ${tb.toFixed(0)} ms (600 if a's verification had a round trip of its own)`)
     await Promise.all([a.end(), b.end()])
+  } finally {
+    await p.close()
+    await relay.close()
+  }
+})
+
+test("a light verification never rides while a full one is unanswered: the session's next read does not wipe the setting and lock it keeps", async () => {
+  const pg = testPostgres()
+  // Postgres's answers to verifications (DISCARD SEQUENCES leads them) reach the proxy 300 ms late.
+  const relay = await startHoldingRelay({ host: pg.host, port: pg.port }, (type, body) => (type === 'C' && body.includes('DISCARD SEQUENCES') ? 300 : 0))
+  const p = await startProxy({ upstream: `127.0.0.1:${relay.port}`, pool: { mode: 'transaction', size: 1, timeoutMs: 400 } })
+  try {
+    const a = await session(p)
+    await a.query('SET statement_timeout = 4321; SELECT pg_advisory_lock(4242)') // (verified fully, its answer held)
+    await a.query(`SELECT count(*) FROM ${scratch.name}`) // (a read that may run the database's code: verified lightly)
+    const look = (await a.query(LOOK)).rows[0]
+    assert.deepEqual([look.st, look.locks], ['4321ms', 1], 'the setting and the lock survived the read')
+    const probe = await session(p)
+    assert.deepEqual(await attempt(probe, 'SELECT 1 AS one'), { code: '53300' }, 'the backend stays the session\'s')
+    await Promise.all([a.end(), probe.end()])
   } finally {
     await p.close()
     await relay.close()

@@ -200,7 +200,7 @@ for (const mode of ['session', 'transaction'] as const) {
     // Postgres's refusal of the reset sent behind the request (DISCARD ALL inside a transaction,
     // 25001) reaches the proxy 300 ms late, long after the response. (Transaction mode sends no
     // reset behind a bare BEGIN, which leaves nothing but the transaction: the pool rolls back.)
-    const relay = await startHoldingRelay(own, (type, body) => type === 'E' && body.includes('C25001\0'), 300)
+    const relay = await startHoldingRelay(own, (type, body) => (type === 'E' && body.includes('C25001\0') ? 300 : 0))
     const upstream = `127.0.0.1:${relay.port}`
     const proxy = await startProxy({ mode }, { upstream })
     try {

@@ -18,9 +18,10 @@ import { lsn } from '../proxy/replicas/positions'
 import { startPostgres, PASSWORD, type Postgres } from './support/stack'
 import { replicable, startStandby, type Standby } from './support/standby'
 import { startProxy } from './support/helpers'
-import { startDelayRelay } from './support/delay-relay'
+import { startDelayRelay, startHoldingRelay } from './support/delay-relay'
 import { token, tokenFixture } from './support/tokens'
-import type { ReplicaOptions } from '../proxy/replicas/replicas'
+import { readOnlyLogin, serializableLogin, type ReplicaOptions } from '../proxy/replicas/replicas'
+import { serialize } from 'pg-protocol'
 
 let primary: Postgres
 let standby: Standby
@@ -133,6 +134,26 @@ test('a statement the standby refuses as a write (25006) runs on the primary ins
     await c.end()
   }
   assert.equal(await metric(p, 'replica_fallbacks_total', 'reason="read_only"'), 2)
+})
+
+test("a read moved off the replica leaves its backend there only once Postgres has answered the proxy's own messages: the next read on it gets its own answers", async () => {
+  // The standby's answer to the light verification riding behind the refused read (DISCARD SEQUENCES leads it) comes 300 ms
+  // late, and its answer to the reset of the backend that read leaves (DISCARD ALL) 300 ms after that.
+  const relay = await startHoldingRelay({ host: '127.0.0.1', port: standby.port }, (type, body) => (type === 'C' && /DISCARD (SEQUENCES|ALL)/.test(body.toString()) ? 300 : 0))
+  const p = await proxyWith({ addresses: [`127.0.0.1:${relay.port}`] }, { pool: { mode: 'transaction', size: 1 } })
+  const c = new Client(clientConfig(p))
+  await c.connect()
+  try {
+    assert.equal((await c.query(`SELECT nextval('counter') > 0 AS ok, pg_is_in_recovery() AS standby`)).rows[0].standby, false)
+    const r = await c.query(`SELECT pg_is_in_recovery() AS standby, 'mine' AS x`)
+    assert.deepEqual(r.rows, [{ standby: true, x: 'mine' }])
+    assert.deepEqual(await c.query(`SELECT 'next' AS x`).then((r) => r.rows), [{ x: 'next' }])
+    assert.equal(await metric(p, 'replica_fallbacks_total', 'reason="read_only"'), 1)
+    assert.equal(await metric(p, 'replica_fallbacks_total', 'reason="check_failed"'), 0)
+  } finally {
+    await c.end()
+    await relay.close()
+  }
 })
 
 test('read your writes: a read right after a write waits for the lagging replica (or, past --replica-wait, goes to the primary); never an older answer', async () => {
@@ -354,6 +375,52 @@ test('a replica lagging past --replica-max-lag is passed over; one killed mid-ru
   } finally {
     await c.end()
     await standby.delay(0).catch(() => {}) // (down, if an assertion failed: that is the error to see)
+  }
+})
+
+test('a login serializable by default (a standby cannot run it) reads from the primary; the replica goes on serving the others', async () => {
+  await admin.query(`CREATE ROLE serial_user LOGIN PASSWORD '${PASSWORD}'`)
+  await admin.query("ALTER ROLE serial_user SET default_transaction_isolation = 'serializable'")
+  await standby.caughtUp()
+  const p = await proxyWith()
+  const other = new Client(clientConfig(p))
+  await other.connect()
+  try {
+    assert.equal(await where(other), 'replica')
+    // By its StartupMessage (no replica tried), and by its role's setting (the replica's check fails for it alone).
+    for (const extra of [{ options: '-c default_transaction_isolation=serializable' }, { user: 'serial_user' }]) {
+      const c = new Client(clientConfig(p, extra))
+      await c.connect()
+      try {
+        for (let i = 0; i < 3; i++) assert.equal(await where(c), 'primary', `${JSON.stringify(extra)}: read ${i}`)
+        assert.equal((await c.query('SHOW transaction_isolation')).rows[0].transaction_isolation, 'serializable')
+        assert.equal(await where(other), 'replica', 'the replica still serves the other session')
+      } finally {
+        await c.end()
+      }
+    }
+    const serial = httpSql(`postgresql://serial_user:${PASSWORD}@127.0.0.1:${primary.port}/postgres`, { fetchEndpoint: `http://127.0.0.1:${p.port}/sql` })
+    assert.deepEqual(await serial`SELECT pg_is_in_recovery() AS standby`, [{ standby: false }])
+    assert.equal(await where(other), 'replica')
+    // The role's session tried the replica once, /sql once; nothing counted the replica down.
+    assert.equal(await metric(p, 'replica_fallbacks_total', 'reason="check_failed"'), 2)
+    for (const reason of ['promoted', 'down']) assert.equal(await metric(p, 'replica_fallbacks_total', `reason="${reason}"`), 0, reason)
+  } finally {
+    await other.end()
+    await admin.query('DROP ROLE serial_user')
+  }
+})
+
+test("what the proxy reads of a login's options is what Postgres makes of them", async () => {
+  const forms = ['-c default_transaction_isolation=serializable', '--default-transaction-isolation=SERIALIZABLE', '-cdefault_transaction_isolation=serializable -c default_transaction_isolation=read\\ committed',
+    '-c default_transaction_isolation=repeatable\\ read -c default_transaction_read_only=on', '--default_transaction_read_only=yes', '-c default_transaction_read_only=off', '']
+  for (const options of forms) {
+    const c = new pg.Client({ host: '127.0.0.1', port: primary.port, user: 'scram_user', password: PASSWORD, database: 'postgres', options })
+    await c.connect()
+    const [{ iso, ro }] = (await c.query(`SELECT current_setting('default_transaction_isolation') AS iso, current_setting('default_transaction_read_only') AS ro`)).rows
+    await c.end()
+    const packet = serialize.startup({ user: 'scram_user', database: 'postgres', options })
+    assert.deepEqual([serializableLogin(packet), readOnlyLogin(packet)], [iso === 'serializable', ro === 'on'], options)
   }
 })
 

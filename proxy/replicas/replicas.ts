@@ -22,7 +22,7 @@ export interface ReplicaOptions {
 }
 
 /** Why a read went to the primary after all (the metric's label). */
-export const FALLBACKS = ['none_usable', 'lag', 'down', 'read_only', 'position', 'promoted'] as const
+export const FALLBACKS = ['none_usable', 'lag', 'down', 'read_only', 'position', 'promoted', 'check_failed'] as const
 export type Fallback = (typeof FALLBACKS)[number]
 
 export interface ReplicaEvents {
@@ -142,10 +142,15 @@ const POSITION = POSITION_FIRST.replace(IDENTIFIER, '')
 let checkQuery: Buffer | undefined
 let positionQuery: Buffer | undefined
 
-/** Whether a StartupMessage makes every transaction read-only (default_transaction_read_only, as a parameter or in `options`). */
-export function readOnlyLogin(packet: Buffer): boolean {
+/** A setting a StartupMessage makes: its own parameter, else the last in `options` (`-c name=value`, `--name=value`), as Postgres applies them. */
+function loginSetting(packet: Buffer, name: string): string | undefined {
   const params = parseStartupParams(packet.subarray(8))
-  const on = (v: string | undefined) => v !== undefined && /^(on|true|yes|1)$/i.test(v.trim())
-  const option = /(?:^|\s)(?:-c\s*|--)default_transaction_read_only=(\S+)/.exec(params.options ?? '')
-  return on(option ? option[1] : params.default_transaction_read_only)
+  const options = [...(params.options ?? '').matchAll(new RegExp(`(?:^|\\s)(?:-c\\s*|--)${name.replaceAll('_', '[-_]')}=(\\S+)`, 'gi'))]
+  return (params[name] ?? options.at(-1)?.[1])?.trim()
 }
+
+/** Whether a StartupMessage makes every transaction read-only (default_transaction_read_only). */
+export const readOnlyLogin = (packet: Buffer) => /^(on|true|yes|1)$/i.test(loginSetting(packet, 'default_transaction_read_only') ?? '')
+
+/** Whether a StartupMessage makes every transaction serializable, which a standby cannot run. */
+export const serializableLogin = (packet: Buffer) => /^serializable$/i.test(loginSetting(packet, 'default_transaction_isolation') ?? '')

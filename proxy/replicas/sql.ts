@@ -52,7 +52,7 @@ export async function runRouted(
         set.events.routed('replica')
         return answer
       } catch (err) {
-        const why = err instanceof Behind ? 'position' : (err as DatabaseError).code === '25006' && to === 'autocommit' ? 'read_only' : replicaFailed(err) ? 'down' : undefined
+        const why = err instanceof Behind ? 'position' : err instanceof CheckFailed ? 'check_failed' : (err as DatabaseError).code === '25006' && to === 'autocommit' ? 'read_only' : replicaFailed(err) ? 'down' : undefined
         if (!why) throw err
         if (why === 'down') set.down(replica, (err as Error).message)
         set.events.fellBack(why)
@@ -73,6 +73,8 @@ export async function runRouted(
 
 /** The replica had not replayed what the request must see within --replica-wait. */
 class Behind extends Error {}
+/** Postgres refused the check on the replica for this login (a role serializable by default): the replica is not down. */
+class CheckFailed extends Error {}
 
 /** A login or a connection to the replica failed (HTTP 502/503 from the lease), not the request. */
 const replicaFailed = (err: unknown) => [502, 503].includes((err as { status?: number }).status ?? 0) || (err as Error).message === 'Connection terminated unexpectedly'
@@ -80,7 +82,9 @@ const replicaFailed = (err: unknown) => [502, 503].includes((err as { status?: n
 async function onReplica(set: Replicas, replica: Replica, lease: Lease, needed: () => bigint | undefined, run: (lease: Lease) => Promise<Response>): Promise<Response> {
   const check = async () => {
     let answer = ''
-    await lease.statements.execute(set.check(replica), [], (row) => void (answer = row[0] ?? ''))
+    await lease.statements.execute(set.check(replica), [], (row) => void (answer = row[0] ?? '')).catch((err: DatabaseError) => {
+      throw err.code ? new CheckFailed(err.message) : err
+    })
     const { replayed, serves } = set.observe(replica, answer)
     if (!serves) throw Object.assign(new Error(`replica ${replica.name} ${replica.why}`), { status: 503 })
     return replayed

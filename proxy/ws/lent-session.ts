@@ -13,7 +13,7 @@
 import type { WebSocket, RawData } from 'ws'
 import type { Backend } from '../pool/backends'
 import { PoolTimeout, type Holder, type Lender } from '../pool/lender'
-import { IdleWatch } from '../pool/idle-watch'
+import { IdleWatch, type Ending } from '../pool/idle-watch'
 import { BackendStatements, StatementRelay, type Own, type SessionStatements } from '../pool/prepared'
 import { merge, NOTHING, type Reading } from '../isolation/reader'
 import type { SignalKind, Signals } from './signals'
@@ -148,6 +148,8 @@ class LentSession implements RunningSession {
   private parked = false
   /** Verifications under way: asking its backend what its transactions left (proxy/isolation/verify.ts). */
   private verifying = 0
+  /** Of those, full verifications: a light one (which resets) may not ride until they are answered. */
+  private verifyingFull = 0
   private readonly statements: SessionStatements = new Map()
   private readonly framer: Framer
   /** The most it may hold of the client's: one protocol message under way, and what waits for a backend (--max-message-bytes). */
@@ -180,6 +182,8 @@ class LentSession implements RunningSession {
   private afterAt?: bigint
   /** What waits goes to the primary: a replica could not serve it. */
   private toPrimary = false
+  /** A replica could not run the session's check (its login's settings forbid it there: serializable by default): its reads stay on the primary. */
+  private replicaRefused = false
 
   constructor(private readonly ws: WebSocket, private readonly o: LentSessionOptions) {
     this.bytesIn = o.loginBytes
@@ -340,7 +344,7 @@ class LentSession implements RunningSession {
    */
   private routeOf(msgs: Buffer[]): 'primary' | 'replica' | 'autocommit' {
     const replicas = this.o.replicas
-    if (!replicas || this.toPrimary || this.pinned || this.o.claims !== undefined) return 'primary'
+    if (!replicas || this.toPrimary || this.replicaRefused || this.pinned || this.o.claims !== undefined) return 'primary'
     let first: Reading | undefined
     let all = NOTHING
     for (const m of msgs) {
@@ -430,7 +434,8 @@ class LentSession implements RunningSession {
     const idle = before?.pending === 0 && before.status === TxStatus.Idle
     const whole = idle && ends
     if (idle && !lend.onReplica) this.o.replicas?.set.events.routed('primary') // (a replica's, once its answer stands: see release)
-    const light = whole && read.plain && read.code && !read.control && !read.unseen && !this.pinned
+    // (Not while a full verification is under way: the light one's resets would wipe what it is to find.)
+    const light = whole && read.plain && read.code && !read.control && !read.unseen && !this.pinned && !this.verifyingFull
     const behind = light ? [this.verification(lend, 'light')] : []
     // Where reads may go to replicas, a transaction on the primary ends with its position, in the same
     // write; behind a COPY FROM STDIN, which would take it for the copy's data, once it is all answered.
@@ -554,6 +559,8 @@ class LentSession implements RunningSession {
       ready: () => {
         this.verifying--
         if (this.lend !== lend || on.moving) return
+        // (No answer: the check failed in this session, not the replica for all.)
+        if (!answer) return (this.replicaRefused = true), this.move(lend, 'check_failed')
         const { replayed, serves } = set.observe(on.replica, answer)
         if (!serves) return this.move(lend, 'promoted')
         const need = this.need()
@@ -607,7 +614,7 @@ class LentSession implements RunningSession {
   private moved(lend: Lend) {
     const on = lend.onReplica!
     this.detach(lend)
-    lend.lender.endSession(lend.backend, lend.watch.ending) // (reset: nothing of it is the session's)
+    lend.lender.endSession(lend.backend, this.ending(lend)) // (reset: nothing of it is the session's)
     this.toPrimaryAfter(on, on.moving!)
   }
 
@@ -747,6 +754,7 @@ class LentSession implements RunningSession {
   private verify(lend: Lend, kind: 'full' | 'light') {
     lend.relay.ownQuery(this.verification(lend, kind))
     this.verifying++
+    if (kind === 'full') this.verifyingFull++
     this.o.lender.events.verified(kind)
   }
 
@@ -758,11 +766,12 @@ class LentSession implements RunningSession {
     const query = prepared.get(backend) === backend.resets ? v[kind] : Buffer.concat([v.prepare, v[kind]])
     const ready = (status: number) => {
       this.verifying--
+      if (kind === 'full') this.verifyingFull--
       // (Asked inside a transaction, the answer says nothing of what the transaction will leave.)
       const f = status === TxStatus.Idle ? found(rows) : undefined
       if (f) prepared.set(backend, backend.resets)
       else prepared.delete(backend) // (prepared again next time, in case that is what failed)
-      if (this.lend !== lend) return
+      if (this.lend !== lend || lend.onReplica?.moving) return // (a lend moving to the primary: nothing of this backend is the session's)
       const statements = statementsOn(lend.backend, this.o.statementsPerBackend).held.size
       const left = f ? (f.left[0] ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
       if (left && lend.onReplica) {
@@ -824,7 +833,7 @@ class LentSession implements RunningSession {
   }
 
   private detach(lend: Lend) {
-    this.verifying = 0 // (theirs are the backend's: answered there, or lost with it)
+    this.verifying = this.verifyingFull = 0 // (theirs are the backend's: answered there, or lost with it)
     lend.backend.upstream.onDrain = undefined
     lend.backend.upstream.off('close', this.onBackendClose)
     this.lend = undefined
@@ -881,9 +890,13 @@ class LentSession implements RunningSession {
     if (!lend) return
     this.detach(lend)
     if (this.parked) return lend.lender.giveBack(lend.backend)
-    // (The reset waits out what Postgres still owes: the session's answers, and the proxy's own.)
+    lend.lender.endSession(lend.backend, this.ending(lend, !this.pinnedForGood))
+  }
+
+  /** How a lend's backend is left: the reset waits out what Postgres still owes, the session's answers and the proxy's own. */
+  private ending(lend: Lend, reusable = true): Ending | undefined {
     const ending = lend.watch.ending
-    lend.lender.endSession(lend.backend, ending && { ...ending, pending: ending.pending + lend.relay.ownReadiesDue, reusable: ending.reusable && !this.pinnedForGood })
+    return ending && { ...ending, pending: ending.pending + lend.relay.ownReadiesDue, reusable: ending.reusable && reusable }
   }
 }
 

@@ -25,7 +25,7 @@ import type { Cancels } from './cancels'
 import type { Metrics, RefusalReason } from '../admin/metrics'
 import { notAllowed, type Upstreams } from '../upstream/allowed'
 import { SUBPROTOCOL, SUBPROTOCOL_CANCEL, SUBPROTOCOL_POSITIONS } from '../../src/config'
-import { readOnlyLogin, type Replicas } from '../replicas/replicas'
+import { readOnlyLogin, serializableLogin, type Replicas } from '../replicas/replicas'
 import type { SessionReplicas } from './lent-session'
 import { isLoopback, limitKey } from '../listen/client-address'
 import { giveAll, takeAll, type Places, type PlacesOf, type Wanted } from '../cluster/places'
@@ -166,6 +166,7 @@ export class WebSocketRoutes {
     const { replicas, lenders, pool, upstreamTls } = this.o
     if (!replicas || !lenders || identity || name !== formatHostPort(this.o.upstreams.upstream) || login.first.kind !== 'startup') return undefined
     const { tls, first, password } = login
+    if (serializableLogin(first.packet)) return undefined // (a standby runs no serializable transaction)
     return {
       set: replicas,
       readOnly: readOnlyLogin(first.packet),

@@ -48,11 +48,11 @@ export async function startDelayRelay(target: { host: string; port: number }, on
 }
 
 /**
- * A TCP relay in front of Postgres that passes everything at once, but for Postgres's messages from
- * the first one `holds` picks on: that one and all after it on the connection reach the client
- * `ms` late (in order), as if the network stalled just there.
+ * A TCP relay in front of Postgres that passes everything at once, but holds Postgres's messages
+ * that `holds` gives a time to: each such one, and all after it on the connection, reach the client
+ * that many ms later (in order), as if the network stalled just there.
  */
-export async function startHoldingRelay(target: { host: string; port: number }, holds: (type: string, body: Buffer) => boolean, ms: number) {
+export async function startHoldingRelay(target: { host: string; port: number }, holds: (type: string, body: Buffer) => number) {
   const sockets = new Set<net.Socket>()
   const server = net.createServer((client) => {
     const upstream = net.connect({ ...target, noDelay: true })
@@ -64,7 +64,8 @@ export async function startHoldingRelay(target: { host: string; port: number }, 
     const pass = (bytes: Buffer) => client.writable && client.write(bytes)
     const read = backendReader((type, body) => {
       const bytes = message(type, body)
-      if (!held && holds(type, body)) held = new Promise((resolve) => setTimeout(resolve, ms))
+      const ms = holds(type, body)
+      if (ms) held = (held ?? Promise.resolve()).then(() => new Promise((resolve) => setTimeout(resolve, ms)))
       if (held) held = held.then(() => void pass(bytes))
       else pass(bytes)
     })
