@@ -156,6 +156,25 @@ test("a read moved off the replica leaves its backend there only once Postgres h
   }
 })
 
+test('a read whose code leaves state on the replica (a view calling a function that PREPAREs) runs on the primary instead, unseen, and the session keeps that state there', async () => {
+  await admin.query(`CREATE FUNCTION replica_prepare() RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN EXECUTE 'PREPARE replica_left AS SELECT 1'; RETURN pg_is_in_recovery(); END $$`)
+  await admin.query('CREATE VIEW replica_preparing AS SELECT replica_prepare() AS standby')
+  await standby.caughtUp()
+  const p = await proxyWith()
+  const c = new Client(clientConfig(p))
+  await c.connect()
+  try {
+    assert.equal(await where(c), 'replica')
+    assert.deepEqual((await c.query('SELECT standby FROM replica_preparing')).rows, [{ standby: false }], 'it ran on the primary, once')
+    assert.deepEqual((await c.query(`SELECT count(*)::int AS n FROM pg_prepared_statements WHERE name = 'replica_left'`)).rows, [{ n: 1 }], 'the session has what it made')
+    assert.equal(await where(c), 'primary', 'and keeps to the backend holding it')
+    assert.equal(await metric(p, 'replica_fallbacks_total', 'reason="session_state"'), 1)
+  } finally {
+    await c.end()
+    await admin.query('DROP VIEW replica_preparing; DROP FUNCTION replica_prepare()')
+  }
+})
+
 test('read your writes: a read right after a write waits for the lagging replica (or, past --replica-wait, goes to the primary); never an older answer', async () => {
   const waits = await proxyWith({ waitMs: 3000 })
   const hurries = await proxyWith({ waitMs: 50 })
