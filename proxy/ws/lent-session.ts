@@ -584,13 +584,12 @@ class LentSession implements RunningSession {
 
   /**
    * What the replica answered goes to the client (the position first): once it has said it may
-   * serve, and, for a read it may refuse as a write, once that read is over and verified (or too
-   * large to hold).
+   * serve, and, for a read it may refuse as a write, once that read is over (or too large to hold).
    */
   private release(lend: Lend) {
     const on = lend.onReplica!
     const ending = lend.watch.ending
-    const over = ending?.pending === 0 && ending.status === TxStatus.Idle && !on.gatedSince && !this.verifying
+    const over = ending?.pending === 0 && ending.status === TxStatus.Idle && !on.gatedSince
     if (!on.held || !on.checked || (on.retryable && !over && on.heldBytes <= HOLD_MAX)) return
     const held = on.held
     on.held = undefined
@@ -775,15 +774,16 @@ class LentSession implements RunningSession {
       if (this.lend !== lend || lend.onReplica?.moving) return // (a lend moving to the primary: nothing of this backend is the session's)
       const statements = statementsOn(lend.backend, this.o.statementsPerBackend).held.size
       const left = f ? (f.left[0] ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
-      if (left && lend.onReplica?.held && lend.onReplica.retryable) return this.move(lend, 'session_state') // (unseen: it runs on the primary, which keeps what it leaves)
+      // A read's answer still held (the verification's came with it): it runs on the primary instead, which keeps what it leaves.
+      // (Holding every replica read for its verification would cost each a little; such code is rare.)
+      if (left && lend.onReplica?.held && lend.onReplica.retryable) return this.move(lend, 'session_state')
       if (left && lend.onReplica) {
-        // State cannot follow the session to the primary, where its writes must go: it ends, and says why.
+        // Once answered, state cannot follow the session to the primary, where its writes must go: it ends, and says why.
         const message = `edgepg-proxy: a read sent to a replica left ${left} on its backend there (code of the database's own ran with it), which cannot follow the session to the primary: the session is closed. Keep such reads inside a read-write transaction, or run them in session pooling`
         return this.evict('upstream_error', '55000', message)
       }
       if (left) return this.pin(left)
       this.unpin()
-      if (lend.onReplica?.held) this.release(lend)
       this.afterOwn(lend)
     }
     return { query, onRow: (value) => rows.push(value), ready }

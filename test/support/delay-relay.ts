@@ -50,18 +50,25 @@ export async function startDelayRelay(target: { host: string; port: number }, on
 /**
  * A TCP relay in front of Postgres that passes everything at once, but holds Postgres's messages
  * that `holds` gives a time to: each such one, and all after it on the connection, reach the client
- * that many ms later (in order), as if the network stalled just there.
+ * that many ms later (in order, together), as if the network stalled just there.
  */
 export async function startHoldingRelay(target: { host: string; port: number }, holds: (type: string, body: Buffer) => number) {
   const sockets = new Set<net.Socket>()
   const server = net.createServer((client) => {
+    client.setNoDelay(true)
     const upstream = net.connect({ ...target, noDelay: true })
     for (const s of [client, upstream]) {
       sockets.add(s)
       s.once('close', () => sockets.delete(s)).on('error', () => {})
     }
     let held: Promise<void> | undefined
-    const pass = (bytes: Buffer) => client.writable && client.write(bytes)
+    // (What is passed in one turn of the event loop goes in one write, as a network delivers what piled up.)
+    let corked = false
+    const pass = (bytes: Buffer) => {
+      if (!client.writable) return
+      if (!corked) (corked = true), client.cork(), setImmediate(() => ((corked = false), client.uncork()))
+      client.write(bytes)
+    }
     const read = backendReader((type, body) => {
       const bytes = message(type, body)
       const ms = holds(type, body)
