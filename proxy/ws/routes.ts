@@ -167,11 +167,13 @@ export class WebSocketRoutes {
     if (!replicas || !lenders || identity || name !== formatHostPort(this.o.upstreams.upstream) || login.first.kind !== 'startup') return undefined
     const { tls, first, password } = login
     if (serializableLogin(first.packet)) return undefined // (a standby runs no serializable transaction)
+    const keys = new Map<string, string>() // (made once a session: every read asks)
     return {
       set: replicas,
       readOnly: readOnlyLogin(first.packet),
       async lender(replica) {
-        const key = pool.key(replica.name, tls, first.packet, password, false)
+        let key = keys.get(replica.name)
+        if (key === undefined) keys.set(replica.name, (key = pool.key(replica.name, tls, first.packet, password, false)))
         const there = () => loginAs(replica.target, upstreamTls, login)
         const got = await lenders.lenderFor(key, () => pool.open(key, there), there)
         if (got instanceof Lender) return got
