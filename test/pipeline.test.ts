@@ -88,3 +88,36 @@ test('pipeline: false sends each query only after the previous one is answered',
   assert.deepEqual(sent.map(tags), ['PBDES', 'PBDES', 'PBDES'])
   await client.end()
 })
+
+test("a portal's Close sent once its error is in (as pg-cursor's is when destroyed then): Postgres skips it, and the next queries get their own answers", async () => {
+  const { client } = await warmClient()
+  // A Submittable that runs a portal, and closes it (Close, Sync) only after its ErrorResponse is in.
+  const failing = {
+    submit(con: any) {
+      con.parse({ text: 'SELECT relname, 1/0 FROM pg_class' }, true)
+      con.bind({ portal: 'p' }, true)
+      con.describe({ type: 'P', name: 'p' }, true)
+      con.execute({ portal: 'p', rows: 100 }, true)
+      con.flush()
+      this.con = con
+    },
+    handleError(err: Error) {
+      this.con.once('readyForQuery', () => this.callback(err))
+      this.con.close({ type: 'P', name: 'p' }, true)
+      this.con.sync()
+    },
+    handleReadyForQuery() {},
+    handleRowDescription() {},
+    handleDataRow() {},
+    handleCommandComplete() {},
+    handleEmptyQuery() {},
+    handlePortalSuspended() {},
+  } as any
+  const pinned = async () => (await proxy.metrics.registry.getSingleMetric('edgepg_proxy_pinned_sessions_total')!.get()).values.reduce((n, v) => n + v.value, 0)
+  const pinnedBefore = await pinned()
+  const err = await new Promise<Error & { code?: string }>((resolve) => client.query(Object.assign(failing, { callback: resolve })))
+  assert.equal(err.code, '22012')
+  for (const word of ['one', 'two', 'three']) assert.deepEqual((await client.query('SELECT $1::text AS word', [word])).rows, [{ word }])
+  assert.equal(await pinned(), pinnedBefore, 'not pinned as unverified')
+  await client.end()
+})

@@ -27,22 +27,21 @@ async function connection() {
     wake()
   })
   socket.on('error', () => {})
-  const readUntilReady = async (readies: number, relay = (chunk: Buffer) => chunk): Promise<Buffer[]> => {
+  /** Messages (through `relay`) up to the one `last` picks, and any that came with it. */
+  const readUntil = async (last: (msg: Buffer) => boolean, relay = (chunk: Buffer) => chunk): Promise<Buffer[]> => {
     const got: Buffer[] = []
-    while (readies > 0) {
+    for (let done = false; !done; ) {
       if (!pending.length) await new Promise<void>((r) => (wake = r))
       const chunks = pending
       pending = []
-      for (const msg of framer.push(relay(Buffer.concat(chunks)))) {
-        got.push(msg)
-        if (msg[0] === 0x5a) readies--
-      }
+      for (const msg of framer.push(relay(Buffer.concat(chunks)))) got.push(msg), (done ||= last(msg))
     }
     return got
   }
+  const readUntilReady = async (readies: number, relay?: (chunk: Buffer) => Buffer) => (readies > 0 ? readUntil((m) => m[0] === 0x5a && --readies === 0, relay) : [])
   socket.write(startupMessage({ user: 'trust_user', database }))
   await readUntilReady(1)
-  return { socket, readUntilReady, end: () => socket.end(serialize.end()) }
+  return { socket, readUntil, readUntilReady, end: () => socket.end(serialize.end()) }
 }
 type Connection = Awaited<ReturnType<typeof connection>>
 
@@ -124,6 +123,23 @@ test('a name parsed twice is 42P05, an unknown one 26000, a closed one 26000 aga
   ])
   assert.deepEqual(seen.filter((s) => s.startsWith('E')), ['E 42P05', 'E 26000', 'E 26000'])
   assert.ok(seen.includes('D 222'))
+})
+
+test("messages sent into a group Postgres is skipping after an error (pg-cursor's Close and Sync once a portal failed) are not awaited: what comes after goes to whom it answers", async () => {
+  const s = await session()
+  const relay = new StatementRelay(s.statements, s.backends.A, (bytes) => A.socket.write(bytes))
+  const through = (c: Buffer) => relay.fromBackend(c)
+  relay.fromClient(Buffer.concat([parse('', 'SELECT 1/0'), serialize.bind({ portal: 'p' }), serialize.describe({ type: 'P', name: 'p' }), serialize.execute({ portal: 'p', rows: 100 }), serialize.flush()]))
+  assert.deepEqual(brief(await A.readUntil((m) => m[0] === 0x45, through)).at(-1), 'E 22012')
+  // The error is in when the client closes the portal: Postgres skips the Close, and answers the Sync alone.
+  relay.fromClient(Buffer.concat([serialize.close({ type: 'P', name: 'p' }), sync]))
+  assert.deepEqual(brief(await A.readUntilReady(1, through)), ['Z I'])
+  // A query of the proxy's own, then the client's: each gets its own answer.
+  const rows: string[] = []
+  relay.ownQuery({ query: query("SELECT 'own'"), onRow: (v) => rows.push(v) })
+  relay.fromClient(query("SELECT 'mine'"))
+  assert.deepEqual(brief(await A.readUntilReady(1, through)), ['T', 'D mine', 'C SELECT 1', 'Z I'])
+  assert.deepEqual(rows, ['own'])
 })
 
 test('two sessions with the same name for different statements share a backend, each its own', async () => {

@@ -194,6 +194,9 @@ export class StatementRelay {
           continue
         }
       } else if (type === ServerMessage.ReadyForQuery) {
+        // It answers a Sync (or Query): what is awaited ahead of that, Postgres skipped after an error
+        // (sent into the group once the error was in: a Close behind a failed portal).
+        while (this.awaited.length && this.awaited[0].kind !== 'sync') this.awaited.shift()!.skipped?.()
         const answered = this.awaited.shift()
         if (answered?.own) continue
         if (msg[5] === TxStatus.Idle) this.backend.portals.clear()
