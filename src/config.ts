@@ -134,11 +134,28 @@ export const SUBPROTOCOL = 'edgepg.v2'
 export const SUBPROTOCOL_CANCEL = 'edgepg.v3'
 /**
  * Offered ahead of SUBPROTOCOL_CANCEL, and meaning it too: the client tells the positions it has
- * seen in a text frame `after <positions>` (config.lastWrite) ahead of the messages that must not go
- * behind them, and the proxy tells each new one in a text frame `seen <position>`, ahead of the
- * ReadyForQuery that ends what it was learnt from.
+ * seen (config.lastWrite) in a message of the proxy's own, `positionMessage`, at the head of the
+ * WebSocket message that carries what must not go behind them, and the proxy tells each new one in
+ * a text frame `seen <position>`, ahead of the ReadyForQuery that ends what it was learnt from.
  */
-export const SUBPROTOCOL_POSITIONS = 'edgepg.v4'
+export const SUBPROTOCOL_POSITIONS = 'edgepg.v5'
+/**
+ * As SUBPROTOCOL_POSITIONS, with the client's positions in a text frame `after <positions>` of
+ * their own: what drivers and proxies before edgepg.v5 speak. (A second message sent right behind
+ * the first waits for its ACK, ~40 ms, where the runtime leaves Nagle's algorithm on, as Deno does.)
+ */
+export const SUBPROTOCOL_POSITIONS_FRAMED = 'edgepg.v4'
+/** Type of the client's position message (SUBPROTOCOL_POSITIONS): a byte no Postgres frontend message has. */
+export const POSITION_MESSAGE = 0x40 // '@'
+/** The positions as a message in the client's stream: '@', Int32 length, the text, NUL. */
+export function positionMessage(positions: string): Buffer {
+  const text = Buffer.from(positions, 'latin1')
+  const msg = Buffer.alloc(6 + text.length)
+  msg[0] = POSITION_MESSAGE
+  msg.writeInt32BE(5 + text.length, 1)
+  text.copy(msg, 5)
+  return msg
+}
 /** The text frame a client sends to cancel its running statement (SUBPROTOCOL_CANCEL). */
 export const cancelFrame = (readies: number) => `cancel ${readies}`
 export const LOGIN_PREFIX = 'edgepg.login.'

@@ -1,5 +1,5 @@
 import { HIGH_WATER, QueuedSocket } from './queued-socket'
-import { cancelFrame, IN_WORKERS, LOGIN_PREFIX, MAX_LOGIN_CHARS, onThisMachine, resolveConfig, webSocketUrl, SUBPROTOCOL, SUBPROTOCOL_CANCEL, SUBPROTOCOL_POSITIONS, UPSTREAM_TLS_REQUEST, config, lastWriteVersion, type EdgeConfig } from './config'
+import { cancelFrame, IN_WORKERS, LOGIN_PREFIX, MAX_LOGIN_CHARS, onThisMachine, resolveConfig, webSocketUrl, SUBPROTOCOL, SUBPROTOCOL_CANCEL, SUBPROTOCOL_POSITIONS, SUBPROTOCOL_POSITIONS_FRAMED, UPSTREAM_TLS_REQUEST, positionMessage, config, lastWriteVersion, type EdgeConfig } from './config'
 
 const OPEN = 1
 /** URLs whose server answered without a subprotocol, where `ws` needs none offered. */
@@ -63,10 +63,10 @@ export class WebSocketSocket extends QueuedSocket {
   token?: Uint8Array
   /** The proxy took the login from the upgrade (it selected edgepg's subprotocol). */
   loginTaken = false
-  /** The proxy takes a cancel on this WebSocket (it selected SUBPROTOCOL_CANCEL or SUBPROTOCOL_POSITIONS). */
+  /** The proxy takes a cancel on this WebSocket (it selected SUBPROTOCOL_CANCEL or a positions subprotocol). */
   cancelsInBand = false
-  /** The proxy takes and tells positions (SUBPROTOCOL_POSITIONS); the config.lastWrite it was last told (its version). */
-  private positions = false
+  /** The proxy takes and tells positions: in the stream (SUBPROTOCOL_POSITIONS) or in frames of their own; the config.lastWrite it was last told (its version). */
+  private positions: 'stream' | 'frame' | undefined
   private told = 0
   /** Sends the first flight in band, for a server that did not take the login. */
   fallback = (first: Uint8Array) => this.send(first)
@@ -121,7 +121,7 @@ export class WebSocketSocket extends QueuedSocket {
     if (this.token && first && !(privateLink(this.url) && fits && offer)) return this.failSoon(new Error(TOKEN_NEEDS))
     // In band, TLS to Postgres could not be asked for: better no connection than one without it.
     if (tls.length && offer && !fits) return this.failSoon(new Error(`the login is too large for the upgrade (${login!.length} characters, at most ${MAX_LOGIN_CHARS}), and \`ssl\` needs it there`))
-    const offered = [SUBPROTOCOL_POSITIONS, SUBPROTOCOL_CANCEL, SUBPROTOCOL]
+    const offered = [SUBPROTOCOL_POSITIONS, SUBPROTOCOL_POSITIONS_FRAMED, SUBPROTOCOL_CANCEL, SUBPROTOCOL]
     const protocols = !offer ? undefined : fits ? [...offered, LOGIN_PREFIX + login] : offered
     let ws: WebSocket
     try {
@@ -138,10 +138,10 @@ export class WebSocketSocket extends QueuedSocket {
     ws.addEventListener('open', () => {
       this.opened = this.readable = true
       if (!this.referenced) this.unref()
-      const edgepgProxy = ws.protocol === SUBPROTOCOL || ws.protocol === SUBPROTOCOL_CANCEL || ws.protocol === SUBPROTOCOL_POSITIONS
+      this.positions = ws.protocol === SUBPROTOCOL_POSITIONS ? 'stream' : ws.protocol === SUBPROTOCOL_POSITIONS_FRAMED ? 'frame' : undefined
+      this.cancelsInBand = !!this.positions || ws.protocol === SUBPROTOCOL_CANCEL
+      const edgepgProxy = this.cancelsInBand || ws.protocol === SUBPROTOCOL
       this.loginTaken = edgepgProxy && fits
-      this.positions = ws.protocol === SUBPROTOCOL_POSITIONS
-      this.cancelsInBand = this.positions || ws.protocol === SUBPROTOCOL_CANCEL
       if (this.loginTaken && tls.length) {
         this.encrypted = true
         this.alpnProtocol = this.upstreamTls!.sslnegotiation === 'direct' && 'postgresql' // PostgreSQL requires it there
@@ -206,16 +206,21 @@ export class WebSocketSocket extends QueuedSocket {
     if (this.corked || !this.pending.length || this.closed) return
     if (IN_WORKERS && !this.usableHere) return void this.destroy() // what was queued cannot go; pg sees the connection end
     if (this.ws?.readyState !== OPEN && (this.ws || !this.deferOpen)) return
-    const { data, callbacks } = this.takePending()
+    const pending = this.takePending()
+    let data = pending.data
     if (!this.ws) this.open(data) // the first flight rides in the upgrade
     else {
-      // What it has seen goes ahead of what must not read behind it.
-      if (this.positions && this.told !== lastWriteVersion) (this.told = lastWriteVersion), this.ws.send(`after ${config.lastWrite}`)
+      // What it has seen goes ahead of what must not read behind it, in the same message (see SUBPROTOCOL_POSITIONS_FRAMED).
+      if (this.positions && this.told !== lastWriteVersion) {
+        this.told = lastWriteVersion
+        if (this.positions === 'stream') data = Buffer.concat([positionMessage(config.lastWrite!), data])
+        else this.ws.send(`after ${config.lastWrite}`)
+      }
       if (data.length <= HIGH_WATER) this.ws.send(data)
       // A large write (a COPY's data) goes as several messages, under any proxy's message limit.
       else for (let at = 0; at < data.length; ) this.ws.send(data.subarray(at, (at += HIGH_WATER)))
     }
-    for (const cb of callbacks) cb()
+    for (const cb of pending.callbacks) cb()
   }
 
   /**

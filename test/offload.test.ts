@@ -26,7 +26,7 @@ import pg from 'pg'
 import { neonConfig, Client as NeonClient } from '@neondatabase/serverless'
 import { createProxy, type ProxyOptions, type SessionLog } from '../proxy/index'
 import { Client, Pool, type ClientConfig } from '../src/index'
-import { LOGIN_PREFIX, SUBPROTOCOL, SUBPROTOCOL_CANCEL, SUBPROTOCOL_POSITIONS } from '../src/config'
+import { LOGIN_PREFIX, SUBPROTOCOL, SUBPROTOCOL_CANCEL, SUBPROTOCOL_POSITIONS, SUBPROTOCOL_POSITIONS_FRAMED } from '../src/config'
 import { PASSWORD, type Role } from './support/stack'
 import { edgeConfig, pgConfig, startPlainWebSocketRelay, testPostgres, within } from './support/helpers'
 import { generateCerts, type TestCerts } from './support/certs'
@@ -540,16 +540,16 @@ describe('clients that start in band (Neon’s driver, a login too large for the
 // ---------------------------------------------------------------------------------------------
 
 describe('negotiation: edgepg’s subprotocol says the proxy took the login; other servers get it in band', () => {
-  test('edgepg.v4, edgepg.v3, edgepg.v2 and the login offered; edgepg.v2 selected where the session cannot take a cancel (no pool); the login never echoed', async () => {
+  test('edgepg.v5, edgepg.v4, edgepg.v3, edgepg.v2 and the login offered; edgepg.v2 selected where the session cannot take a cancel (no pool); the login never echoed', async () => {
     const rec = recorder()
     const client = recordedClient(offload, 'scram_user', rec)
     await within(10000, 'connect', client.connect())
     await within(5000, 'end', client.end())
     const log = rec.session()
     const offered = [log.offered].flat()
-    assert.equal(offered.length, 4, 'four values offered')
-    assert.deepEqual(offered.slice(0, 3), [SUBPROTOCOL_POSITIONS, SUBPROTOCOL_CANCEL, SUBPROTOCOL], 'edgepg.v4 (positions for replicas), edgepg.v3 (cancels on the session), then edgepg.v2')
-    assert.match(offered[3]!, new RegExp(`^${LOGIN_PREFIX.replace(/\./g, '\\.')}[A-Za-z0-9_-]+$`), 'then the login, base64url')
+    assert.equal(offered.length, 5, 'five values offered')
+    assert.deepEqual(offered.slice(0, 4), [SUBPROTOCOL_POSITIONS, SUBPROTOCOL_POSITIONS_FRAMED, SUBPROTOCOL_CANCEL, SUBPROTOCOL], 'edgepg.v5 and edgepg.v4 (positions for replicas), edgepg.v3 (cancels on the session), then edgepg.v2')
+    assert.match(offered[4]!, new RegExp(`^${LOGIN_PREFIX.replace(/\./g, '\\.')}[A-Za-z0-9_-]+$`), 'then the login, base64url')
     assert.equal(log.protocol, SUBPROTOCOL, 'the proxy selected edgepg.v2')
     assert.deepEqual(rec.upgradeHeaders.map((h) => h['sec-websocket-protocol']), [SUBPROTOCOL], 'the upgrade response names edgepg.v2 and nothing else')
   })

@@ -22,6 +22,7 @@ import { startDelayRelay, startHoldingRelay } from './support/delay-relay'
 import { token, tokenFixture } from './support/tokens'
 import { readOnlyLogin, serializableLogin, type ReplicaOptions } from '../proxy/replicas/replicas'
 import { serialize } from 'pg-protocol'
+import { SUBPROTOCOL_POSITIONS } from '../src/config'
 
 let primary: Postgres
 let standby: Standby
@@ -301,6 +302,46 @@ test('across Clients, Pools and httpSql in one process: config.lastWrite carries
     assert.equal(((await sql.query(count, [tag2])) as any).rows[0].n, 2)
   } finally {
     await pool.end()
+    await standby.delay(0)
+    await standby.caughtUp()
+  }
+})
+
+test('a Client tells its positions in the WebSocket message of the query they go ahead of (a second message right behind one waits ~40 ms where Nagle is on, as in Deno); a driver of edgepg.v4 in a text frame; both read what was written', async () => {
+  const p = await proxyWith({ waitMs: 3000 })
+  await standby.delay(300)
+  /** A WebSocket that records what it sends; `frameOnly`: offering edgepg.v4 but not edgepg.v5, as drivers before it. */
+  const recording = (sent: string[], frameOnly = false) =>
+    class extends WebSocket {
+      constructor(url: string, protocols?: string[]) {
+        super(url, frameOnly ? protocols?.filter((p) => p !== SUBPROTOCOL_POSITIONS) : protocols)
+      }
+      send(data: any, ...rest: any[]) {
+        sent.push(typeof data === 'string' ? data.split(' ')[0] : `binary ${String.fromCharCode(data[0])}`)
+        return (super.send as any)(data, ...rest)
+      }
+    }
+  try {
+    for (const frameOnly of [false, true]) {
+      const writer = new Client(clientConfig(p))
+      await writer.connect()
+      const tag = `told ${frameOnly} ${Date.now()}`
+      await writer.query('INSERT INTO notes (body) VALUES ($1)', [tag])
+      await writer.end()
+      const sent: string[] = []
+      const reader = new Client(clientConfig(p, { webSocketConstructor: recording(sent, frameOnly) }))
+      await reader.connect()
+      try {
+        const r = await reader.query({ text: 'SELECT count(*)::int AS n FROM notes WHERE body = $1', values: [tag], queryMode: 'extended' } as any)
+        assert.equal(r.rows[0].n, 1, 'the read waited for the position told')
+        assert.equal((reader as any).connection.stream.ws.protocol, frameOnly ? 'edgepg.v4' : SUBPROTOCOL_POSITIONS)
+        assert.deepEqual(sent, frameOnly ? ['after', 'binary P'] : ['binary @'], 'what the query was sent as')
+      } finally {
+        await reader.end()
+      }
+    }
+    assert.equal(await metric(p, 'replica_fallbacks_total', 'reason="position"'), 0)
+  } finally {
     await standby.delay(0)
     await standby.caughtUp()
   }

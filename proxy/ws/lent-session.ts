@@ -28,7 +28,7 @@ import { closeWebSocket, type OutcomeKind, type RunningSession, type SessionLog 
 import type { Fallback, Replica, Replicas } from '../replicas/replicas'
 import { later } from '../../src/positions'
 import { lsnText, positionOf } from '../replicas/positions'
-import { SUBPROTOCOL_POSITIONS } from '../../src/config'
+import { POSITION_MESSAGE, SUBPROTOCOL_POSITIONS, SUBPROTOCOL_POSITIONS_FRAMED } from '../../src/config'
 
 export interface LentSessionOptions {
   lender: Lender
@@ -244,6 +244,7 @@ class LentSession implements RunningSession {
       if (err instanceof MessageTooLarge) return this.holdsTooMuch(`a protocol message of ${err.length} bytes`)
       return closeWebSocket(this.ws, 1002, 'edgepg-proxy: not protocol messages')
     }
+    if (this.ws.protocol === SUBPROTOCOL_POSITIONS && msgs.some((m) => m[0] === POSITION_MESSAGE)) msgs = this.takePositions(msgs)
     const terminate = msgs.findIndex((m) => m[0] === ClientMessage.Terminate)
     if (terminate >= 0) msgs = msgs.slice(0, terminate)
     if (msgs.length) {
@@ -320,12 +321,23 @@ class LentSession implements RunningSession {
     return !!lend.onReplica && (lend.onReplica.gatedSince !== undefined || (ending?.pending === 0 && ending.status === TxStatus.Idle))
   }
 
-  /** `after <positions>` (SUBPROTOCOL_POSITIONS): what the client has seen, which its reads must not go behind. */
+  /** `after <positions>` (SUBPROTOCOL_POSITIONS_FRAMED): what the client has seen, which its reads must not go behind. */
   private afterFrame(data: Buffer): boolean {
-    if (this.ws.protocol !== SUBPROTOCOL_POSITIONS || data.length > 1024 || data.toString('latin1', 0, 6) !== 'after ') return false
-    this.after = data.toString('latin1', 6)
-    this.afterAt = undefined
+    if (this.ws.protocol !== SUBPROTOCOL_POSITIONS_FRAMED || data.length > 1024 || data.toString('latin1', 0, 6) !== 'after ') return false
+    this.seenByClient(data.toString('latin1', 6))
     return true
+  }
+
+  /** The same in the client's stream (SUBPROTOCOL_POSITIONS): its position messages, taken out of what goes to Postgres. */
+  private takePositions(msgs: Buffer[]): Buffer[] {
+    const rest: Buffer[] = []
+    for (const m of msgs) m[0] === POSITION_MESSAGE ? this.seenByClient(m.toString('latin1', 5, m.length - 1)) : rest.push(m)
+    return rest
+  }
+
+  private seenByClient(positions: string) {
+    this.after = positions
+    this.afterAt = undefined
   }
 
   /** The position the session's reads must not go behind; undefined when it cannot be known (the client names positions, and the primary's database is not known yet). */

@@ -24,7 +24,7 @@ import type { LoginGate, LoginTicket } from '../login/gate'
 import type { Cancels } from './cancels'
 import type { Metrics, RefusalReason } from '../admin/metrics'
 import { notAllowed, type Upstreams } from '../upstream/allowed'
-import { SUBPROTOCOL, SUBPROTOCOL_CANCEL, SUBPROTOCOL_POSITIONS } from '../../src/config'
+import { SUBPROTOCOL, SUBPROTOCOL_CANCEL, SUBPROTOCOL_POSITIONS, SUBPROTOCOL_POSITIONS_FRAMED } from '../../src/config'
 import { readOnlyLogin, serializableLogin, type Replicas } from '../replicas/replicas'
 import type { SessionReplicas } from './lent-session'
 import { isLoopback, limitKey } from '../listen/client-address'
@@ -94,7 +94,8 @@ export class WebSocketRoutes {
     this.perIp = o.places('sessionsPerIp', o.maxSessionsPerIp ?? 100)
     // Selecting edgepg's subprotocol says the proxy takes a login from the upgrade (proxy/login/in-upgrade.ts);
     // selecting SUBPROTOCOL_CANCEL, also a cancel on the session's WebSocket (proxy/ws/session.ts);
-    // SUBPROTOCOL_POSITIONS, also positions in the WAL, where reads may go to replicas (proxy/replicas/).
+    // SUBPROTOCOL_POSITIONS (or, from drivers before it, SUBPROTOCOL_POSITIONS_FRAMED), also positions in the WAL,
+    // where reads may go to replicas (proxy/replicas/).
     // Any other offered subprotocol is declined (ws would otherwise select the first one offered).
     this.wss = new WebSocketServer({
       noServer: true,
@@ -102,6 +103,7 @@ export class WebSocketRoutes {
       perMessageDeflate: false,
       handleProtocols: (offered, req) =>
         offered.has(SUBPROTOCOL_POSITIONS) && this.positioned.has(req) ? SUBPROTOCOL_POSITIONS
+        : offered.has(SUBPROTOCOL_POSITIONS_FRAMED) && this.positioned.has(req) ? SUBPROTOCOL_POSITIONS_FRAMED
         : offered.has(SUBPROTOCOL_CANCEL) && this.cancelsInBand.has(req) ? SUBPROTOCOL_CANCEL
         : offered.has(SUBPROTOCOL) ? SUBPROTOCOL : false,
     })
