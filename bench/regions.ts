@@ -6,6 +6,8 @@
  * then read pairs, over two Clients of one process, against the replica made to lag 300 ms.
  */
 import net from 'node:net'
+import { spawn } from 'node:child_process'
+import { fileURLToPath } from 'node:url'
 import { WebSocket } from 'ws'
 import { Client as NeonClient, neon, neonConfig } from '@neondatabase/serverless'
 import { Client, httpSql } from '../src/index'
@@ -34,10 +36,11 @@ export const regions: Section = {
     try {
       await admin.query(`CREATE TABLE ${TABLE} (id int PRIMARY KEY, n int NOT NULL); INSERT INTO ${TABLE} SELECT g, 0 FROM generate_series(1, ${AT_ONCE}) g`)
       await standby.caughtUp()
+      let runtimes: Record<string, { fresh: number; warm: number }> = {}
       const paths = {
         A: await path(primary.port, standby, 100, 0, false),
         B: await path(primary.port, standby, 10, 90, false),
-        'B with the replica': await path(primary.port, standby, 10, 90, true),
+        'B with the replica': await path(primary.port, standby, 10, 90, true, async (ws, url) => void (runtimes = await fromRuntimes(ws, url))),
         "Neon's driver through A": await neonPath(primary.port, 100),
       }
       const floor = await network(10, 90)
@@ -52,6 +55,12 @@ export const regions: Section = {
           `Delay relays on loopback (data only); each figure the median of ${RUNS} runs (3 after idle), after ${WARMUP} fresh Clients. Role scram_user; --pool-idle-timeout ${IDLE_TIMEOUT_MS} ms, the rest default. The standby streams straight from the primary here (no delay on its link).`,
           `"The network alone" is the round trips B with the replica needs (fresh: 2 short; a write, and httpSql's transaction: 1 short + 1 long; the rest 1 short), timed as bytes echoed through the same delay relays (median of 15): a short round trip measures ${floor.short} ms, a short and a long ${floor.long} ms.`,
         ]
+      )
+      printGrid(
+        'regions: a fresh Client\'s first read and a warm read in each runtime, B with the replica (ms)',
+        ['runtime', 'fresh Client, first read', 'over the network', 'warm read', 'over the network'],
+        Object.entries(runtimes).map(([name, r]) => [name, r.fresh.toFixed(1), (r.fresh - floor['fresh Client, first read']).toFixed(1), r.warm.toFixed(1), (r.warm - floor['warm read']).toFixed(1)]),
+        [`Each runtime runs bench/regions-client.mjs on the built bundle (median of ${RUNS}, after 5 fresh Clients), after a write of its own: each fresh Client tells the position with its query, as a request carrying config.lastWrite in a cookie would. Node's WebSocket is the \`ws\` package; Bun's and Deno's are their own.`]
       )
       rows.push(
         ...Object.entries(TARGETS).map(([op, t]): Row => ({
@@ -140,8 +149,8 @@ async function medianOf(n: number, fn: () => Promise<number>): Promise<number> {
   return runs.sort((a, b) => a - b)[n >> 1]
 }
 
-/** A proxy `userMs` RTT from the client and `dbMs` from the primary, with the standby next to it or not: each operation's ms. */
-async function path(pgPort: number, standby: Standby, userMs: number, dbMs: number, replica: boolean): Promise<Record<string, number>> {
+/** A proxy `userMs` RTT from the client and `dbMs` from the primary, with the standby next to it or not: each operation's ms (then `also`, given the proxy's URL and a connection string). */
+async function path(pgPort: number, standby: Standby, userMs: number, dbMs: number, replica: boolean, also?: (ws: string, url: string) => Promise<void>): Promise<Record<string, number>> {
   const dbRelay = dbMs ? await startDelayRelay({ host: '127.0.0.1', port: pgPort }, dbMs / 2) : undefined
   const upstream = `127.0.0.1:${dbRelay?.port ?? pgPort}`
   const proxy = createProxy({
@@ -155,12 +164,37 @@ async function path(pgPort: number, standby: Standby, userMs: number, dbMs: numb
   const config = { host, port: Number(upPort), user: 'scram_user', password: PASSWORD, database: 'postgres', webSocketConstructor: WebSocket as any, wsProxy: () => `ws://127.0.0.1:${front.port}/v2` }
   const sql = httpSql(`postgresql://scram_user:${PASSWORD}@${upstream}/postgres`, { fetchEndpoint: `http://127.0.0.1:${front.port}/sql` })
   try {
-    return await operations(() => new Client(config), sql)
+    const out = await operations(() => new Client(config), sql)
+    await also?.(config.wsProxy(), `postgresql://scram_user:${encodeURIComponent(PASSWORD)}@${upstream}/postgres`)
+    return out
   } finally {
     await proxy.close()
     await front.close()
     await dbRelay?.close()
   }
+}
+
+const root = fileURLToPath(new URL('..', import.meta.url))
+const RUNTIMES: Record<string, string[]> = {
+  'Node (ws)': [process.execPath, 'bench/regions-client.mjs'],
+  Bun: ['node_modules/.bin/bun', 'bench/regions-client.mjs'],
+  Deno: ['node_modules/.bin/deno', 'run', '--allow-net', '--allow-read', '--allow-env', 'bench/regions-client.mjs'],
+}
+
+/** bench/regions-client.mjs in each runtime, through the proxy at `ws`: its medians, in ms. */
+async function fromRuntimes(ws: string, url: string): Promise<Record<string, { fresh: number; warm: number }>> {
+  const out: Record<string, { fresh: number; warm: number }> = {}
+  for (const [name, [cmd, ...args]] of Object.entries(RUNTIMES)) {
+    const child = spawn(cmd, [...args, ws, url, select, update, String(RUNS)], { cwd: root })
+    let stdout = ''
+    let stderr = ''
+    child.stdout.on('data', (d) => (stdout += d))
+    child.stderr.on('data', (d) => (stderr += d))
+    const code = await new Promise((resolve) => child.on('close', resolve))
+    if (code !== 0) throw new Error(`bench regions: ${name} exited ${code}: ${stderr.trim()}`)
+    out[name] = JSON.parse(stdout.trim().split('\n').at(-1)!)
+  }
+  return out
 }
 
 interface Queries {
