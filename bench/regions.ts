@@ -8,7 +8,7 @@
 import net from 'node:net'
 import { spawn } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
-import { WebSocket } from 'ws'
+import { WebSocket, WebSocketServer } from 'ws'
 import { Client as NeonClient, neon, neonConfig } from '@neondatabase/serverless'
 import { Client, httpSql } from '../src/index'
 import { createProxy } from '../proxy/index'
@@ -59,8 +59,8 @@ export const regions: Section = {
       printGrid(
         'regions: a fresh Client\'s first read and a warm read in each runtime, B with the replica (ms)',
         ['runtime', 'fresh Client, first read', 'over the network', 'warm read', 'over the network'],
-        Object.entries(runtimes).map(([name, r]) => [name, r.fresh.toFixed(1), (r.fresh - floor['fresh Client, first read']).toFixed(1), r.warm.toFixed(1), (r.warm - floor['warm read']).toFixed(1)]),
-        [`Each runtime runs bench/regions-client.mjs on the built bundle (median of ${RUNS}, after 5 fresh Clients), after a write of its own: each fresh Client tells the position with its query, as a request carrying config.lastWrite in a cookie would. Node's WebSocket is the \`ws\` package; Bun's and Deno's are their own.`]
+        Object.entries({ ...runtimes, 'the floor: a bare ws server, Node (ws)': await bareWebSocket(10) }).map(([name, r]) => [name, r.fresh.toFixed(1), (r.fresh - floor['fresh Client, first read']).toFixed(1), r.warm.toFixed(1), (r.warm - floor['warm read']).toFixed(1)]),
+        [`Each runtime runs bench/regions-client.mjs on the built bundle (median of ${RUNS}, after 5 fresh Clients), after a write of its own: each fresh Client tells the position with its query, as a request carrying config.lastWrite in a cookie would. Node's WebSocket is the \`ws\` package; Bun's and Deno's are their own. The floor: a WebSocket server of \`ws\` in this process, near the user, answering the upgrade with a message the size of a login's answer and each message with one the size of a row's: no login, no proxy, no Postgres.`]
       )
       rows.push(
         ...Object.entries(TARGETS).map(([op, t]): Row => ({
@@ -130,6 +130,36 @@ async function network(userMs: number, dbMs: number): Promise<Record<string, num
   } finally {
     await Promise.all([far.close(), near.close(), farther.close()])
     echo.close()
+  }
+}
+
+/** The floor under a fresh read and a warm one: a bare WebSocket server `userMs` RTT away (see the runtimes table's note), medians in ms. */
+async function bareWebSocket(userMs: number): Promise<{ fresh: number; warm: number }> {
+  const wss = new WebSocketServer({ port: 0, host: '127.0.0.1', perMessageDeflate: false, handleProtocols: (offered) => [...offered][0] ?? false })
+  await new Promise((resolve) => wss.once('listening', resolve))
+  wss.on('connection', (ws) => (ws.send(Buffer.alloc(400)), ws.on('message', () => ws.send(Buffer.alloc(60)))))
+  const near = await startDelayRelay({ host: '127.0.0.1', port: (wss.address() as net.AddressInfo).port }, userMs / 2)
+  const answer = (ws: WebSocket) => new Promise((resolve) => ws.once('message', resolve))
+  const fresh: number[] = []
+  const warm: number[] = []
+  try {
+    for (let i = 0; i < WARMUP + RUNS; i++) {
+      const t0 = performance.now()
+      const ws = new WebSocket(`ws://127.0.0.1:${near.port}/v2`, ['edgepg.v5'])
+      await answer(ws)
+      ws.send(Buffer.alloc(14))
+      await answer(ws)
+      const t1 = performance.now()
+      ws.send(Buffer.alloc(14))
+      await answer(ws)
+      if (i >= WARMUP) fresh.push(t1 - t0), warm.push(performance.now() - t1)
+      ws.close()
+      await new Promise((resolve) => ws.once('close', resolve))
+    }
+    return { fresh: median(fresh), warm: median(warm) }
+  } finally {
+    await near.close()
+    wss.close()
   }
 }
 
