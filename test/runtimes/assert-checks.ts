@@ -39,5 +39,7 @@ function assertReplicaReads(r: any, runtime: string, more: string) {
   const lsn = (text: string) => text.replace(position, (_, hi, lo) => (BigInt(`0x${hi}`) << 32n) + BigInt(`0x${lo}`) + '')
   assert.ok(BigInt(lsn(r.afterHttp)) > BigInt(lsn(r.afterClient)), `${runtime}: httpSql's write moved config.lastWrite on (the Edgepg-Last-Write header was read): ${r.afterClient} → ${r.afterHttp}${more}`)
   same(r.read, [{ n: r.written, replica: true }], `${runtime}: another Client's read right after the write, on the replica, sees it${more}`)
+  // (edgepg.v4 would send the position in a message of its own ahead of the query's, which Nagle's algorithm holds back ~40 ms in Deno.)
+  assert.equal(r.protocol, 'edgepg.v5', `${runtime}: the reader told its position in the query's own WebSocket message (edgepg.v5)${more}`)
   same(r.httpRead, [{ n: r.httpWritten, replica: true }], `${runtime}: httpSql's read right after its write, on the replica, sees it${more}`)
 }

@@ -112,10 +112,11 @@ globalThis.edgepgChecks = async function edgepgChecks(mod, { proxyPort, host, po
     const reader = new Client(at)
     await reader.connect()
     const read = plain((await reader.query(select)).rows)
+    const protocol = reader.connection.stream.ws?.protocol
     await reader.end()
     const sql = httpSql(`postgresql://scram_user:${encodeURIComponent(password)}@${host}:${replica.port}/${database}`, { fetchEndpoint: `http://127.0.0.1:${replica.proxyPort}/sql` })
     const httpWritten = (await sql.query(update))[0].n
-    out.replica = { afterClient, afterHttp: mod.config.lastWrite, written, read, httpWritten, httpRead: plain(await sql.query(select)) }
+    out.replica = { afterClient, afterHttp: mod.config.lastWrite, written, read, protocol, httpWritten, httpRead: plain(await sql.query(select)) }
   }
   return out
 }
