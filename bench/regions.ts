@@ -62,6 +62,13 @@ export const regions: Section = {
         Object.entries({ ...runtimes, 'the floor: a bare ws server, Node (ws)': await bareWebSocket(10) }).map(([name, r]) => [name, r.fresh.toFixed(1), (r.fresh - floor['fresh Client, first read']).toFixed(1), r.warm.toFixed(1), (r.warm - floor['warm read']).toFixed(1)]),
         [`Each runtime runs bench/regions-client.mjs on the built bundle (median of ${RUNS}, after 5 fresh Clients), after a write of its own: each fresh Client tells the position with its query, as a request carrying config.lastWrite in a cookie would. Node's WebSocket is the \`ws\` package; Bun's and Deno's are their own. The floor: a WebSocket server of \`ws\` in this process, near the user, answering the upgrade with a message the size of a login's answer and each message with one the size of a row's: no login, no proxy, no Postgres.`]
       )
+      const bare = await bareRelay(primary.port, standby, 10, 90)
+      printGrid(
+        'regions: the floor under a warm read and a write, a bare WebSocket relay in the proxy\'s place (ms)',
+        ['operation', 'through a bare relay', 'over the network', 'B with the replica over it'],
+        (['warm read', 'write'] as const).map((op) => [op, bare[op].toFixed(1), (bare[op] - floor[op]).toFixed(1), over(op).toFixed(1)]),
+        [`A WebSocket-to-TCP relay of \`ws\` in this process, near the user (as bench/ws-relay.ts: no login of its own, no pool, no routing), to the standby for the read and across the 90 ms link to the primary for the write; edgepg's Client, logged in through it in band. Median of ${RUNS}. What it takes over the network is what any proxy in Node takes there, before doing anything of its own.`]
+      )
       rows.push(
         ...Object.entries(TARGETS).map(([op, t]): Row => ({
           metric: `regions: ${op}, B with the replica, ms over ${t.floor}`,
@@ -130,6 +137,41 @@ async function network(userMs: number, dbMs: number): Promise<Record<string, num
   } finally {
     await Promise.all([far.close(), near.close(), farther.close()])
     echo.close()
+  }
+}
+
+/** A bare WebSocket relay `userMs` RTT from the client: warm reads through it on the standby, and writes on the primary `dbMs` beyond it, medians in ms. */
+async function bareRelay(pgPort: number, standby: Standby, userMs: number, dbMs: number): Promise<{ 'warm read': number; write: number }> {
+  const far = await startDelayRelay({ host: '127.0.0.1', port: pgPort }, dbMs / 2)
+  const wss = new WebSocketServer({ port: 0, host: '127.0.0.1', perMessageDeflate: false, handleProtocols: () => false })
+  await new Promise((resolve) => wss.once('listening', resolve))
+  wss.on('connection', (ws, req) => {
+    req.socket.setNoDelay(true)
+    const to = new URL(req.url!, 'ws://x').searchParams.get('port')
+    const upstream = net.connect({ host: '127.0.0.1', port: Number(to), noDelay: true })
+    ws.on('message', (data: Buffer) => upstream.write(data))
+    upstream.on('data', (chunk) => ws.send(chunk))
+    upstream.on('close', () => ws.close(1000))
+    upstream.on('error', () => ws.terminate())
+    ws.on('close', () => upstream.destroy())
+  })
+  const near = await startDelayRelay({ host: '127.0.0.1', port: (wss.address() as net.AddressInfo).port }, userMs / 2)
+  const through = async (port: number, sql: string) => {
+    const c = new Client({ host: '127.0.0.1', port, user: 'scram_user', password: PASSWORD, database: 'postgres', webSocketConstructor: WebSocket as any, wsProxy: () => `ws://127.0.0.1:${near.port}/?port=${port}` })
+    await c.connect()
+    try {
+      await c.query(sql)
+      return await medianOf(RUNS, () => time(() => c.query(sql)))
+    } finally {
+      await c.end()
+    }
+  }
+  try {
+    return { 'warm read': await through(standby.port, select), write: await through(far.port, update) }
+  } finally {
+    await near.close()
+    await far.close()
+    wss.close()
   }
 }
 
