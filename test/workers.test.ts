@@ -6,6 +6,8 @@
  * against the proxy's POST /sql. Several requests in a row must all succeed with the right rows,
  * and afterwards no Postgres backend may be left behind. The WebSockets go to an in-process
  * edgepg-proxy on ws://127.0.0.1:<port>, relaying to the test Postgres; `npm test` builds dist/ first.
+ * Then a read right after a write, by another Client, through a proxy with --replica (a primary of
+ * this file's own, its standby lagging 300 ms).
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
@@ -15,6 +17,7 @@ import { Miniflare } from 'miniflare'
 import { startProxy, testPostgres, backends, eventually, within, same } from './support/helpers'
 import { PASSWORD } from './support/stack'
 import { token, tokenFixture, WEB_USER } from './support/tokens'
+import { replicaFixture } from './support/standby'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
 const APP = `edgepg-workers-${process.pid}`
@@ -25,16 +28,23 @@ let proxy: Awaited<ReturnType<typeof startProxy>>
 /** Logins by token: a proxy taking them, and the table of rows per user (test/support/tokens.ts). */
 let byToken: Awaited<ReturnType<typeof startProxy>>
 let fixture: Awaited<ReturnType<typeof tokenFixture>>
+/** A primary of its own with a standby lagging 300 ms, and a proxy reading from it. */
+let replicas: Awaited<ReturnType<typeof replicaFixture>>
+let withReplica: Awaited<ReturnType<typeof startProxy>>
 const TABLE = `workers_notes_${process.pid}`
 before(async () => {
   proxy = await startProxy()
   fixture = await tokenFixture(TABLE)
   byToken = await startProxy({ tokens: fixture.options })
+  replicas = await replicaFixture('workers-primary')
+  withReplica = await startProxy({ upstream: replicas.upstream, replicas: replicas.replicas })
 })
 after(async () => {
   await proxy?.close()
   await byToken?.close()
+  await withReplica?.close()
   await fixture?.teardown()
+  await replicas?.teardown()
 })
 
 function worker(nodejsCompat: boolean) {
@@ -55,12 +65,14 @@ function worker(nodejsCompat: boolean) {
       APP,
       TOKEN_PROXY_PORT: String(byToken.port),
       TABLE,
+      REPLICA_PROXY_PORT: String(withReplica.port),
+      REPLICA_DATABASE_URL: `postgres://scram_user:${encodeURIComponent(PASSWORD)}@${replicas.upstream}/postgres`,
     },
   })
 }
 
 for (const nodejsCompat of [false, true]) {
-  test(`Worker in workerd ${nodejsCompat ? 'with' : 'without'} nodejs_compat: Client, Pool and httpSql, ${REQUESTS} requests each`, async () => {
+  test(`Worker in workerd ${nodejsCompat ? 'with' : 'without'} nodejs_compat: Client, Pool and httpSql, ${REQUESTS} requests each; reads on a replica right after writes`, async () => {
     const mf = worker(nodejsCompat)
     try {
       await within(30_000, 'miniflare ready', mf.ready)
@@ -91,6 +103,14 @@ for (const nodejsCompat of [false, true]) {
         same(body.rows, [row, row], `token request for ${who}`)
       }
       await eventually(() => byToken.sessionCount === 0, 'no token session left open')
+      // A read right after a write (another Client's) on the lagging replica sees the write.
+      for (let i = 0; i < 2; i++) {
+        const res = await within(15_000, `replica request ${i}`, mf.dispatchFetch('http://worker.test/?mode=replica'))
+        const body: any = await res.json()
+        assert.equal(res.status, 200, `replica request ${i} failed in workerd: ${JSON.stringify(body)}`)
+        const [{ written, ...read }] = body.rows
+        same(read, { n: written, replica: true, protocol: 'edgepg.v5' }, `replica request ${i}: the read sees the write, on the replica, its position told in the query's own message`)
+      }
     } finally {
       await mf.dispose()
     }

@@ -2,7 +2,8 @@
 // the BUILT driver (dist/index.mjs; its lazy chunks are passed to miniflare as modules too) and, as
 // Workers require (I/O objects cannot cross requests), creates, uses and ends its Client / Pool inside
 // each request, closing in ctx.waitUntil. Bindings: PROXY_PORT, DATABASE_URL, APP (application_name prefix);
-// for logins by token, TOKEN_PROXY_PORT and TABLE (the rows per user), the token in the request's ?token=.
+// for logins by token, TOKEN_PROXY_PORT and TABLE (the rows per user), the token in the request's ?token=;
+// for reads on a lagging replica, REPLICA_PROXY_PORT and REPLICA_DATABASE_URL (a primary with a table `reads`).
 import { Client, Pool, httpSql } from '../../dist/index.mjs'
 
 export default {
@@ -41,6 +42,19 @@ export default {
         ctx.waitUntil(client.end())
         const sql = httpSql(`postgres://${host}/${where.database}`, { fetchEndpoint: `http://127.0.0.1:${env.TOKEN_PROXY_PORT}/sql`, authToken })
         rows.push(...(await sql.query(probe)))
+      } else if (mode === 'replica') {
+        // A write, then another Client's read right after it: the position the write was told goes
+        // with the read (in its own WebSocket message), which waits for the lagging standby.
+        const at = { connectionString: env.REPLICA_DATABASE_URL, wsProxy: () => `ws://127.0.0.1:${env.REPLICA_PROXY_PORT}/v2` }
+        const writer = new Client(at)
+        await writer.connect()
+        const written = (await writer.query('UPDATE reads SET n = n + 1 WHERE id = 1 RETURNING n')).rows[0].n
+        await writer.end()
+        const reader = new Client(at)
+        await reader.connect()
+        const [read] = (await reader.query('SELECT n, pg_is_in_recovery() AS replica FROM reads WHERE id = 1')).rows
+        rows = [{ written, ...read, protocol: reader.connection.stream.ws?.protocol }]
+        ctx.waitUntil(reader.end())
       } else {
         return Response.json({ error: `unknown mode ${mode}` }, { status: 400 })
       }
