@@ -22,7 +22,7 @@ import { startDelayRelay, startHoldingRelay } from './support/delay-relay'
 import { token, tokenFixture } from './support/tokens'
 import { readOnlyLogin, serializableLogin, type ReplicaOptions } from '../proxy/replicas/replicas'
 import { serialize } from 'pg-protocol'
-import { SUBPROTOCOL_POSITIONS } from '../src/config'
+import { SUBPROTOCOL_POSITIONS, positionMessage } from '../src/config'
 
 let primary: Postgres
 let standby: Standby
@@ -344,6 +344,22 @@ test('a Client tells its positions in the WebSocket message of the query they go
   } finally {
     await standby.delay(0)
     await standby.caughtUp()
+  }
+})
+
+test('a position message over 1024 bytes closes the session, as an over-long `after` frame does: the proxy keeps no more of a client\'s positions than that', async () => {
+  const p = await proxyWith()
+  const c = new Client(clientConfig(p))
+  await c.connect()
+  try {
+    const ws = (c as any).connection.stream.ws
+    ws.send(positionMessage('1:0/0,'.repeat(160))) // 960 bytes: taken
+    assert.equal(await where(c), 'replica')
+    const closed = new Promise<Error>((resolve) => (c.on('error', resolve), setTimeout(() => resolve(new Error('still open after 5 s')), 5000).unref()))
+    ws.send(positionMessage('1:0/0,'.repeat(200))) // 1,200 bytes
+    assert.match((await closed).message, /code 1002: edgepg-proxy: position message too long/)
+  } finally {
+    await c.end().catch(() => {})
   }
 })
 

@@ -30,6 +30,9 @@ import { later } from '../../src/positions'
 import { lsnText, positionOf } from '../replicas/positions'
 import { POSITION_MESSAGE, SUBPROTOCOL_POSITIONS, SUBPROTOCOL_POSITIONS_FRAMED } from '../../src/config'
 
+/** The most a client's positions may take (a position per database it has written to), in a frame or a message. */
+const POSITIONS_MAX = 1024
+
 export interface LentSessionOptions {
   lender: Lender
   /** The login's answer, sent first. */
@@ -244,7 +247,14 @@ class LentSession implements RunningSession {
       if (err instanceof MessageTooLarge) return this.holdsTooMuch(`a protocol message of ${err.length} bytes`)
       return closeWebSocket(this.ws, 1002, 'edgepg-proxy: not protocol messages')
     }
-    if (this.ws.protocol === SUBPROTOCOL_POSITIONS && msgs.some((m) => m[0] === POSITION_MESSAGE)) msgs = this.takePositions(msgs)
+    if (this.ws.protocol === SUBPROTOCOL_POSITIONS && msgs.some((m) => m[0] === POSITION_MESSAGE)) {
+      const rest = this.takePositions(msgs)
+      if (!rest) {
+        this.end('client_error', `refused a position message over ${POSITIONS_MAX} bytes`)
+        return closeWebSocket(this.ws, 1002, 'edgepg-proxy: position message too long')
+      }
+      msgs = rest
+    }
     const terminate = msgs.findIndex((m) => m[0] === ClientMessage.Terminate)
     if (terminate >= 0) msgs = msgs.slice(0, terminate)
     if (msgs.length) {
@@ -323,15 +333,19 @@ class LentSession implements RunningSession {
 
   /** `after <positions>` (SUBPROTOCOL_POSITIONS_FRAMED): what the client has seen, which its reads must not go behind. */
   private afterFrame(data: Buffer): boolean {
-    if (this.ws.protocol !== SUBPROTOCOL_POSITIONS_FRAMED || data.length > 1024 || data.toString('latin1', 0, 6) !== 'after ') return false
+    if (this.ws.protocol !== SUBPROTOCOL_POSITIONS_FRAMED || data.length > POSITIONS_MAX || data.toString('latin1', 0, 6) !== 'after ') return false
     this.seenByClient(data.toString('latin1', 6))
     return true
   }
 
-  /** The same in the client's stream (SUBPROTOCOL_POSITIONS): its position messages, taken out of what goes to Postgres. */
-  private takePositions(msgs: Buffer[]): Buffer[] {
+  /** The same in the client's stream (SUBPROTOCOL_POSITIONS): its position messages, taken out of what goes to Postgres; undefined if one is too long. */
+  private takePositions(msgs: Buffer[]): Buffer[] | undefined {
     const rest: Buffer[] = []
-    for (const m of msgs) m[0] === POSITION_MESSAGE ? this.seenByClient(m.toString('latin1', 5, m.length - 1)) : rest.push(m)
+    for (const m of msgs) {
+      if (m[0] !== POSITION_MESSAGE) rest.push(m)
+      else if (m.length > POSITIONS_MAX) return undefined
+      else this.seenByClient(m.toString('latin1', 5, m.length - 1))
+    }
     return rest
   }
 
