@@ -1,16 +1,33 @@
 /**
- * Section "isolation": what deciding isolation costs under transaction pooling. The parser's reading of
- * a statement (proxy/isolation/reader.ts), at first sight and cached, in this process; and the backend's
- * verification (proxy/isolation/verify.ts), in Postgres's time, beside `SELECT 1` and beside
- * `DISCARD ALL` (what session mode runs at each session's end), each over a connection of pg's own.
+ * Section "isolation": what isolation costs Postgres under transaction pooling, part by part. Each
+ * candidate runs 10,000 times in front of a table read by id, in one Sync group unless said, over a
+ * raw connection (no client library between), and is measured as that backend's CPU (/proc, 10 ms
+ * ticks) per group, beside the read alone. Also the parser's reading of a statement, in this process.
  */
+import { readFileSync } from 'node:fs'
 import pg from 'pg'
+import { serialize } from 'pg-protocol'
 import { loadReader, read } from '../proxy/isolation/reader'
-import { verificationSql } from '../proxy/isolation/verify'
-import { median, printGrid, type Section } from './lib'
+import { HANDOVER, verificationSql } from '../proxy/isolation/verify'
+import { printGrid, type Section } from './lib'
 
 const TEXTS = 2000
-const ROUNDS = 300
+const GROUPS = 10_000
+const BATCH = 50
+
+const ext = (text: string) => Buffer.concat([serialize.parse({ text }), serialize.bind({}), serialize.execute({})])
+const SYNC = serialize.sync()
+const READ = Buffer.concat([ext('SELECT v FROM bench_isolation WHERE id = 42'), SYNC])
+const UTILITIES = ['RESET ALL', 'CLOSE ALL', 'UNLISTEN *', 'DISCARD TEMP', 'DISCARD SEQUENCES', 'SET SESSION AUTHORIZATION DEFAULT']
+/** The least a fresh question asks (temporary objects, cursors, SQL prepared statements, LISTEN), raising an error if any: planned afresh each time. */
+const QUESTION = `SELECT pg_catalog.int4div(1, (NOT (EXISTS (SELECT FROM pg_catalog.pg_depend WHERE refclassid OPERATOR(pg_catalog.=) 2615 AND refobjid OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema())
+  OR EXISTS (SELECT FROM pg_catalog.pg_cursor() c WHERE c.is_holdable) OR EXISTS (SELECT FROM pg_catalog.pg_prepared_statement() p WHERE p.from_sql)
+  OR EXISTS (SELECT FROM pg_catalog.pg_listening_channels())))::pg_catalog.int4)`
+
+const cpuOf = (pid: number) => {
+  const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ')
+  return (Number(f[11]) + Number(f[12])) / 100
+}
 
 export const isolation: Section = {
   name: 'isolation',
@@ -26,57 +43,83 @@ export const isolation: Section = {
 
     const client = new pg.Client(ctx.pgConfig())
     await client.connect()
-    try {
-      // As the proxy runs it: prepared once per backend (planned once), then bound and executed.
-      const user = String(ctx.pgConfig().user)
-      const verify = { name: 'edgepg_bench_verify', text: verificationSql(user) }
-      const light = { name: 'edgepg_bench_light', text: verificationSql(user, false) }
-      const resets = 'DISCARD SEQUENCES; RESET ALL' // (in the proxy, in one Sync group with the light question, which releases advisory locks itself)
-      const resetting = new pg.Client(ctx.pgConfig()) // (DISCARD ALL would drop the prepared verification)
-      await resetting.connect()
-      const timed = async (sql: string | typeof verify, on = client) => {
-        const times: number[] = []
-        for (let i = 0; i < ROUNDS; i++) {
-          const start = performance.now()
-          await on.query(sql)
-          times.push(performance.now() - start)
+    const pid: number = (await client.query('SELECT pg_backend_pid() AS pid')).rows[0].pid
+    await client.query('DROP TABLE IF EXISTS bench_isolation; CREATE TABLE bench_isolation AS SELECT g AS id, md5(g::text) AS v FROM generate_series(1, 1000) g; CREATE INDEX ON bench_isolation (id)')
+    // The connection from here on is raw bytes: groups pipelined BATCH at a time, answers counted by ReadyForQuery.
+    const stream = (client as any).connection.stream as import('node:net').Socket
+    stream.removeAllListeners('data')
+    const groups = async (group: Buffer, readies = 1) => {
+      let rest: Buffer = Buffer.alloc(0)
+      let due = 0
+      let errors = 0
+      let done = () => {}
+      const onData = (chunk: Buffer) => {
+        rest = rest.length ? Buffer.concat([rest, chunk]) : chunk
+        let at = 0
+        for (; at + 5 <= rest.length && at + 1 + rest.readInt32BE(at + 1) <= rest.length; at += 1 + rest.readInt32BE(at + 1)) {
+          if (rest[at] === 0x45) errors++
+          if (rest[at] === 0x5a && --due === 0) done()
         }
-        return median(times)
+        rest = rest.subarray(at)
       }
-      // Interleaved, so that a busy moment weighs on each alike.
-      const [one, check, lightly, discard] = [[] as number[], [] as number[], [] as number[], [] as number[]]
-      for (let i = 0; i < 5; i++) {
-        one.push(await timed('SELECT 1'))
-        check.push(await timed(verify))
-        lightly.push((await timed(light)) + (await timed(resets)))
-        discard.push(await timed('DISCARD ALL', resetting))
+      stream.on('data', onData)
+      const batch = Buffer.concat(Array(BATCH).fill(group))
+      const cpu = cpuOf(pid)
+      for (let i = 0; i < GROUPS; i += BATCH) await new Promise<void>((resolve) => ((done = resolve), (due = BATCH * readies), stream.write(batch)))
+      stream.off('data', onData)
+      if (errors) throw new Error(`bench isolation: ${errors} errors`)
+      return ((cpuOf(pid) - cpu) * 1e6) / GROUPS
+    }
+    try {
+      const user = String(ctx.pgConfig().user)
+      const cases: Array<[string, Buffer, number?]> = [
+        ['DISCARD ALL, in the read’s group (edgepg-proxy, at a handover)', Buffer.concat([HANDOVER, READ])],
+        ['DISCARD ALL in a group of its own after the read (PgBouncer, server_reset_query_always)', Buffer.concat([READ, ext('DISCARD ALL'), SYNC]), 2],
+        ['SELECT 1 in a group of its own after the read (what any round of its own costs)', Buffer.concat([READ, ext('SELECT 1'), SYNC]), 2],
+        ...UTILITIES.map((u): [string, Buffer] => [u, Buffer.concat([ext(u), READ])]),
+        ['the six utility commands above, each a message', Buffer.concat([...UTILITIES.map(ext), READ])],
+        ['SELECT pg_catalog.pg_advisory_unlock_all()', Buffer.concat([ext('SELECT pg_catalog.pg_advisory_unlock_all()'), READ])],
+        ['the least fresh question (temp objects, cursors, SQL PREPAREs, LISTEN)', Buffer.concat([ext(QUESTION), READ])],
+        ['the full account, fresh (asked after a transaction that set state)', Buffer.concat([ext(verificationSql(user)), READ])],
+      ]
+      await groups(READ) // (warm)
+      const alone: number[] = []
+      const extra = new Map<string, number[]>()
+      // Twice, interleaved with the read alone, so that a busy moment weighs on each alike.
+      for (let round = 0; round < 2; round++) {
+        for (const [what, group, readies] of cases) {
+          alone.push(await groups(READ))
+          extra.set(what, [...(extra.get(what) ?? []), await groups(group, readies)])
+        }
       }
-      await resetting.end()
-      const [m1, mv, ml, md] = [median(one), median(check), median(lightly) - median(one), median(discard)]
+      const base = alone.reduce((a, b) => a + b) / alone.length
+      const over = (xs: number[]) => xs.reduce((a, b) => a + b) / xs.length - base
       printGrid(
-        'isolation: what deciding costs (transaction mode)',
-        ['what', 'cost'],
+        'isolation: what a handover and a question cost Postgres (µs of its CPU per group, over the read alone)',
+        ['what', 'Postgres CPU'],
         [
-          ['reading a statement with the parser, first sight', `${first.toFixed(1)} µs`],
+          ['the read alone (a table read by id)', `${base.toFixed(1)} µs`],
+          ...cases.map(([what]) => [what, `+${over(extra.get(what)!).toFixed(1)} µs`]),
+          ['reading a statement with the parser, first sight (proxy)', `${first.toFixed(1)} µs`],
           ['reading it again (cached)', `${cached.toFixed(2)} µs`],
-          ['a round trip of SELECT 1 (pg over TCP)', `${(m1 * 1000).toFixed(0)} µs`],
-          ['a round trip of the full verification', `${(mv * 1000).toFixed(0)} µs (+${((mv - m1) * 1000).toFixed(0)} µs of Postgres)`],
-          ['a round trip of the light verification', `${(ml * 1000).toFixed(0)} µs (+${((ml - m1) * 1000).toFixed(0)} µs of Postgres)`],
-          ['a round trip of DISCARD ALL (session mode, per session)', `${(md * 1000).toFixed(0)} µs (+${((md - m1) * 1000).toFixed(0)} µs)`],
         ],
         [
-          'The parse runs on the proxy, once per statement text. The full verification runs on the backend after a transaction that was',
-          'not plain, the light one after a plain one that touched a relation, a cast or an operator; both behind the client’s answer:',
-          'the client waits for neither.',
+          'A handover (a backend going to another session than its last) costs DISCARD ALL in the group of the next session’s first statement.',
+          'Any question planned afresh (the only kind no session can answer in Postgres’s place) costs more than every reset together.',
+          `${GROUPS} groups each, pipelined ${BATCH} at a time over one connection; CPU in 10 ms ticks (±1 µs here).`,
         ]
       )
+      const row = (what: string) => over(extra.get(what)!).toFixed(1)
       return [
+        { metric: 'handover reset, Postgres CPU (µs)', edgepg: row(cases[0][0]), baseline: row(cases[1][0]) },
         { metric: 'parse, first sight (µs)', edgepg: first.toFixed(1), baseline: '' },
-        { metric: 'full verification, Postgres time (µs)', edgepg: ((mv - m1) * 1000).toFixed(0), baseline: ((md - m1) * 1000).toFixed(0) },
-        { metric: 'light verification, Postgres time (µs)', edgepg: ((ml - m1) * 1000).toFixed(0), baseline: ((md - m1) * 1000).toFixed(0) },
       ]
     } finally {
-      await client.end()
+      stream.destroy()
+      await client.end().catch(() => {})
+      const admin = new pg.Client(ctx.pgConfig())
+      await admin.connect()
+      await admin.query('DROP TABLE bench_isolation').finally(() => admin.end())
     }
   },
 }

@@ -83,6 +83,11 @@ export async function interleave<K extends string>(keys: readonly K[], rounds: n
  * `comm` (e.g. the PgBouncer this process started: treeCpuSeconds(process.pid, 'pgbouncer')).
  */
 export function treeCpuSeconds(pid: number, comm?: string): number {
+  return [...treeCpu(pid, comm).values()].reduce((a, b) => a + b, 0)
+}
+
+/** treeCpuSeconds by process (pid -> CPU seconds), for cpuBetween. */
+export function treeCpu(pid: number, comm?: string): Map<number, number> {
   const procs = readdirSync('/proc').filter((d) => /^\d+$/.test(d)).flatMap((d) => {
     try {
       return [{ pid: Number(d), ...procStat(Number(d)) }]
@@ -95,7 +100,17 @@ export function treeCpuSeconds(pid: number, comm?: string): number {
     grew = false
     for (const p of procs) if (tree.has(p.ppid) && !tree.has(p.pid)) tree.add(p.pid), (grew = true)
   }
-  return procs.filter((p) => tree.has(p.pid) && (comm === undefined || p.comm === comm)).reduce((sum, p) => sum + p.cpuSeconds, 0)
+  return new Map(procs.filter((p) => tree.has(p.pid) && (comm === undefined || p.comm === comm)).map((p) => [p.pid, p.cpuSeconds]))
+}
+
+/**
+ * CPU seconds a tree used between two treeCpu snapshots (a process new in the second counted whole), and how many
+ * processes started and ended in between: an ended one's time in the window is lost, not its whole life's subtracted
+ * (as a difference of treeCpuSeconds would).
+ */
+export function cpuBetween(before: Map<number, number>, after: Map<number, number>): { seconds: number; started: number; ended: number } {
+  const seconds = [...after].reduce((sum, [pid, s]) => sum + s - (before.get(pid) ?? 0), 0)
+  return { seconds, started: [...after.keys()].filter((pid) => !before.has(pid)).length, ended: [...before.keys()].filter((pid) => !after.has(pid)).length }
 }
 
 /** A full garbage collection, so one run's garbage is not collected during the next one's timing. */

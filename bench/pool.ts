@@ -3,7 +3,8 @@
  * measured against, through edgepg-proxy children (test/support/child-proxy.ts) run with POOL_PROXY_FLAGS:
  * 1. many sessions: SESSIONS at once, a statement every 2 s for 20 s, on a role limited to 60
  *    Postgres connections; against pg over TCP through PgBouncer (Debian's 1.18, transaction mode);
- * 2. busy sessions: 64 sessions back to back, session mode against TRANSACTION_MODE_FLAGS;
+ * 2. busy sessions: 64 sessions back to back (a read by id, `SELECT $1::int`), TRANSACTION_MODE_FLAGS against session mode and
+ *    wsproxy → PgBouncer, unsafe and safe (DISCARD ALL after each transaction): queries/s, proxy and Postgres CPU per statement;
  * 3. POST /sql at 32 in flight, against bench/http-pg.ts (a bare HTTP server on pg.Pool);
  * 4. memory: the proxy's RSS per idle logged-in session;
  * 5. bursts: 1,500 and 5,000 sessions each running a statement and a named insert three times over
@@ -18,13 +19,13 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import pg from 'pg'
 import { WebSocket } from 'ws'
 import { Client, type ClientConfig } from '../src/index'
-import { startChildProxy, startGcProxy, type ChildProxy } from '../test/support/child-proxy'
+import { procStat, startChildProxy, startGcProxy } from '../test/support/child-proxy'
 import { pgbouncerBinary, startPgBouncer } from '../test/support/pgbouncer'
 import { PASSWORD, startPostgres, type PgInfo } from '../test/support/stack'
-import { gc, interleave, median, percentile, printGrid, treeCpuSeconds, type BenchContext, type Row, type Section } from './lib'
+import { cpuBetween, gc, interleave, median, percentile, printGrid, treeCpu, treeCpuSeconds, type BenchContext, type Row, type Section } from './lib'
 import { startHttpPg, startWsRelay } from './proxy'
 import { leanPoster } from './http'
-import { NEON_PAIR, neonPairMissing, scramSecrets, startNeonPair, type NeonPair } from './neon-pair'
+import { NEON_PAIR, neonPairMissing, scramSecrets, startNeonPair } from './neon-pair'
 
 const NOFILE = Number(/^Max open files\s+(\d+)/m.exec(readFileSync('/proc/self/limits', 'utf8'))?.[1] ?? 1024)
 /** Descriptors kept in each process for everything but the sessions' sockets. */
@@ -66,8 +67,8 @@ const QUERY_TIMEOUT_MS = 10_000
 const SAMPLE_MS = 200
 
 const BUSY_SESSIONS = 64
-const BUSY_ROUNDS = 2
-const BUSY_MS = 2500
+const BUSY_ROUNDS = 4
+const BUSY_MS = 2000
 /** Transaction mode's queries/s, at least this share of session mode's (the issue). */
 const BUSY_SHARE_TARGET = 0.9
 
@@ -411,73 +412,134 @@ async function latencyFloors(ctx: BenchContext, admin: pg.Client) {
 
 // ---- 2. busy sessions ----
 
+/** Case 2's paths: edgepg-proxy in each mode, and wsproxy → PgBouncer as Neon's "-pooler" runs it (unsafe) and with DISCARD ALL after every transaction (safe). */
+type BusyPath = 'session' | 'transaction' | 'unsafe' | 'safe'
+const BUSY_NAMES: Record<BusyPath, string> = {
+  session: 'edgepg-proxy, session mode',
+  transaction: `edgepg-proxy, ${MODE}`,
+  unsafe: 'wsproxy → PgBouncer (transaction; unsafe)',
+  safe: 'wsproxy → PgBouncer + server_reset_query_always (safe)',
+}
+/** Case 2's workloads, by name: its statement. */
+const BUSY_WORKLOADS = { 'read by id': READ, 'SELECT $1::int': 'SELECT $1::int' }
+type BusyWorkload = keyof typeof BUSY_WORKLOADS
+/** Each path and workload once before the rounds: logins and pools' backends done, so no backend starts (or ends) in a window. */
+const BUSY_WARM_MS = 500
+type BusyMetric = 'queries/s' | 'proxy CPU / statement' | 'Postgres CPU / statement'
+/** Transaction mode's figure over another path's, and its target (issue 46; the first from issue 21): at least it for queries/s, at most it for CPU. */
+const BUSY_RATIOS: Array<{ metric: BusyMetric; over: BusyPath; target: number }> = [
+  { metric: 'queries/s', over: 'session', target: BUSY_SHARE_TARGET },
+  { metric: 'queries/s', over: 'safe', target: 1.25 },
+  { metric: 'queries/s', over: 'unsafe', target: 0.85 },
+  { metric: 'Postgres CPU / statement', over: 'session', target: 1.3 },
+  { metric: 'proxy CPU / statement', over: 'session', target: 1.2 },
+]
+
 async function busySessions(ctx: BenchContext, admin: pg.Client): Promise<Row[]> {
-  /** neon: edgepg Clients through wsproxy → PgBouncer (bench/neon-pair.ts), when both are here. */
-  type Mode = 'session' | 'transaction' | 'neon'
-  const SIDES = ['session', 'transaction'] as const
-  const MODES: Mode[] = [...SIDES, ...(neonPairMissing() ? [] : ['neon' as const])]
   const upstream = `${ctx.pg.host}:${ctx.pg.port}`
-  const proxies: Partial<Record<Mode, ChildProxy>> = {}
-  let pair: NeonPair | undefined
-  const clients: Record<Mode, pg.Client[]> = { session: [], transaction: [], neon: [] }
-  const totals = Object.fromEntries(MODES.map((m) => [m, { queries: 0, seconds: 0, latencies: [] as number[], cpu: 0 }])) as Record<Mode, { queries: number; seconds: number; latencies: number[]; cpu: number }>
-  const serverCpu = (m: Mode) => (m === 'neon' ? pair!.cpu() : treeCpuSeconds(proxies[m]!.pid))
+  const user = ctx.pgConfig().user!
+  // Every backend is a child of the postmaster: the parent of this connection's.
+  const postmaster = procStat((await admin.query('SELECT pg_backend_pid() AS pid')).rows[0].pid).ppid
+  const bouncer = { default_pool_size: BOUNCER_POOL, max_client_conn: BUSY_SESSIONS + 100 }
+  type Server = { config: ClientConfig; cpu(): number; stop(): Promise<void> }
+  const edge = async (flags: string[]): Promise<Server> =>
+    ((p) => ({ config: { ...ctx.pgConfig(), webSocketConstructor: WebSocket as any, wsProxy: () => p.url } as ClientConfig, cpu: () => treeCpuSeconds(p.pid), stop: p.stop }))(await startChildProxy(upstream, { built: true, flags }))
+  const pair = async (settings: Record<string, number>): Promise<Server> =>
+    ((n) => ({ config: n.config(ctx.pgConfig()), cpu: n.cpu, stop: n.stop }))(await startNeonPair(ctx.pg, admin, [user], { ...bouncer, ...settings }))
+  const starts: Record<BusyPath, () => Promise<Server>> = {
+    session: () => edge(SESSION_MODE_FLAGS),
+    transaction: () => edge(POOL_PROXY_FLAGS),
+    unsafe: () => pair({}),
+    // server_reset_query (DISCARD ALL by default) after every transaction, not only when a client leaves.
+    safe: () => pair({ server_reset_query_always: 1 }),
+  }
+  const paths = (Object.keys(starts) as BusyPath[]).filter((p) => !neonPairMissing() || p === 'session' || p === 'transaction')
+  const workloads = Object.keys(BUSY_WORKLOADS) as BusyWorkload[]
+  const servers: Partial<Record<BusyPath, Server>> = {}
+  const clients: Partial<Record<BusyPath, pg.Client[]>> = {}
+  type Totals = { queries: number; seconds: number; latencies: number[]; proxy: number; pg: number; started: number; ended: number }
+  const totals = Object.fromEntries(paths.map((p) => [p, Object.fromEntries(workloads.map((w) => [w, { queries: 0, seconds: 0, latencies: [] as number[], proxy: 0, pg: 0, started: 0, ended: 0 }]))])) as Record<BusyPath, Record<BusyWorkload, Totals>>
+  const window = async (p: BusyPath, w: BusyWorkload, ms: number, t?: Totals) => {
+    gc()
+    const [proxy0, pg0] = [servers[p]!.cpu(), treeCpu(postmaster)]
+    const t0 = performance.now()
+    const deadline = t0 + ms
+    await Promise.all(
+      clients[p]!.map(async (c, s) => {
+        for (let i = s; performance.now() < deadline; i += BUSY_SESSIONS) {
+          const q0 = performance.now()
+          await c.query(BUSY_WORKLOADS[w], [(i % ITEMS) + 1])
+          t?.latencies.push(performance.now() - q0)
+        }
+      })
+    )
+    if (!t) return
+    const pgCpu = cpuBetween(pg0, treeCpu(postmaster))
+    t.seconds += (performance.now() - t0) / 1000
+    t.queries = t.latencies.length
+    t.proxy += servers[p]!.cpu() - proxy0
+    t.pg += pgCpu.seconds
+    t.started += pgCpu.started
+    t.ended += pgCpu.ended
+  }
   try {
-    proxies.session = await startChildProxy(upstream, { built: true, flags: SESSION_MODE_FLAGS })
-    proxies.transaction = await startChildProxy(upstream, { built: true, flags: POOL_PROXY_FLAGS })
-    if (MODES.includes('neon')) pair = await startNeonPair(ctx.pg, admin, [ctx.pgConfig().user!], { default_pool_size: BOUNCER_POOL, max_client_conn: BUSY_SESSIONS + 100 })
-    for (const m of MODES) {
-      const config = m === 'neon' ? pair!.config(ctx.pgConfig()) : ({ ...ctx.pgConfig(), webSocketConstructor: WebSocket as any, wsProxy: () => proxies[m]!.url } as ClientConfig)
-      clients[m] = Array.from({ length: BUSY_SESSIONS }, () => new Client(config))
-      await Promise.all(clients[m].map(async (c) => (c.on('error', () => {}), await c.connect(), await c.query(READ, [1]))))
+    for (const p of paths) {
+      servers[p] = await starts[p]()
+      clients[p] = Array.from({ length: BUSY_SESSIONS }, () => new Client(servers[p]!.config))
+      await Promise.all(clients[p]!.map(async (c) => (c.on('error', () => {}), await c.connect())))
+      for (const w of workloads) await window(p, w, BUSY_WARM_MS)
     }
-    await interleave(MODES, BUSY_ROUNDS, async (m) => {
-      gc()
-      const cpu0 = serverCpu(m)
-      const t0 = performance.now()
-      const deadline = t0 + BUSY_MS
-      await Promise.all(
-        clients[m].map(async (c, s) => {
-          for (let i = s; performance.now() < deadline; i += BUSY_SESSIONS) {
-            const q0 = performance.now()
-            await c.query(READ, [(i % ITEMS) + 1])
-            totals[m].latencies.push(performance.now() - q0)
-            totals[m].queries++
-          }
-        })
-      )
-      totals[m].seconds += (performance.now() - t0) / 1000
-      totals[m].cpu += serverCpu(m) - cpu0
+    await interleave(workloads.flatMap((w) => paths.map((p) => `${p}|${w}`)), BUSY_ROUNDS, async (key) => {
+      const [p, w] = key.split('|') as [BusyPath, BusyWorkload]
+      await window(p, w, BUSY_MS, totals[p][w])
     })
   } finally {
     await Promise.all(Object.values(clients).flat().map((c) => bounded(c.end(), 5000).catch(() => {})))
-    for (const m of MODES) await proxies[m]?.stop()
-    await pair?.stop()
+    for (const p of paths) await servers[p]?.stop()
   }
-  const rate = (m: Mode) => totals[m].queries / totals[m].seconds
-  const share = rate('transaction') / rate('session')
-  const cpu = (m: Mode) => (totals[m].cpu * 1e6) / totals[m].queries
-  const lat = (m: Mode) => `${median(totals[m].latencies).toFixed(2)} / ${percentile(totals[m].latencies, 99).toFixed(2)} ms`
-  /** The neon pair's column and how many times better transaction mode does (x: lower is better), or no cells. */
-  const neon = (f: (m: Mode) => string, x: (m: Mode) => number) => (pair ? [f('neon'), `${(x('neon') / x('transaction')).toFixed(2)}x`] : [])
+  const figure = (m: BusyMetric, p: BusyPath, w: BusyWorkload) =>
+    ((t) => (m === 'queries/s' ? t.queries / t.seconds : ((m === 'proxy CPU / statement' ? t.proxy : t.pg) * 1e6) / t.queries))(totals[p][w])
+  const shown = (m: BusyMetric, x: number) => (m === 'queries/s' ? `${Math.round(x).toLocaleString('en-US')}/s` : `${x.toFixed(1)} µs`)
+  const ratios = workloads.flatMap((w) =>
+    BUSY_RATIOS.filter((r) => paths.includes(r.over)).map((r) => {
+      const [tx, other] = [figure(r.metric, 'transaction', w), figure(r.metric, r.over, w)]
+      const atLeast = r.metric === 'queries/s'
+      return { ...r, w, tx, other, ratio: tx / other, pass: atLeast ? tx / other >= r.target : tx / other <= r.target, atLeast }
+    })
+  )
+  const over = (p: BusyPath) => (p === 'session' ? 'session mode' : `PgBouncer ${p}`)
+  const lat = (t: Totals) => `${median(t.latencies).toFixed(2)} / ${percentile(t.latencies, 99).toFixed(2)} ms`
+  const all = (k: 'started' | 'ended') => paths.flatMap((p) => workloads.map((w) => totals[p][w][k])).reduce((a, b) => a + b, 0)
   printGrid(
     `pool 2: ${BUSY_SESSIONS} busy sessions, back to back`,
-    ['metric', 'edgepg-proxy, session mode', `edgepg-proxy, ${TRANSACTION_MODE_FLAGS.join(' ')}`, 'ratio', 'target', 'result', ...(pair ? [NEON_PAIR, 'transaction mode ahead by'] : [])],
+    ['metric', ...paths.map((p) => BUSY_NAMES[p]), 'ratio', 'target', 'result'],
+    workloads.flatMap((w) => [
+      ...(['queries/s', 'proxy CPU / statement', 'Postgres CPU / statement'] as const).map((m) => [`${w}: ${m}`, ...paths.map((p) => shown(m, figure(m, p, w)))]),
+      [`${w}: latency p50 / p99`, ...paths.map((p) => lat(totals[p][w]))],
+      ...ratios.filter((r) => r.w === w).map((r) => [`${w}: transaction mode's ${r.metric} over ${over(r.over)}'s`, ...paths.map(() => ''), `${r.ratio.toFixed(2)}x`, `${r.atLeast ? '>=' : '<='} ${r.target}x`, r.pass ? 'pass' : 'MISS']),
+    ]),
     [
-      ['queries/s', ...SIDES.map((m) => `${Math.round(rate(m)).toLocaleString('en-US')}/s`), `${share.toFixed(2)}x`, `>= ${BUSY_SHARE_TARGET}x`, share >= BUSY_SHARE_TARGET ? 'pass' : 'MISS', ...neon((m) => `${Math.round(rate(m)).toLocaleString('en-US')}/s`, (m) => 1 / rate(m))],
-      ['latency p50 / p99', ...SIDES.map(lat), '', '', '', ...neon(lat, (m) => median(totals[m].latencies))],
-      ['server CPU per statement (= per transaction)', ...SIDES.map((m) => `${cpu(m).toFixed(1)} µs`), `${(cpu('transaction') / cpu('session')).toFixed(2)}x`, '', '', ...neon((m) => `${cpu(m).toFixed(1)} µs`, cpu)],
-    ],
-    [
-      `${BUSY_SESSIONS} edgepg Clients (scram_user) per proxy child, each running "${READ}" back to back; ${BUSY_ROUNDS} alternating rounds of ${BUSY_MS / 1000} s per side. ` +
-        `Session mode: ${SESSION_MODE_FLAGS.join(' ')}; the other side: ${POOL_PROXY_FLAGS.join(' ')} (bench/pool.ts).`,
-      `Proxy CPU: user + system time of the proxy child and its descendants (/proc/<pid>/stat, 10 ms ticks; EDGEPG_WORKERS=1 here, so one process) over the rounds, ` +
-        `divided by the statements answered in them; each statement is a transaction of its own.`,
-      ...(pair ? [`${NEON_PAIR}: ${BUSY_SESSIONS} edgepg Clients (scram_user) through Neon's wsproxy in front of PgBouncer 1.18 (pool_mode transaction, default_pool_size ${BOUNCER_POOL}, ` +
-        `scram_user's SCRAM secret in its userlist; bench/neon-pair.ts), in the same rotation; its CPU is wsproxy's and PgBouncer's. "transaction mode ahead by": edgepg-proxy's queries/s over its; its p50 or CPU over edgepg-proxy's.`] : []),
+      `${BUSY_SESSIONS} edgepg Clients (scram_user) per path, all logged in before any window, each running the workload's statement back to back (unnamed, $1 an id of ${ITEMS}; read by id: "${READ}"); ` +
+        `${BUSY_ROUNDS} rounds of ${BUSY_MS / 1000} s per path and workload, taking turns (after ${BUSY_WARM_MS} ms of each, unmeasured). ` +
+        `Session mode: ${SESSION_MODE_FLAGS.join(' ')}; transaction mode: ${POOL_PROXY_FLAGS.join(' ')} (bench/pool.ts).`,
+      ...(neonPairMissing()
+        ? [neonPairMissing()!]
+        : [`wsproxy → PgBouncer: edgepg Clients through Neon's wsproxy in front of PgBouncer 1.18 (pool_mode transaction, default_pool_size ${BOUNCER_POOL}, ` +
+            `scram_user's SCRAM secret in its userlist; bench/neon-pair.ts); unsafe as Neon runs it: session state (SET, prepared statements, temp tables) leaks to other clients. ` +
+            `Safe: the same with server_reset_query_always = 1, so PgBouncer sends server_reset_query (DISCARD ALL) after every transaction.`]),
+      `Proxy CPU: user + system time (/proc/<pid>/stat, 10 ms ticks) of the proxy child and its descendants (EDGEPG_WORKERS=1 here, so one process), or of wsproxy and PgBouncer, ` +
+        `over the windows, divided by the statements answered in them; each statement is a transaction of its own. Postgres CPU: the same for the postmaster (pid ${postmaster}) and ` +
+        `every process below it (all backends of every path, background workers), process by process; Postgres processes started during a window (counted whole) / ended (their time lost): ${all('started')} / ${all('ended')}.`,
     ]
   )
-  return [{ metric: `pool: busy sessions, session mode's queries/s over transaction mode's`, edgepg: `${Math.round(rate('transaction'))}/s`, baseline: `${Math.round(rate('session'))}/s`, ratio: 1 / share, target: 1 / BUSY_SHARE_TARGET }]
+  return ratios.map((r) => ({
+    metric: `pool: busy sessions, ${r.w}: ${r.atLeast ? `${over(r.over)}'s ${r.metric} over transaction mode's` : `transaction mode's ${r.metric} over ${over(r.over)}'s`}`,
+    edgepg: shown(r.metric, r.tx),
+    baseline: shown(r.metric, r.other),
+    // Summary rows pass at or below their target: "at least" ratios go in upside down.
+    ratio: r.atLeast ? 1 / r.ratio : r.ratio,
+    target: r.atLeast ? 1 / r.target : r.target,
+  }))
 }
 
 // ---- 3. /sql at 32 in flight ----

@@ -1,15 +1,17 @@
 /**
- * Isolation under transaction pooling decided by the backend itself (proxy/isolation/verify.ts):
- * with a reader that is wrong on purpose, the catalogs alone catch what a transaction left; a session
- * is pinned only while it holds state; an attacker's plants never reach another session; and what
- * code made at Postgres behind the proxy's back leaves is caught, even once the code is gone. Against the real proxy and Postgres, --pool-size 1:
- * a session that may see another's backend while it holds state would see it.
+ * Isolation under transaction pooling decided by Postgres itself (proxy/isolation/verify.ts): with a
+ * reader that is wrong on purpose, the backend's own account and the reset at each handover catch what
+ * a transaction left; a session is pinned only while it holds state; an attacker's plants never reach
+ * another session; and what code made at Postgres behind the proxy's back leaves is reset, even once
+ * the code is gone. Against the real proxy and Postgres, --pool-size 1: a session that may see
+ * another's backend while it holds state would see it.
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import type { Client } from '../src/index'
 import { NOTHING } from '../proxy/isolation/reader'
-import { startProxy, edgeClient, scratchTable, testPostgres, within } from './support/helpers'
+import pg from 'pg'
+import { startProxy, edgeClient, eventually, pgConfig, scratchTable, testPostgres, within } from './support/helpers'
 import { startDelayRelay, startHoldingRelay } from './support/delay-relay'
 
 let scratch: Awaited<ReturnType<typeof scratchTable>>
@@ -151,33 +153,38 @@ test("code made behind the proxy's back, run by a plain read and gone at once: t
     assert.deepEqual(await attempt(b, `SELECT currval('${table}_s')`), { code: '55000' }, 'no currval() of the other session')
   }))
 
-test("code made behind the proxy's back, run by a plain read and gone at once: the temporary table it made pins the session that ran it", () =>
+test("code made behind the proxy's back, run by a plain read and gone at once: the temporary table it made is gone before the next session runs anything there", () =>
   hiddenCode('temp', () => 'CREATE TEMP TABLE planted (x int)', async (a, b) => {
-    assert.deepEqual(await attempt(b, 'SELECT 1 AS one'), { code: '53300' }, "the backend stays a's")
-    assert.deepEqual((await a.query('SELECT count(*)::int AS n FROM planted')).rows, [{ n: 0 }], 'a keeps what it made')
-    await a.end()
-    const temps = 'SELECT count(*)::int AS n FROM pg_class WHERE relnamespace = pg_my_temp_schema()'
-    assert.deepEqual((await within(3000, 'a clean backend', b.query(temps))).rows, [{ n: 0 }])
+    const pid = (await a.query('SELECT pg_backend_pid() AS pid')).rows[0].pid
+    assert.deepEqual((await a.query('SELECT count(*)::int AS n FROM planted')).rows, [{ n: 0 }], 'a has it while its backend stays with it')
+    const temps = 'SELECT pg_backend_pid() AS pid, count(*)::int AS n FROM pg_class WHERE relnamespace = pg_my_temp_schema()'
+    assert.deepEqual((await within(3000, 'the backend', b.query(temps))).rows, [{ pid, n: 0 }], "b runs on a's backend, which holds nothing of a's")
   }))
 
-test('a plain read that ran nothing of the database\'s own (no relation, cast or operator) is not verified; one that may have is, lightly', async () => {
+/** Handovers counted by the proxy's metrics, by outcome. */
+const handovers = async (p: Proxy) => Number((await p.metrics.registry.metrics()).match(/^edgepg_proxy_handovers_total\{outcome="reset"\} (\d+)/m)?.[1] ?? 0)
+
+test('nothing is asked after a plain transaction, whatever code it may run; a backend is reset when it changes hands, and not when it goes back to the session that used it last', async () => {
   const p = await proxy()
   try {
-    const a = await session(p)
-    const verifications = async (kind: string) => Number((await p.metrics.registry.metrics()).match(new RegExp(`^edgepg_proxy_verifications_total\\{kind="${kind}"\\} (\\d+)`, 'm'))?.[1] ?? 0)
+    const [a, b] = [await session(p), await session(p)]
+    const verifications = () => counter(p, 'verifications_total')
     await a.query("SELECT 'x' AS x")
-    assert.deepEqual([await verifications('light'), await verifications('full')], [0, 0])
     await a.query(`SELECT count(*) FROM ${scratch.name}`)
-    assert.deepEqual([await verifications('light'), await verifications('full')], [1, 0])
+    assert.deepEqual([await verifications(), await handovers(p)], [0, 0], "a's own backend, twice: no question, no reset")
+    await b.query(`SELECT count(*) FROM ${scratch.name}`)
+    assert.deepEqual([await verifications(), await handovers(p)], [0, 1], "b takes a's backend: reset")
+    await b.query("SELECT 'x' AS x")
+    assert.equal(await handovers(p), 1, "b's again: no reset")
     await a.query('CREATE TEMP TABLE t (x int)')
-    assert.deepEqual([await verifications('light'), await verifications('full')], [1, 1])
-    await a.end()
+    assert.deepEqual([await verifications(), await handovers(p)], [1, 2], 'a takes it back from b (reset), and its temporary table is asked about')
+    await Promise.all([a.end(), b.end()])
   } finally {
     await p.close()
   }
 })
 
-test('the light verification rides in the write of the transaction it checks: the next session waits no round trip to Postgres for it', async () => {
+test("the reset rides in the next session's first write: a backend that changes hands costs it no round trip to Postgres", async () => {
   const pg = testPostgres()
   const relay = await startDelayRelay({ host: pg.host, port: pg.port }, 100) // (a round trip to Postgres: 200 ms)
   const p = await startProxy({ upstream: `127.0.0.1:${relay.port}`, pool: { mode: 'transaction', size: 1, timeoutMs: 5000 } })
@@ -185,15 +192,15 @@ test('the light verification rides in the write of the transaction it checks: th
     const [a, b] = [await session(p), await session(p)]
     await a.query('SELECT 1')
     await b.query('SELECT 1') // (both warm; the one backend parked with b)
-    const verifications = await counter(p, 'verifications_total')
+    const before = await handovers(p)
     const start = performance.now()
     const read = `SELECT count(*)::int AS n FROM ${scratch.name}`
     const elapsed = (c: Client) => c.query(read).then(() => performance.now() - start)
     const [ta, tb] = await Promise.all([elapsed(a), elapsed(b)])
-    assert.equal((await counter(p, 'verifications_total')) - verifications, 2, 'each transaction was verified')
-    // a: one round trip to Postgres, its verification in the same; b: one more, after a's backend came back.
+    assert.equal((await handovers(p)) - before, 2, 'the backend changed hands twice: b to a, a to b')
+    // a: one round trip to Postgres, its reset in the same; b: one more, after a's transaction ended.
     assert.ok(ta >= 200 && ta < 300, `a took ${ta.toFixed(0)} ms`)
-    assert.ok(tb >= 400 && tb < 500, `b took ${tb.toFixed(0)} ms (600 if a's verification had a round trip of its own)`)
+    assert.ok(tb >= 400 && tb < 500, `b took ${tb.toFixed(0)} ms (600 if a reset had a round trip of its own)`)
     await Promise.all([a.end(), b.end()])
   } finally {
     await p.close()
@@ -201,15 +208,15 @@ test('the light verification rides in the write of the transaction it checks: th
   }
 })
 
-test("a light verification never rides while a full one is unanswered: the session's next read does not wipe the setting and lock it keeps", async () => {
+test("a session's next read, while the account of what it keeps is unanswered, does not lose the setting and lock it keeps", async () => {
   const pg = testPostgres()
-  // Postgres's answers to verifications (DISCARD SEQUENCES leads them) reach the proxy 300 ms late.
-  const relay = await startHoldingRelay({ host: pg.host, port: pg.port }, (type, body) => (type === 'C' && body.includes('DISCARD SEQUENCES') ? 300 : 0))
+  // Postgres's answers to the account (its row names 'statements') reach the proxy 300 ms late.
+  const relay = await startHoldingRelay({ host: pg.host, port: pg.port }, (type, body) => (type === 'D' && body.includes('statements') ? 300 : 0))
   const p = await startProxy({ upstream: `127.0.0.1:${relay.port}`, pool: { mode: 'transaction', size: 1, timeoutMs: 400 } })
   try {
     const a = await session(p)
-    await a.query('SET statement_timeout = 4321; SELECT pg_advisory_lock(4242)') // (verified fully, its answer held)
-    await a.query(`SELECT count(*) FROM ${scratch.name}`) // (a read that may run the database's code: verified lightly)
+    await a.query('SET statement_timeout = 4321; SELECT pg_advisory_lock(4242)') // (asked about, its answer held)
+    await a.query(`SELECT count(*) FROM ${scratch.name}`)
     const look = (await a.query(LOOK)).rows[0]
     assert.deepEqual([look.st, look.locks], ['4321ms', 1], 'the setting and the lock survived the read')
     const probe = await session(p)
@@ -218,5 +225,91 @@ test("a light verification never rides while a full one is unanswered: the sessi
   } finally {
     await p.close()
     await relay.close()
+  }
+})
+
+/**
+ * The forging attack on a question the proxy used to prepare on each backend, tried every way a
+ * session can: it reads what is prepared (nothing of the proxy's is), drops and makes statements by
+ * protocol, by SQL and by a DO block's dynamic SQL, plants temporary look-alikes of the catalog's
+ * functions and operators, and leaves state a next session would trip on. With a reader that calls
+ * everything plain, the next session on that backend must find, by Postgres's own account, none of it.
+ */
+test('forging the proxy\'s question by protocol, SQL or a DO block: nothing to forge, and the next session on the backend finds nothing left', async () => {
+  const p = await proxy(() => NOTHING)
+  const plant = `EXECUTE 'DEALLOCATE ALL'; EXECUTE 'PREPARE edgepg_verify_forged AS SELECT ''statements 0'''; PERFORM set_config('search_path', 'pg_temp, public', false);
+    EXECUTE 'CREATE TEMP TABLE ${scratch.name} (note text)'; EXECUTE 'INSERT INTO ${scratch.name} VALUES (''planted'')';
+    EXECUTE 'CREATE FUNCTION pg_temp.pg_backend_pid() RETURNS int LANGUAGE sql AS $q$ SELECT 0 $q$';
+    EXECUTE 'LISTEN forged'; PERFORM pg_advisory_lock(4343)`
+  await scratch.tcp.query(`CREATE FUNCTION ${scratch.name}_plant() RETURNS int LANGUAGE plpgsql AS $f$ BEGIN ${plant}; RETURN 1; END $f$`)
+  const ways: Array<[string, (a: Client) => Promise<unknown>]> = [
+    ['protocol', async (a) => {
+      await a.query({ text: 'SELECT 1', name: 'edgepg_verify_light' }) // (a protocol-level statement under a name the proxy once used)
+      await a.query({ text: `SELECT ${scratch.name}_plant()`, values: [] })
+    }],
+    ['SQL', (a) => a.query(`SELECT ${scratch.name}_plant()`)],
+    ['a DO block', (a) => a.query(`DO $d$ BEGIN ${plant}; END $d$`)],
+  ]
+  try {
+    const victim = await session(p)
+    const fresh = (await victim.query(LOOK)).rows[0]
+    for (const [way, attack] of ways) {
+      const mallory = await session(p)
+      const seen = (await mallory.query('SELECT name FROM pg_prepared_statements')).rows
+      assert.deepEqual(seen, [], `${way}: nothing of the proxy's to read`)
+      const pid = (await mallory.query('SELECT pg_backend_pid() AS pid')).rows[0].pid
+      await attack(mallory)
+      // (A DO block reads as more than plain to Postgres's tags: its session keeps the backend while it holds state.)
+      if (way === 'a DO block') await mallory.end()
+      const look = (await within(3000, `${way}: the backend`, victim.query(`SELECT pg_backend_pid() AS pid, ${LOOK.slice('SELECT '.length)}`))).rows[0]
+      assert.deepEqual({ ...look, pid: undefined }, { ...fresh, pid: undefined }, `${way}: nothing of mallory's`)
+      if (way !== 'a DO block') assert.equal(look.pid, pid, `${way}: the victim ran on mallory's backend`)
+      const mine = (await victim.query(`INSERT INTO ${scratch.name} VALUES ('victim') RETURNING note`)).rows
+      assert.deepEqual(mine, [{ note: 'victim' }])
+      assert.deepEqual((await victim.query(`SELECT note FROM ${scratch.name}`)).rows, [{ note: 'victim' }], `${way}: the victim reads its own table`)
+      assert.deepEqual((await scratch.tcp.query(`DELETE FROM ${scratch.name} RETURNING note`)).rows, [{ note: 'victim' }], `${way}: its row is in the real table`)
+      await mallory.end()
+    }
+    await victim.end()
+  } finally {
+    await p.close()
+    await scratch.tcp.query(`DROP FUNCTION ${scratch.name}_plant()`)
+  }
+})
+
+/**
+ * Postgres refuses the reset of a backend that changes hands (here: DISCARD ALL must drop a
+ * temporary table that another connection holds a lock on, and the login's lock_timeout runs out):
+ * it skips the next session's statement, and the proxy runs it on another backend, unseen. Shown
+ * from Postgres: the statement records the backend it ran on, once.
+ */
+test('a reset Postgres refuses: the next session\'s statement never runs on that backend, and runs once on another', async () => {
+  const p = await proxy(() => NOTHING)
+  const log = `${scratch.name}_ran`
+  await scratch.tcp.query(`CREATE TABLE ${log} (pid int); GRANT ALL ON ${log} TO PUBLIC`)
+  await scratch.tcp.query(`CREATE FUNCTION ${log}_temp() RETURNS text LANGUAGE plpgsql AS $f$ BEGIN CREATE TEMP TABLE held (x int); RETURN pg_my_temp_schema()::regnamespace::text; END $f$`)
+  const locker = new pg.Client(pgConfig('scram_user'))
+  try {
+    const options = { options: '-c lock_timeout=300' }
+    const [a, b] = [edgeClient(p.port, 'scram_user', options), edgeClient(p.port, 'scram_user', options)]
+    for (const c of [a, b]) c.on('error', () => {}), await c.connect()
+    const pid = (await a.query('SELECT pg_backend_pid() AS pid')).rows[0].pid
+    const schema = (await a.query(`SELECT ${log}_temp() AS s`)).rows[0].s // (code: a keeps nothing, its backend goes on as it is)
+    await locker.connect()
+    await locker.query(`BEGIN; LOCK TABLE ${schema}.held IN ACCESS SHARE MODE`)
+    const refused = await counter(p, 'handovers_total')
+    const ran = (await within(5000, "b's insert", b.query(`INSERT INTO ${log} VALUES (pg_backend_pid()) RETURNING pid`))).rows
+    assert.notEqual(ran[0].pid, pid, 'it ran on another backend')
+    assert.deepEqual((await scratch.tcp.query(`SELECT pid FROM ${log}`)).rows, ran, 'once, and never on the backend whose reset was refused')
+    assert.equal((await counter(p, 'handovers_total')) - refused, 1)
+    assert.equal(Number((await p.metrics.registry.metrics()).match(/^edgepg_proxy_handovers_total\{outcome="refused"\} (\d+)/m)?.[1]), 1)
+    await locker.query('ROLLBACK') // (the closed backend drops its temporary table as it exits: it waits for the lock)
+    await eventually(async () => (await scratch.tcp.query('SELECT count(*)::int AS n FROM pg_stat_activity WHERE pid = $1', [pid])).rows[0].n === 0, 'the refused backend closed')
+    await Promise.all([a.end(), b.end()])
+  } finally {
+    await locker.query('ROLLBACK').catch(() => {})
+    await locker.end().catch(() => {})
+    await p.close()
+    await scratch.tcp.query(`DROP TABLE ${log}; DROP FUNCTION ${log}_temp()`)
   }
 })

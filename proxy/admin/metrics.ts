@@ -169,7 +169,8 @@ export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => P
   const waits = new Histogram({ name: `${PREFIX}lend_wait_seconds`, help: 'Transaction pooling: how long a session waited for a backend', buckets: WAIT_BUCKETS, registers })
   const timeouts = new Counter({ name: `${PREFIX}lend_timeouts_total`, help: 'Transaction pooling: sessions that waited past --pool-timeout (SQLSTATE 53300)', registers })
   const pins = new Counter({ name: `${PREFIX}pinned_sessions_total`, help: 'Transaction pooling: sessions that came to keep their backend, by what its verification found first (unseen: set what no catalog shows)', labelNames: ['reason'] as const, registers })
-  const verifications = new Counter({ name: `${PREFIX}verifications_total`, help: 'Transaction pooling: backends asked what a transaction left on them: full (it did more than plain reads and writes), light (plain, but it may have run the database\'s own code: settings and advisory locks reset, the rest asked)', labelNames: ['kind'] as const, registers })
+  const verifications = new Counter({ name: `${PREFIX}verifications_total`, help: 'Transaction pooling: backends asked what a transaction that did more than plain reads and writes left on them (the session keeps its backend while it holds any)', registers })
+  const handovers = new Counter({ name: `${PREFIX}handovers_total`, help: 'Transaction pooling: backends that changed hands, reset (DISCARD ALL) in the next session\'s first write; refused: Postgres refused the reset, the backend was closed and the messages sent elsewhere', labelNames: ['outcome'] as const, registers })
   const preparedAgain = new Counter({ name: `${PREFIX}statements_prepared_again_total`, help: 'Transaction pooling: named statements prepared again on another backend', registers })
   new Gauge({ name: `${PREFIX}lent_backends`, help: 'Transaction pooling: backends lent to sessions now (pinned ones included)', registers, collect() { this.set(load().lending.lent) } })
   new Gauge({ name: `${PREFIX}lend_waiting`, help: 'Transaction pooling: sessions and /sql requests waiting for a backend now', registers, collect() { this.set(load().lending.waiting) } })
@@ -188,7 +189,7 @@ export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => P
   })
   const targets = new Counter({ name: `${PREFIX}transactions_total`, help: 'Transaction pooling with --replica: transactions (a lend each) by where they ran: primary, replica', labelNames: ['target'] as const, registers })
   const replicaWaits = new Histogram({ name: `${PREFIX}replica_wait_seconds`, help: 'Reads that waited for a replica to replay what their session had seen, and how long (--replica-wait)', buckets: WAIT_BUCKETS, registers })
-  const fallbacks = new Counter({ name: `${PREFIX}replica_fallbacks_total`, help: 'Reads meant for a replica that ran on the primary, by why: none_usable, down (or refused the login), lag (--replica-max-lag), read_only (the standby refused a write, 25006), position (not replayed within --replica-wait), promoted, check_failed (the standby refused the session\'s check: serializable by default), session_state (the read\'s code left session state there)', labelNames: ['reason'] as const, registers })
+  const fallbacks = new Counter({ name: `${PREFIX}replica_fallbacks_total`, help: 'Reads meant for a replica that ran on the primary, by why: none_usable, down (or refused the login), lag (--replica-max-lag), read_only (the standby refused a write, 25006), position (not replayed within --replica-wait), promoted, check_failed (the standby refused the session\'s check: serializable by default)', labelNames: ['reason'] as const, registers })
   const lag = new Gauge({ name: `${PREFIX}replica_lag_seconds`, help: "Each replica's replay lag, as its last check said", labelNames: ['replica'] as const, aggregator: 'max', registers })
   const up = new Gauge({ name: `${PREFIX}replica_up`, help: 'Whether each replica serves reads (1) or is passed over (0: down, refused a login, promoted, another cluster)', labelNames: ['replica'] as const, aggregator: 'min', registers })
   // Every series exists from the start, at 0, so rate() and alerts work before the first event.
@@ -218,7 +219,8 @@ export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => P
       },
       timedOut: () => timeouts.inc(),
       pinned: (reason) => pins.inc({ reason }),
-      verified: (kind) => verifications.inc({ kind }),
+      verified: () => verifications.inc(),
+      handedOver: (outcome) => handovers.inc({ outcome }),
       preparedAgain: () => preparedAgain.inc(),
     },
     replicas: {

@@ -1,11 +1,12 @@
 /**
- * Asking a backend itself what a session left on it, from Postgres's catalogs: the reading that
- * decides, after any transaction that did more than plain reads and writes, or that may have run
- * code of the database's own. Every name is qualified and every operator spelled
- * OPERATOR(pg_catalog.…), and no literal holds a backslash: the session may have changed
- * search_path, made temporary types, or turned standard strings off.
+ * What a backend holds that its session keeps, and what is asked of it: the handover's reset and a
+ * session's own state. Nothing here rests on anything a session can create, replace or read its way
+ * into: the texts are parsed by Postgres afresh each time (no prepared statement of the proxy's
+ * exists for a session to find in pg_prepared_statements, close, or make again under its name),
+ * every name is qualified and every operator spelled OPERATOR(pg_catalog.…), and no literal holds a
+ * backslash (the session may have changed search_path, made temporary types, or turned standard
+ * strings off).
  */
-import { randomBytes } from 'node:crypto'
 import { serialize } from 'pg-protocol'
 
 /** What a verification found: state by kind (`statements`: protocol-level prepared statements, which the proxy keeps itself). */
@@ -16,70 +17,39 @@ export interface Found {
 
 const EQ = 'OPERATOR(pg_catalog.=)'
 
-/** The name the verification is prepared under on each backend: one no client picks by chance. */
-const NAME = `edgepg_verify_${randomBytes(6).toString('hex')}`
-
-/** The verification's messages, for one key's backends. */
-export interface Verification {
-  /** Where the backend may not hold them prepared: Close and Parse of its statements (planned once per backend, not at each run). */
-  prepare: Buffer
-  /** After a transaction that was not plain: DISCARD SEQUENCES (nextval's traces, which no catalog shows), then the full account, then Sync. */
-  full: Buffer
-  /**
-   * After a plain one that may have run the database's own code (a trigger, a rule, a policy, a
-   * view's function…, made by anyone at any time): what such code may leave that Postgres resets
-   * cheaply is reset (nextval's traces, settings made for the session, advisory locks held for it),
-   * the rest asked as in `full`. Nothing is assumed of which code the database has.
-   */
-  light: Buffer
-}
+/**
+ * Reset at the head of the first write to a backend that changes hands, in the next session's first
+ * Sync group: DISCARD ALL, a utility command (no plan, no name a session can redefine). It may not
+ * run inside a transaction block, so Postgres commits it on its own before anything behind it starts
+ * (what fails behind it never brings back what it undid), and refuses it on a backend left inside
+ * one; if it fails, Postgres skips the rest of the group, which the proxy then sends elsewhere.
+ * Unnamed: whatever the next session names, it replaces or (by the relay's Close) finds none.
+ */
+export const HANDOVER = Buffer.concat([serialize.parse({ text: 'DISCARD ALL' }), serialize.bind({}), serialize.execute({})])
 
 /**
- * What is left on a backend, as one row: temporary objects of any kind, cursors (WITH HOLD), SQL
- * prepared statements, LISTEN channels, a role other than the login's, and the count of
- * protocol-level prepared statements (the proxy's to match). `full` adds advisory locks and settings
- * made for the session (pg_locks and pg_settings: most of its cost). The light one releases advisory
- * locks instead, and counts no protocol-level statements (code sends no protocol messages).
+ * What a session left on its backend, as one row: temporary objects of any kind, cursors (WITH
+ * HOLD), SQL prepared statements, LISTEN channels, advisory locks, settings made for the session, a
+ * role other than the login's, and the count of protocol-level prepared statements (the proxy's to
+ * match). Asked after a transaction that did more than plain reads and writes (by the parser and
+ * Postgres's command tags), to keep the backend with its session while it holds any: a simple Query,
+ * planned afresh (~0.15 ms of Postgres's time), so that no session can answer it in Postgres's place.
  */
-export function verificationSql(user: string, full = true): string {
+export function verificationSql(user: string): string {
   const is = (kind: string, test: string) => `CASE WHEN ${test} THEN '${kind}' END`
   return `SELECT pg_catalog.concat_ws(' ',
   ${is('temporary', `pg_catalog.pg_my_temp_schema() OPERATOR(pg_catalog.<>) 0 AND EXISTS (SELECT FROM pg_catalog.pg_depend WHERE refclassid ${EQ} 2615 AND refobjid ${EQ} pg_catalog.pg_my_temp_schema())`)},
   ${is('cursor', 'EXISTS (SELECT FROM pg_catalog.pg_cursors WHERE is_holdable)')},
   ${is('prepare', 'EXISTS (SELECT FROM pg_catalog.pg_prepared_statements WHERE from_sql)')},
-  ${is('listen', 'EXISTS (SELECT FROM pg_catalog.pg_listening_channels())')},${
-    full
-      ? `
+  ${is('listen', 'EXISTS (SELECT FROM pg_catalog.pg_listening_channels())')},
   ${is('lock', `EXISTS (SELECT FROM pg_catalog.pg_locks WHERE locktype ${EQ} 'advisory' AND pid ${EQ} pg_catalog.pg_backend_pid())`)},
-  ${is('setting', `EXISTS (SELECT FROM pg_catalog.pg_settings WHERE source ${EQ} 'session')`)},`
-      : ''
-  }
+  ${is('setting', `EXISTS (SELECT FROM pg_catalog.pg_settings WHERE source ${EQ} 'session')`)},
   ${is('role', `NOT (current_user ${EQ} ${literal(user)} AND session_user ${EQ} ${literal(user)})`)},
-  'statements', ${
-    full
-      ? `(SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE NOT from_sql AND name OPERATOR(pg_catalog.!~~) '${NAME}%')`
-      : `(SELECT 0 FROM pg_catalog.pg_advisory_unlock_all())`
-  })`
+  'statements', (SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE NOT from_sql))`
 }
 
-/** The verification's messages (see Verification). */
-export function verification(user: string): Verification {
-  // Named, not unnamed: the session's unnamed statement outlives its transaction, and is its own.
-  const run = (name: string) => [serialize.bind({ statement: name }), serialize.execute()]
-  const prepared = (name: string, text: string) => [serialize.close({ type: 'S', name }), serialize.parse({ name, text })]
-  const [discard, reset, light] = ['discard', 'reset', 'light'].map((part) => `${NAME}_${part}`)
-  const sync = serialize.sync()
-  return {
-    prepare: Buffer.concat([
-      ...prepared(NAME, verificationSql(user)),
-      ...prepared(light, verificationSql(user, false)),
-      ...prepared(discard, 'DISCARD SEQUENCES'),
-      ...prepared(reset, 'RESET ALL'),
-    ]),
-    full: Buffer.concat([...run(discard), ...run(NAME), sync]),
-    light: Buffer.concat([...run(discard), ...run(reset), ...run(light), sync]),
-  }
-}
+/** The verification as a simple Query (see verificationSql). */
+export const verification = (user: string): Buffer => serialize.query(verificationSql(user))
 
 /** A verification's answer, from the first column of its rows; undefined: it failed, or never came. */
 export function found(rows: string[]): Found | undefined {

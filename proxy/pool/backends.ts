@@ -91,6 +91,11 @@ export class Backend {
   resetting?: Promise<boolean>
   /** Resets given to it so far (each drops its prepared statements, for those who keep count of them). */
   resets = 0
+  /**
+   * Transaction pooling: whose state it may hold, the session (or request) it was last lent to; none
+   * once Postgres has answered a reset. Any other taker resets it first (proxy/isolation/verify.ts HANDOVER).
+   */
+  user?: object
   idleTimer?: NodeJS.Timeout
 
   constructor(readonly upstream: Upstream, readonly poolKey: string, answer: Buffer[]) {
@@ -279,7 +284,7 @@ export class BackendPool {
     backend.resetting = done.then((ok) => {
       backend.resetting = undefined
       if (!ok) return this.evict(backend, true), false // (a query of the session's may still be running)
-      if (!ending.clean) this.onEvent('reset')
+      if (!ending.clean) this.onEvent('reset'), (backend.user = undefined)
       this.idleFor(backend, this.idleTimeoutMs)
       return true
     })

@@ -16,7 +16,7 @@ import { TxStatus } from '../wire/codes'
 import type { Ending } from './idle-watch'
 import { parseStartupPacket } from '../wire/startup'
 import { read as readStatements, type Reading } from '../isolation/reader'
-import { verification, type Verification } from '../isolation/verify'
+import { verification } from '../isolation/verify'
 
 /** Random bytes for cancel secrets, drawn from a pool refilled 4 KiB at a time (one call per ~1,000 logins, not one each). */
 let randomPool = Buffer.alloc(0)
@@ -38,8 +38,10 @@ export interface LendingMetrics {
   timedOut(): void
   /** A session keeps its backend: its transactions left `reason` behind (what the backend's verification found first). */
   pinned(reason: string): void
-  /** The proxy asked a backend what a transaction left (proxy/isolation/verify.ts): in full, or after a plain one (`light`). */
-  verified(kind: 'full' | 'light'): void
+  /** The proxy asked a backend what a transaction that did more than plain reads and writes left (proxy/isolation/verify.ts). */
+  verified(): void
+  /** A backend changed hands, reset ahead of its next session's messages (`refused`: Postgres refused the reset, and they went elsewhere). */
+  handedOver(outcome: 'reset' | 'refused'): void
   /** A named statement prepared again on another backend than its session's last. */
   preparedAgain(): void
 }
@@ -98,7 +100,7 @@ export class Lender {
   /** Waiters by client. */
   private readonly waitingBy = new Map<string | undefined, number>()
   /** The verification for this key's backends (proxy/isolation/verify.ts). */
-  readonly verification: Verification
+  readonly verification: Buffer
 
   /** The client each lent backend is lent to (none: not counted, as a /sql request's). */
   private readonly holders = new Holders()

@@ -19,6 +19,7 @@ import { Framer } from '../wire/bytes'
 import { ClientMessage, DescribeTarget, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse } from '../wire/startup'
 import { plainTag } from '../isolation/reader'
+import { HANDOVER } from '../isolation/verify'
 
 /** A session's named statements: name → its Parse message. */
 export type SessionStatements = Map<string, Buffer>
@@ -46,7 +47,7 @@ export class BackendStatements {
 
 /** An answer the relay waits for: ParseComplete, CloseComplete, a ReadyForQuery (`sync`), or a statement's description. */
 interface Awaited {
-  kind: 'parse' | 'close' | 'sync' | 'describe'
+  kind: 'parse' | 'close' | 'sync' | 'describe' | 'handover'
   /** Sent by the proxy: its answer is not the client's. */
   own?: boolean
   /** Sent by the proxy ahead of a simple Query, in a Sync group of its own: an error is not the client's either. */
@@ -122,6 +123,10 @@ export class StatementRelay {
   private heldFor?: string
   /** Statements prepared again during this lend to learn their result type. */
   private readonly checked = new Set<string>()
+  /** The reset that goes at the head of the next write, when the backend changes hands (see handOver). */
+  private ahead?: Buffer
+  /** Whether a ParameterStatus goes to the client (the session's own filter: see LentSession). */
+  onParameter?: (msg: Buffer) => boolean
   /** Postgres said it ran something other than plain reads and writes (a command tag, a function call's answer) since this was last cleared. */
   unusual = false
 
@@ -134,12 +139,28 @@ export class StatementRelay {
   ) {}
 
   /**
+   * The backend changes hands: its reset (proxy/isolation/verify.ts HANDOVER) goes at the head of the
+   * next write, in one Sync group with what follows it. `answered` hears whether Postgres ran it (false:
+   * an error, and Postgres skips the rest of the group). Until then, what Postgres sends is the last
+   * user's (a notification, a notice) and goes nowhere. Called before anything is written.
+   */
+  handOver(answered: (ok: boolean) => void) {
+    this.ahead = HANDOVER
+    this.awaited.push({ kind: 'handover', own: true, done: () => answered(true), skipped: () => answered(false) })
+  }
+
+  private write(bytes: Buffer) {
+    if (this.ahead) (bytes = Buffer.concat([this.ahead, bytes])), (this.ahead = undefined)
+    this.toBackend(bytes)
+  }
+
+  /**
    * Sends `query`, messages of the proxy's own ending in their one ReadyForQuery (a Query, or a
    * Sync), behind the session's: its answers are not the client's. `onRow` gets each row's first
    * value; `ready`, at its ReadyForQuery, the transaction status.
    */
   ownQuery(own: Own) {
-    this.toBackend(own.query)
+    this.write(own.query)
     this.awaits(own)
   }
 
@@ -170,6 +191,10 @@ export class StatementRelay {
     for (const msg of this.server.push(chunk)) {
       const type = msg[0]
       const own = this.awaited[0]
+      if (own?.kind === 'handover') {
+        if (type === ServerMessage.CommandComplete || type === ServerMessage.ErrorResponse) this.awaited.shift(), type === ServerMessage.ErrorResponse ? own.skipped!() : own.done!()
+        continue
+      }
       if (own?.kind === 'describe' && (type === ServerMessage.ParameterDescription || type === ServerMessage.RowDescription || type === ServerMessage.NoData)) {
         if (type !== ServerMessage.ParameterDescription) this.awaited.shift(), own.described?.(resultType(msg))
         continue
@@ -180,6 +205,7 @@ export class StatementRelay {
         if (type === ServerMessage.ReadyForQuery) this.awaited.shift(), own.ready?.(msg[5])
         continue
       }
+      if (type === ServerMessage.ParameterStatus && this.onParameter && !this.onParameter(msg)) continue
       if (type === ServerMessage.ParseComplete || type === ServerMessage.CloseComplete) {
         const answered = this.awaited.shift()
         answered?.done?.()
@@ -301,7 +327,7 @@ export class StatementRelay {
     }
     const rides = behind.length > 0 && !this.held
     if (rides) for (const own of behind) out.push(own.query), this.awaits(own)
-    if (out.length) this.toBackend(out.length === 1 ? out[0] : Buffer.concat(out))
+    if (out.length) this.write(out.length === 1 ? out[0] : Buffer.concat(out))
     return rides
   }
 

@@ -22,7 +22,7 @@ export interface ReplicaOptions {
 }
 
 /** Why a read went to the primary after all (the metric's label). */
-export const FALLBACKS = ['none_usable', 'lag', 'down', 'read_only', 'position', 'promoted', 'check_failed', 'session_state'] as const
+export const FALLBACKS = ['none_usable', 'lag', 'down', 'read_only', 'position', 'promoted', 'check_failed'] as const
 export type Fallback = (typeof FALLBACKS)[number]
 
 export interface ReplicaEvents {

@@ -90,7 +90,8 @@ async function onReplica(set: Replicas, replica: Replica, lease: Lease, needed: 
     return replayed
   }
   const need = needed()
-  if (need === undefined || replica.replayed < need) {
+  // (Behind a reset Postgres may refuse, which skips only the check's Sync group: the read waits for its answer.)
+  if (need === undefined || replica.replayed < need || lease.handover) {
     // Behind, or not known not to be: it is asked (again) until it has caught up, for up to --replica-wait.
     const since = performance.now()
     let behind = false

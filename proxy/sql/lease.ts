@@ -9,7 +9,6 @@ import { formatHostPort, type HostPort } from '../upstream/address'
 import type { Backend, BackendPool } from '../pool/backends'
 import { Lender, LoginRefused, PoolTimeout } from '../pool/lender'
 import type { Lenders } from '../pool/lenders'
-import { NOTHING, type Reading } from '../isolation/reader'
 import { Upstream, type UpstreamTls } from '../upstream/connection'
 import { loginAs, type LoginOutcome } from '../login/in-upgrade'
 import { LoginWatch, parseStartupPacket, UpstreamError, type BackendKey } from '../wire/startup'
@@ -47,11 +46,10 @@ export interface Lease {
   customSetting: boolean
   /** statement_timeout is SET for this request: Postgres enforces it. */
   timeoutSet: boolean
-  /** Transaction pooling: the lender of `backend`, and what the request's statements may leave on it. */
+  /** Transaction pooling: the lender of `backend`. */
   lender?: Lender
-  effects: Reading
-  /** Transaction pooling: the request's statements leave nothing on the backend, so no reset was sent. */
-  leavesNothing?: boolean
+  /** Transaction pooling: the backend changed hands, and is reset ahead of the request's statements (proxy/sql/run.ts). */
+  handover?: boolean
 }
 
 /** One request's hold on a backend: what is running, and whether the backend may be reused. */
@@ -152,10 +150,14 @@ export class Leases {
         const lease = (ctl.lease = await (lenders ? this.borrow(lenders, target, credentials, key, ctl) : this.lease(target, credentials, key)))
         try {
           if (ctl.aborted) throw new HttpError(499, 'client went away')
+          // Whatever the backend's last user left is reset at the head of the first write, in its Sync group.
+          if (lease.handover) lease.statements.handOver()
           if (credentials.claims !== undefined) await this.setClaims(lease, ctl, credentials.claims)
           return await use(lease)
         } catch (err) {
-          if (!(lease.unpinged && lease.statements.broken && lease.statements.answered === 0 && !ctl.aborted)) throw err
+          // (Nothing ran: a warm backend that died while idle, or one whose reset Postgres refused.)
+          const ranNothing = lease.statements.refused || (lease.unpinged && lease.statements.broken && lease.statements.answered === 0)
+          if (!ranNothing || ctl.aborted) throw err
           ctl.tainted = false
         } finally {
           ctl.lease = undefined
@@ -236,7 +238,6 @@ export class Leases {
       unpinged: !!warm,
       customSetting: false,
       timeoutSet: backends.enabled && this.o.statementTimeoutMs > 0,
-      effects: NOTHING,
     }
   }
 
@@ -262,7 +263,11 @@ export class Leases {
       })
       .finally(() => (ctl.onAbort = undefined))
     const { upstream } = backend
-    return { upstream, backend, key: backend.key, statements: new Statements(upstream), unpinged: true, customSetting: false, timeoutSet: false, lender: got, effects: NOTHING }
+    // Whatever the last user left is reset ahead of this request's statements, whatever they read like.
+    const lease: Lease = { upstream, backend, key: backend.key, statements: new Statements(upstream), unpinged: true, customSetting: false, timeoutSet: false, lender: got }
+    if (backend.user !== undefined) (lease.handover = true), backend.resets++
+    backend.user = lease
+    return lease
   }
 
   /** Runs `open` with a login for these credentials, within connectTimeoutMs: Postgres's errors as they are, the rest as HTTP errors. */
@@ -292,9 +297,11 @@ export class Leases {
     const clean = !ctl.tainted && !statements.broken
     const ending = () => ({ pending: 0, status: statements.status.charCodeAt(0), reusable: !lease.customSetting })
     if (lender && backend) {
-      if (clean && lease.leavesNothing && !statements.unusual && statements.status === 'I') return statements.detach(), lender.giveBack(backend)
-      if (!clean || !reset) return statements.detach(), lender.endSession(backend, clean ? ending() : undefined)
-      return lender.endSession(backend, ending(), afterReset(statements, reset))
+      if (lease.handover) lender.events.handedOver(statements.refused ? 'refused' : 'reset')
+      // As it is: its next taker resets it. (A placeholder no reset takes back, or a transaction left open: the pool's.)
+      statements.detach()
+      if (clean && !statements.refused && !lease.customSetting && statements.status === 'I') return lender.giveBack(backend)
+      return lender.endSession(backend, clean && !statements.refused ? ending() : undefined)
     }
     if (!backend || !clean || !reset) {
       statements.detach()

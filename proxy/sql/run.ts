@@ -2,14 +2,13 @@
  * Running a POST /sql request's statements on its backend and encoding the results as Neon's
  * protocol has them: a single statement, or a batch in one transaction, sent in one write with its
  * BEGIN and COMMIT (one round trip to a Postgres however far; see pipelined). What the request sends first
- * rides in one write with its first statement (the timeout, which also pings a warm backend), and the
- * reset rides behind its last (in transaction pooling, only when its statements may leave something
- * behind or run the database's own code: proxy/isolation/reader.ts; Postgres's command tags can
- * still call for it after).
+ * rides in one write with its first statement: in transaction pooling, the reset of a backend that
+ * changed hands (whatever the statements read like); in session pooling, the timeout, and the reset
+ * rides behind the last.
  */
 import { DatabaseError } from 'pg-protocol'
 import { setsCustomSetting } from '../pool/idle-watch'
-import { merge, NOTHING, read } from '../isolation/reader'
+import { read } from '../isolation/reader'
 import type { Field } from './statements'
 import type { Control, Lease } from './lease'
 import { HttpError, ISOLATION_LEVELS, type Flags, type QueryData } from './request'
@@ -50,17 +49,14 @@ export async function runRequest(
   const { maxResponse, statementTimeout } = limits
   const { statements } = lease
   const budget = { used: 0 }
-  if (lease.lender) lease.effects = (payload.batch ?? [payload.single!]).reduce((e, q) => merge(e, lease.lender!.read(q.query)), NOTHING)
-  // In one write with the first statement: the timeout (taken back by the reset), which is also
+  // In one write with the first statement: the reset of a backend that changed hands (transaction
+  // pooling, sent by Leases.with()), or the timeout (taken back by the reset behind); either is also
   // the ping a warm backend needs (one that died while idle never answers it: see Leases.with()).
   if (lease.timeoutSet) statements.query(`SET statement_timeout = ${statementTimeout}`).catch(() => {})
-  else if (lease.unpinged) statements.sync().catch(() => {})
-  /** The reset, in the same write as the last statement (unless that may be a COPY: see Statements.execute). */
+  else if (lease.unpinged && !lease.handover) statements.sync().catch(() => {})
+  /** Session pooling: the reset, in the same write as the last statement (unless that may be a COPY: see Statements.execute). */
   const resetBehind = (last: string) => {
-    const e = lease.effects
-    // (What may run the database's own code, made by anyone at any time, is reset: DISCARD ALL costs less than asking.)
-    if (lease.lender && e.plain && !e.code) return void (lease.leavesNothing = true)
-    if (!MAY_COPY.test(last)) lease.reset = statements.query('DISCARD ALL').then(() => statements.status === 'I', () => false)
+    if (!lease.lender && !MAY_COPY.test(last)) lease.reset = statements.query('DISCARD ALL').then(() => statements.status === 'I', () => false)
   }
   if (payload.single) {
     const running = runStatement(lease, types, ctl, payload.single, flags, budget, limits, false)
@@ -95,31 +91,40 @@ export async function runRequest(
 type Run = (data: QueryData, after?: Promise<unknown>) => Promise<string>
 
 /**
- * A batch in one write with its BEGIN and COMMIT: one round trip to Postgres, however far it is.
- * After an error Postgres fails the statements behind it in the aborted transaction and answers the
- * COMMIT with a rollback; the first error, in order, is the batch's.
+ * A batch in one write and one Sync group (the reset of a backend that changed hands at its head):
+ * one round trip to Postgres, however far it is. Postgres skips what follows an error; the first
+ * error, in order, is the batch's.
  */
 async function pipelined(lease: Lease, ctl: Control, begin: string, run: Run, batch: QueryData[], resetBehind: () => void): Promise<string[]> {
   if (ctl.aborted) throw new HttpError(499, 'client went away')
   const { statements } = lease
-  let before: Promise<unknown> = statements.query(begin)
+  // (A Sync group is one transaction by itself, rolled back whole at its Sync after an error: a
+  // BEGIN and COMMIT only where the batch asks for more than that, an isolation level or read-only.)
+  const explicit = begin !== 'BEGIN'
+  statements.grouping = true
+  let before: Promise<unknown> = explicit ? statements.query(begin) : Promise.resolve()
   const sent = [before]
   ctl.running = true
   for (const data of batch) sent.push((before = run(data, before)))
-  const commit = statements.query('COMMIT')
+  sent.push(explicit ? statements.query('COMMIT') : Promise.resolve())
+  statements.grouping = false
+  sent.push(statements.sync())
   resetBehind()
-  sent.push(commit)
   const settled = await Promise.allSettled(sent)
   ctl.running = false
   const failed = settled.find((s) => s.status === 'rejected')
   if (failed) throw (failed as PromiseRejectedResult).reason
-  return settled.slice(1, -1).map((s) => (s as PromiseFulfilledResult<string>).value)
+  return settled.slice(1, -2).map((s) => (s as PromiseFulfilledResult<string>).value)
 }
 
 /** A batch one statement at a time, each after the answer to the one before: where one may end the transaction, or be a COPY that nothing may follow. */
 async function oneByOne(lease: Lease, ctl: Control, begin: string, run: Run, batch: QueryData[], resetBehind: () => void): Promise<string[]> {
   const { statements } = lease
-  await statements.query(begin)
+  // (In a Sync group of its own: the reset of a backend that changed hands, if any, leads it.)
+  statements.grouping = true
+  const begun = statements.query(begin)
+  statements.grouping = false
+  await Promise.all([begun, statements.sync()])
   const results: string[] = []
   for (const [i, data] of batch.entries()) {
     if (ctl.aborted) throw new HttpError(499, 'client went away')

@@ -8,7 +8,7 @@ import { DatabaseError, serialize } from 'pg-protocol'
 import { Parser } from 'pg-protocol/dist/parser'
 import type { BackendMessage, CommandCompleteMessage, DataRowMessage, ReadyForQueryMessage, RowDescriptionMessage } from 'pg-protocol/dist/messages'
 import type { Upstream } from '../upstream/connection'
-import { plainTag } from '../isolation/reader'
+import { HANDOVER } from '../isolation/verify'
 
 export interface Field {
   name: string
@@ -40,6 +40,8 @@ const DESCRIBE_PORTAL = serialize.describe({ type: 'P' })
 const EXECUTE = serialize.execute({})
 
 interface Step {
+  /** In a group of several (see grouping): answered by its CommandComplete, or skipped after an error. */
+  grouped?: boolean
   outcome: Outcome
   error?: DatabaseError
   onRow?: RowHandler
@@ -54,8 +56,16 @@ export class Statements {
   broken?: Error
   /** ReadyForQuery messages received: none means nothing sent here has run. */
   answered = 0
-  /** A command tag said a statement did more than plain reads and writes (proxy/isolation/reader.ts plainTag). */
-  unusual = false
+  /** Postgres refused the reset of a backend that changed hands (see handOver): what rode behind it did not run, and the backend serves no one. */
+  refused?: DatabaseError
+  /** The reset's answer is still to come (its ParseComplete and BindComplete are no step's). */
+  private handingOver = false
+  /**
+   * While true, statements go without a Sync of their own: one group, which sync() ends (a batch:
+   * Postgres skips everything behind its first error, the reset's too). The group's first error.
+   */
+  grouping = false
+  private groupError?: DatabaseError
   private readonly steps: Step[] = []
   private out: Buffer[] = []
   private readonly parser = new Parser()
@@ -76,12 +86,14 @@ export class Statements {
    * for the data.
    */
   execute(text: string, values: Array<string | null>, onRow?: RowHandler): Promise<Outcome> {
-    return this.send(Buffer.concat([serialize.parse({ text }), serialize.bind({ values }), DESCRIBE_PORTAL, EXECUTE, SYNC]), onRow)
+    const parts = [serialize.parse({ text }), serialize.bind({ values }), DESCRIBE_PORTAL, EXECUTE]
+    if (!this.grouping) parts.push(SYNC)
+    return this.send(Buffer.concat(parts), onRow)
   }
 
-  /** One statement of the proxy's own (BEGIN, SET…) with the simple protocol. */
+  /** One statement of the proxy's own (BEGIN, SET…): with the simple protocol, or in the group (see grouping). */
   query(text: string): Promise<Outcome> {
-    return this.send(serialize.query(text))
+    return this.send(this.grouping ? Buffer.concat([serialize.parse({ text }), serialize.bind({}), EXECUTE]) : serialize.query(text))
   }
 
   /** A Sync: answered at once by a live backend (its ReadyForQuery says nothing sent after it ran before). */
@@ -94,6 +106,15 @@ export class Statements {
     return this.send(bytes)
   }
 
+  /**
+   * The backend changed hands: its reset (proxy/isolation/verify.ts HANDOVER) goes at the head of the
+   * next write, in one Sync group with what is sent behind it, which Postgres skips if it refuses the reset.
+   */
+  handOver() {
+    this.handingOver = true
+    if (this.out.push(HANDOVER) === 1) queueMicrotask(this.flush)
+  }
+
   /** The stream goes back to its owner: nothing of it is read here any more. */
   detach() {
     this.upstream.off('close', this.onClose)
@@ -101,8 +122,9 @@ export class Statements {
 
   private send(bytes: Buffer, onRow?: RowHandler): Promise<Outcome> {
     if (this.broken) return Promise.reject(this.broken)
+    const grouped = this.grouping
     return new Promise((resolve, reject) => {
-      this.steps.push({ outcome: { command: null, rowCount: null, fields: [] }, onRow, resolve, reject })
+      this.steps.push({ grouped, outcome: { command: null, rowCount: null, fields: [] }, onRow, resolve, reject })
       if (this.out.push(bytes) === 1) queueMicrotask(this.flush)
     })
   }
@@ -116,6 +138,11 @@ export class Statements {
   private readonly onMessage = (msg: BackendMessage) => {
     const step = this.steps[0]
     if (!step) return // a notice or a changed setting between statements
+    if (this.handingOver && (msg.name === 'commandComplete' || msg.name === 'error')) {
+      this.handingOver = false
+      if (msg.name === 'error') (this.refused = msg as DatabaseError), (this.groupError = step.error ??= this.refused)
+      return
+    }
     switch (msg.name) {
       case 'rowDescription':
         step.outcome.fields = (msg as RowDescriptionMessage).fields.map(({ name, dataTypeID, tableID, columnID, dataTypeSize, dataTypeModifier }) => ({
@@ -127,26 +154,34 @@ export class Statements {
         break
       case 'commandComplete': {
         const { text } = msg as CommandCompleteMessage
-        if (!plainTag(text)) this.unusual = true
         const match = COMMAND_TAG.exec(text)
         if (match) {
           step.outcome.command = match[1]
           if (match[2]) step.outcome.rowCount = Number(match[3] ?? match[2])
         }
+        if (step.grouped) this.steps.shift(), step.resolve(step.outcome)
         break
       }
+      case 'emptyQuery':
+        if (step.grouped) this.steps.shift(), step.resolve(step.outcome)
+        break
       case 'error':
         step.error ??= msg as DatabaseError
+        if (step.grouped) this.steps.shift(), step.reject((this.groupError ??= step.error))
         break
       case 'copyInResponse':
         this.upstream.write(NO_COPY_SOURCE)
         break
-      case 'readyForQuery':
+      case 'readyForQuery': {
         this.status = (msg as ReadyForQueryMessage).status
         this.answered++
-        this.steps.shift()
-        step.error ? step.reject(step.error) : step.resolve(step.outcome)
+        // (What is left of a group was skipped after its first error.)
+        while (this.steps[0]?.grouped) this.steps.shift()!.reject(this.groupError ?? new Error('skipped'))
+        const sync = this.steps.shift()!
+        this.groupError = undefined
+        sync.error ? sync.reject(sync.error) : sync.resolve(sync.outcome)
         break
+      }
     }
   }
 

@@ -2,13 +2,13 @@
  * A session in transaction pooling: it holds a backend only while it runs something, from its
  * first message after ReadyForQuery(I) to the next ReadyForQuery(I), and none in between.
  *
- * When a transaction ends the session gives its backend back, unless it left state behind: a
- * transaction that did more than plain reads and writes (by Postgres's parser and its command tags,
- * proxy/isolation/reader.ts) is followed by the backend's own account of what is left
- * (proxy/isolation/verify.ts), and where anything is, the session keeps that backend ("pinned"),
- * until a later verification finds it clean. Named prepared statements follow it from
- * backend to backend (proxy/pool/prepared.ts). currval() and lastval() hold only within the
- * transaction that called nextval(): the verification that follows it discards them.
+ * A backend that changes hands is reset (DISCARD ALL) at the head of its next session's first write,
+ * whatever either session's SQL looked like (proxy/isolation/verify.ts HANDOVER); one that goes back
+ * to the session that used it last is not. A transaction that did more than plain reads and writes
+ * (by Postgres's parser and its command tags, proxy/isolation/reader.ts) is followed by the backend's
+ * own account of what is left, and where anything is, the session keeps that backend ("pinned")
+ * until a later account finds it clean. Named prepared statements follow it from backend to backend
+ * (proxy/pool/prepared.ts).
  */
 import type { WebSocket, RawData } from 'ws'
 import type { Backend } from '../pool/backends'
@@ -18,7 +18,7 @@ import { BackendStatements, StatementRelay, type Own, type SessionStatements } f
 import { merge, NOTHING, type Reading } from '../isolation/reader'
 import type { SignalKind, Signals } from './signals'
 import { found } from '../isolation/verify'
-import { Framer, kept, MessageTooLarge } from '../wire/bytes'
+import { Framer, kept, messages, MessageTooLarge } from '../wire/bytes'
 import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse, type BackendKey } from '../wire/startup'
 import type { BufferBudget, SessionMemory } from './budget'
@@ -90,6 +90,8 @@ interface OnReplica {
 
 interface Lend {
   backend: Backend
+  /** The backend changed hands, and its reset is not answered yet: what the session sent behind it (sent elsewhere if Postgres refuses the reset), and whether a Sync went (nothing more goes until the answer). */
+  handover?: { sent: Buffer[]; synced: boolean }
   /** Whose backend it is: the session's key's on the primary, or on a replica. */
   lender: Lender
   onReplica?: OnReplica
@@ -118,9 +120,6 @@ const UNREAD: Reading = { plain: false, code: true, unseen: true, control: true 
 const INERT = new Set<number>([ClientMessage.Describe, ClientMessage.Execute, ClientMessage.Sync, ClientMessage.Flush, ClientMessage.Close, ClientMessage.CopyData, ClientMessage.CopyDone, ClientMessage.CopyFail])
 /** The statements each backend holds, by backend, as of its last reset (which drops them all). */
 const held = new WeakMap<Backend, { resets: number; statements: BackendStatements }>()
-
-/** Backends that hold the verification prepared (proxy/isolation/verify.ts), as of which reset. */
-const prepared = new WeakMap<Backend, number>()
 
 function statementsOn(backend: Backend, limit: number): BackendStatements {
   let entry = held.get(backend)
@@ -151,8 +150,6 @@ class LentSession implements RunningSession {
   private parked = false
   /** Verifications under way: asking its backend what its transactions left (proxy/isolation/verify.ts). */
   private verifying = 0
-  /** Of those, full verifications: a light one (which resets) may not ride until they are answered. */
-  private verifyingFull = 0
   private readonly statements: SessionStatements = new Map()
   private readonly framer: Framer
   /** The most it may hold of the client's: one protocol message under way, and what waits for a backend (--max-message-bytes). */
@@ -187,6 +184,8 @@ class LentSession implements RunningSession {
   private toPrimary = false
   /** A replica could not run the session's check (its login's settings forbid it there: serializable by default): its reads stay on the primary. */
   private replicaRefused = false
+  /** The values of the settings Postgres reports, as the client was last told them. */
+  private readonly params = new Map<string, string>()
 
   constructor(private readonly ws: WebSocket, private readonly o: LentSessionOptions) {
     this.bytesIn = o.loginBytes
@@ -206,6 +205,7 @@ class LentSession implements RunningSession {
     })
     // (A lend not parked may be running something: a portal's Execute awaits no Sync. Postgres ignores a cancel while idle.)
     this.unfollow = o.follow(() => (this.lend && !this.parked ? this.lend.backend.key : undefined))
+    for (const m of messages(o.answer)) if (m[0] === ServerMessage.ParameterStatus) this.parameter(m)
     this.toClient(o.answer)
     ws.on('message', this.onClientMessage)
     ws.on('close', () => {
@@ -267,7 +267,7 @@ class LentSession implements RunningSession {
       }
       if (this.lend && !this.waitsOnReplica(this.lend)) this.send(msgs)
       else {
-        for (const m of msgs) this.waiting.push(kept(m)), (this.queued += m.length + QUEUED_COST)
+        this.queue(msgs)
         if (!this.lend && !this.acquiring) this.acquire()
       }
     }
@@ -295,6 +295,23 @@ class LentSession implements RunningSession {
   private holdsTooMuch(what: string) {
     this.finish()
     closeWebSocket(this.ws, 1009, `edgepg-proxy: ${what} over --max-message-bytes (${this.maxHeld})`)
+  }
+
+  /**
+   * A ParameterStatus goes to the client only where it changes what the client was told: a reset
+   * on a backend that changed hands reports the previous session's settings going back to the login's.
+   */
+  private readonly parameter = (msg: Buffer): boolean => {
+    const nameEnd = msg.indexOf(0, 5)
+    const name = msg.toString('utf8', 5, nameEnd)
+    const value = msg.toString('utf8', nameEnd + 1, msg.length - 1)
+    if (this.params.get(name) === value) return false
+    this.params.set(name, value)
+    return true
+  }
+
+  private queue(msgs: Buffer[]) {
+    for (const m of msgs) this.waiting.push(kept(m)), (this.queued += m.length + QUEUED_COST)
   }
 
   /** What waits for a backend, taken out of the queue. */
@@ -425,6 +442,16 @@ class LentSession implements RunningSession {
 
   private send(msgs: Buffer[]) {
     const lend = this.lend!
+    const handover = lend.handover
+    if (handover) {
+      // Behind the reset, up to the first Sync: Postgres skips them all if it refuses the reset, and
+      // nothing after that Sync may run before its answer says it did not.
+      const sync = handover.synced ? -1 : msgs.findIndex((m) => m[0] === ClientMessage.Sync)
+      if (handover.synced || sync >= 0) this.queue(handover.synced ? msgs : msgs.slice(sync + 1))
+      if (handover.synced) return
+      if (sync >= 0) (msgs = msgs.slice(0, sync + 1)), (handover.synced = true)
+      handover.sent.push(...msgs.map(kept))
+    }
     if (!msgs.length) return
     // pg_cancel_backend / pg_terminate_backend of a processID the proxy told: for the session told it
     // (this one, perhaps), once Postgres has run the statement and its answer is on its way to the
@@ -453,26 +480,19 @@ class LentSession implements RunningSession {
       // (What may be sent again is bounded as what is held back is: past it, the read stays where it is.)
       if (on.sentBytes > HOLD_MAX) (on.retryable = false), (on.sent = []), this.release(lend)
     }
-    // Whole transactions on an idle backend, plain but perhaps running the database's code: verified
-    // lightly in the same write, the answer right behind the client's (no write, no wait of its own).
     const last = msgs[msgs.length - 1][0]
     const ends = last === ClientMessage.Sync || last === ClientMessage.Query
     const idle = before?.pending === 0 && before.status === TxStatus.Idle
-    const whole = idle && ends
     if (idle && !lend.onReplica) this.o.replicas?.set.events.routed('primary') // (a replica's, once its answer stands: see release)
-    // (Not while a full verification is under way: the light one's resets would wipe what it is to find.)
-    const light = whole && read.plain && read.code && !read.control && !read.unseen && !this.pinned && !this.verifyingFull
-    const behind = light ? [this.verification(lend, 'light')] : []
     // Where reads may go to replicas, a transaction on the primary ends with its position, in the same
     // write; behind a COPY FROM STDIN, which would take it for the copy's data, once it is all answered.
+    const behind: Own[] = []
     if (this.o.replicas && !lend.onReplica && ends && (read.block === 'closed' || (idle && read.block === undefined))) {
       if (read.copyIn) (lend.positionAfter = true), lend.positionDue++
       else behind.push(this.positionBehind(lend))
     }
-    const rode = lend.relay.forward(msgs, false, behind)
-    if (rode && light) this.verifying++, this.o.lender.events.verified('light')
-    else lend.effects = merge(lend.effects, read)
-    if (!rode && behind.length > (light ? 1 : 0)) this.verifying--, lend.positionDue-- // (it did not go)
+    lend.effects = merge(lend.effects, read)
+    if (!lend.relay.forward(msgs, false, behind) && behind.length) this.verifying--, lend.positionDue-- // (it did not go)
   }
 
   /** The signals whose statements the client has its answer to, or the first `n` (the session ended: all). */
@@ -559,7 +579,14 @@ class LentSession implements RunningSession {
   private begin(backend: Backend, lender: Lender, onReplica?: OnReplica) {
     this.acquiring = false
     if (this.ended) return lender.giveBack(backend)
+    const handover = backend.user !== undefined && backend.user !== this
+    if (handover) backend.resets++ // (DISCARD ALL drops its prepared statements)
+    backend.user = this
     const lend = this.startLend(backend, lender, onReplica)
+    if (handover) {
+      lend.handover = { sent: [], synced: false }
+      lend.relay.handOver((ok) => this.handedOver(lend, ok))
+    }
     if (onReplica) {
       // Behind what the session has seen, as far as is known: its messages wait for the replica to replay it.
       const need = this.need()
@@ -571,6 +598,31 @@ class LentSession implements RunningSession {
   }
 
   /**
+   * Postgres answered the reset of a backend that changed hands: what waited behind it goes; or it
+   * refused it (and skipped what came behind, up to a Sync), and the backend, which no reset cleans,
+   * is closed and the session's messages go to another, unseen.
+   */
+  private handedOver(lend: Lend, ok: boolean) {
+    const sent = lend.handover!.sent
+    lend.handover = undefined
+    this.o.lender.events.handedOver(ok ? 'reset' : 'refused')
+    if (this.lend !== lend) return
+    if (!ok) return this.elsewhere(lend, sent)
+    if (this.waiting.length && lend.onReplica?.gatedSince === undefined) this.send(this.unqueue()) // (a replica's, once caught up)
+  }
+
+  /** What the session sent on a lend that ran none of it, to another backend (the lend's is closed). */
+  private elsewhere(lend: Lend, sent: Buffer[]) {
+    this.detach(lend)
+    lend.lender.lost(lend.backend)
+    lend.backend.upstream.close()
+    this.signalsDue = this.signalsDue.filter((s) => s.after <= this.readies) // (their statements are sent again)
+    this.waiting = [...sent, ...this.waiting]
+    this.queued += sent.reduce((n, m) => n + m.length + QUEUED_COST, 0)
+    if (!this.acquiring) this.acquire()
+  }
+
+  /**
    * Asks the replica how far it has replayed, ahead of the session's messages (no round trip of its
    * own, unless they wait for it): its answer decides whether what runs there may stand.
    */
@@ -579,6 +631,7 @@ class LentSession implements RunningSession {
     const { set } = this.o.replicas!
     let answer = ''
     this.verifying++
+    if (lend.handover) lend.handover.synced = true // (its Sync ends the group the reset leads)
     lend.relay.ownQuery({
       query: set.checkMessage(on.replica),
       onRow: (value) => (answer = value),
@@ -666,6 +719,7 @@ class LentSession implements RunningSession {
     const statements = statementsOn(backend, this.o.statementsPerBackend)
     const { events } = this.o.lender
     const relay = new StatementRelay(this.statements, statements, (bytes) => void (backend.upstream.write(bytes) || this.ws.pause()), events.preparedAgain)
+    relay.onParameter = this.parameter
     const lend: Lend = (this.lend = { backend, lender, onReplica, delivered: 0, positionDue: 0, relay, watch: new IdleWatch(), effects: NOTHING })
     backend.upstream.onDrain = () => this.ws.resume()
     backend.upstream.on('close', this.onBackendClose)
@@ -754,22 +808,24 @@ class LentSession implements RunningSession {
   }
 
   /**
-   * A transaction is over: the backend goes back, unless it may hold what the session set. A plain
-   * one (by the parser and by Postgres's command tags) that ran nothing of the database's own is
-   * decided at once; one that may have (a relation, a cast, an operator: triggers, rules, policies,
-   * views, defaults, made by anyone at any time) after a light verification; any other after a full
-   * one. A backend the session keeps anyway is not asked.
+   * A transaction is over: the backend stays with the session while no other needs it, and goes on
+   * (to be reset by its next taker) unless the session keeps it for state it made: a transaction that
+   * did more than plain reads and writes, by the parser or by Postgres's command tags, is followed by
+   * the backend's own account of what is left. (A replica's read is plain: what code left there is
+   * the next taker's reset's.) A backend the session keeps anyway is not asked.
    */
   private transactionEnded(lend: Lend) {
     if (this.parked || this.verifying) return
     const e = lend.effects
-    const plain = e.plain && !lend.relay.unusual
+    const plain = (e.plain && !lend.relay.unusual) || !!lend.onReplica
     lend.effects = NOTHING
     lend.relay.unusual = false
     if (e.unseen) (this.pinnedForGood = true), this.pin('unseen')
     if (this.pinnedForGood || (this.pinned && plain)) return
-    if (plain && !e.code) return this.lendOn(lend)
-    this.verify(lend, plain ? 'light' : 'full')
+    if (plain) return this.lendOn(lend)
+    lend.relay.ownQuery(this.verification(lend))
+    this.verifying++
+    this.o.lender.events.verified()
   }
 
   /**
@@ -777,42 +833,20 @@ class LentSession implements RunningSession {
    * answer (no round trip of its own). The session keeps the backend meanwhile; the transaction is
    * then decided on the answer (or, if the session has begun another, with it).
    */
-  private verify(lend: Lend, kind: 'full' | 'light') {
-    lend.relay.ownQuery(this.verification(lend, kind))
-    this.verifying++
-    if (kind === 'full') this.verifyingFull++
-    this.o.lender.events.verified(kind)
-  }
-
-  /** A verification's messages, and what its answer decides (see verify). */
-  private verification(lend: Lend, kind: 'full' | 'light'): Own {
-    const { backend } = lend
-    const v = this.o.lender.verification
+  private verification(lend: Lend): Own {
     const rows: string[] = []
-    const query = prepared.get(backend) === backend.resets ? v[kind] : Buffer.concat([v.prepare, v[kind]])
     const ready = (status: number) => {
       this.verifying--
-      if (kind === 'full') this.verifyingFull--
+      if (this.lend !== lend) return
       // (Asked inside a transaction, the answer says nothing of what the transaction will leave.)
       const f = status === TxStatus.Idle ? found(rows) : undefined
-      if (f) prepared.set(backend, backend.resets)
-      else prepared.delete(backend) // (prepared again next time, in case that is what failed)
-      if (this.lend !== lend || lend.onReplica?.moving) return // (a lend moving to the primary: nothing of this backend is the session's)
       const statements = statementsOn(lend.backend, this.o.statementsPerBackend).held.size
       const left = f ? (f.left[0] ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
-      // A read's answer still held (the verification's came with it): it runs on the primary instead, which keeps what it leaves.
-      // (Holding every replica read for its verification would cost each a little; such code is rare.)
-      if (left && lend.onReplica?.held && lend.onReplica.retryable) return this.move(lend, 'session_state')
-      if (left && lend.onReplica) {
-        // Once answered, state cannot follow the session to the primary, where its writes must go: it ends, and says why.
-        const message = `edgepg-proxy: a read sent to a replica left ${left} on its backend there (code of the database's own ran with it), which cannot follow the session to the primary: the session is closed. Keep such reads inside a read-write transaction, or run them in session pooling`
-        return this.evict('upstream_error', '55000', message)
-      }
       if (left) return this.pin(left)
       this.unpin()
       this.afterOwn(lend)
     }
-    return { query, onRow: (value) => rows.push(value), ready }
+    return { query: this.o.lender.verification, onRow: (value) => rows.push(value), ready }
   }
 
   /** An answer of the proxy's own is in: the transaction, if it is over, is decided now. */
@@ -862,7 +896,7 @@ class LentSession implements RunningSession {
   }
 
   private detach(lend: Lend) {
-    this.verifying = this.verifyingFull = 0 // (theirs are the backend's: answered there, or lost with it)
+    this.verifying = 0 // (theirs are the backend's: answered there, or lost with it)
     lend.backend.upstream.onDrain = undefined
     lend.backend.upstream.off('close', this.onBackendClose)
     this.lend = undefined
@@ -879,6 +913,7 @@ class LentSession implements RunningSession {
   private readonly onBackendClose = () => {
     const lend = this.lend
     if (!lend) return
+    if (lend.handover) return this.elsewhere(lend, lend.handover.sent) // (nothing of the session's ran there)
     const on = lend.onReplica
     if (on && (on.held || on.gatedSince !== undefined || this.waitsOnReplica(lend))) {
       // A replica went away under a read the client has seen nothing of (or after it): the primary serves.
