@@ -4,12 +4,12 @@
  * raw connection (no client library between), and is measured as that backend's CPU (/proc, 10 ms
  * ticks) per group, beside the read alone. Also the parser's reading of a statement, in this process.
  */
-import { readFileSync } from 'node:fs'
 import pg from 'pg'
 import { serialize } from 'pg-protocol'
 import { loadReader, read } from '../proxy/isolation/reader'
 import { HANDOVER, verificationSql } from '../proxy/isolation/verify'
 import { printGrid, type Section } from './lib'
+import { cpuSecondsOf as cpuOf } from '../test/support/child-proxy'
 
 const TEXTS = 2000
 const GROUPS = 10_000
@@ -24,10 +24,7 @@ const QUESTION = `SELECT pg_catalog.int4div(1, (NOT (EXISTS (SELECT FROM pg_cata
   OR EXISTS (SELECT FROM pg_catalog.pg_cursor() c WHERE c.is_holdable) OR EXISTS (SELECT FROM pg_catalog.pg_prepared_statement() p WHERE p.from_sql)
   OR EXISTS (SELECT FROM pg_catalog.pg_listening_channels())))::pg_catalog.int4)`
 
-const cpuOf = (pid: number) => {
-  const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ')
-  return (Number(f[11]) + Number(f[12])) / 100
-}
+
 
 export const isolation: Section = {
   name: 'isolation',

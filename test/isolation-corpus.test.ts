@@ -13,11 +13,9 @@
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { WebSocket } from 'ws'
 import { Client, type ClientConfig } from '../src/index'
-import { LOGIN_PREFIX } from '../src/config'
 import { startProxy, edgeClient, scratchTable, within } from './support/helpers'
-import { backendReader, queryMessage, TERMINATE } from './support/protocol'
+import { offeredLogin, RawSession } from './support/raw-session'
 import { buildCorpus, findings, PROBE_SQL, settingName, type Entry, type Probe, type Step } from './support/isolation-corpus'
 
 const APP = 'edgepg-isolation-corpus'
@@ -38,95 +36,7 @@ async function session(port: number, extra: ClientConfig = {}): Promise<Client> 
 }
 
 /** The subprotocols (the login in the upgrade among them) an edgepg Client offers the proxy at `port`. */
-async function clientLogin(port: number): Promise<string[]> {
-  let offered: string[] = []
-  class Recording extends WebSocket {
-    constructor(url: string, protocols?: string | string[], ...rest: any[]) {
-      super(url, protocols, ...rest)
-      offered = ([] as string[]).concat(protocols ?? [])
-    }
-  }
-  const client = await session(port, { webSocketConstructor: Recording as any })
-  await client.end()
-  assert.ok(offered.some((p) => p.startsWith(LOGIN_PREFIX)), `the Client offers its login in the upgrade: ${offered}`)
-  return offered
-}
-
-/** A session speaking raw protocol over the proxy's WebSocket, logged in inside the upgrade. */
-class RawSession {
-  private messages: Array<{ type: string; body: Buffer }> = []
-  private wake: (() => void) | undefined
-  private closed = false
-
-  private constructor(private ws: WebSocket) {
-    const read = backendReader((type, body) => {
-      this.messages.push({ type, body: Buffer.from(body) })
-      this.wake?.()
-    })
-    ws.on('message', (data) => read(data as Buffer))
-    ws.on('close', () => {
-      this.closed = true
-      this.wake?.()
-    })
-    ws.on('error', () => {})
-  }
-
-  /** Opens a session with the login an edgepg Client offers (so it shares that Client's pool key). */
-  static async open(port: number, protocols: string[]): Promise<RawSession> {
-    const ws = new WebSocket(`ws://127.0.0.1:${port}/v2`, protocols)
-    const s = new RawSession(ws)
-    await new Promise((resolve, reject) => {
-      ws.once('open', resolve)
-      ws.once('error', reject)
-    })
-    const answer = await s.untilReady()
-    const error = answer.find((m) => m.type === 'E')
-    if (error) throw new Error(`raw login refused: ${errorCode(error.body)}`)
-    return s
-  }
-
-  /** Messages up to and including the next ReadyForQuery. */
-  private async untilReady(): Promise<Array<{ type: string; body: Buffer }>> {
-    for (;;) {
-      const z = this.messages.findIndex((m) => m.type === 'Z')
-      if (z >= 0) return this.messages.splice(0, z + 1)
-      if (this.closed) throw new Error('raw session closed')
-      await new Promise<void>((resolve) => (this.wake = resolve))
-    }
-  }
-
-  /** Sends `bytes`; the outcome: 'ok', or the first ErrorResponse's code. */
-  async run(bytes: Buffer): Promise<string> {
-    this.ws.send(bytes)
-    const answer = await this.untilReady()
-    const error = answer.find((m) => m.type === 'E')
-    return error ? errorCode(error.body) : 'ok'
-  }
-
-  async pid(): Promise<number> {
-    this.ws.send(queryMessage('SELECT pg_backend_pid()'))
-    const row = (await this.untilReady()).find((m) => m.type === 'D')
-    if (!row) throw new Error('raw session: no pid')
-    return Number(row.body.toString('utf8', 6, 6 + row.body.readInt32BE(2)))
-  }
-
-  async end() {
-    if (this.closed) return
-    const closed = new Promise((resolve) => this.ws.once('close', resolve))
-    this.ws.send(TERMINATE)
-    this.ws.close()
-    await within(5000, 'the raw session to close', closed)
-  }
-}
-
-function errorCode(body: Buffer): string {
-  for (let i = 0; i < body.length && body[i] !== 0; ) {
-    const end = body.indexOf(0, i + 1)
-    if (body[i] === 0x43 /* C */) return body.toString('utf8', i + 1, end)
-    i = end + 1
-  }
-  return 'error'
-}
+const clientLogin = (port: number) => offeredLogin((extra) => session(port, extra))
 
 const codeOf = (err: any) => String(err?.code ?? err?.message ?? err)
 
@@ -135,7 +45,7 @@ async function runSteps(a: Client | RawSession, steps: Step[]): Promise<string> 
   let outcome = 'ok'
   for (const step of steps) {
     let result: string
-    if ('raw' in step) result = await (a as RawSession).run(step.raw)
+    if ('raw' in step) result = (await (a as RawSession).run(step.raw)).outcome
     else {
       const client = a as Client
       const query = step.extended || step.values ? { text: step.text, values: step.values ?? [], queryMode: 'extended' } : step.text

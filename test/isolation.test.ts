@@ -283,7 +283,7 @@ test('forging the proxy\'s question by protocol, SQL or a DO block: nothing to f
  * it skips the next session's statement, and the proxy runs it on another backend, unseen. Shown
  * from Postgres: the statement records the backend it ran on, once.
  */
-test('a reset Postgres refuses: the next session\'s statement never runs on that backend, and runs once on another', async () => {
+test('a reset Postgres refuses: the next session\'s statements never run on that backend, and run once on another', async () => {
   const p = await proxy(() => NOTHING)
   const log = `${scratch.name}_ran`
   await scratch.tcp.query(`CREATE TABLE ${log} (pid int); GRANT ALL ON ${log} TO PUBLIC`)
@@ -298,9 +298,11 @@ test('a reset Postgres refuses: the next session\'s statement never runs on that
     await locker.connect()
     await locker.query(`BEGIN; LOCK TABLE ${schema}.held IN ACCESS SHARE MODE`)
     const refused = await counter(p, 'handovers_total')
-    const ran = (await within(5000, "b's insert", b.query(`INSERT INTO ${log} VALUES (pg_backend_pid()) RETURNING pid`))).rows
-    assert.notEqual(ran[0].pid, pid, 'it ran on another backend')
-    assert.deepEqual((await scratch.tcp.query(`SELECT pid FROM ${log}`)).rows, ran, 'once, and never on the backend whose reset was refused')
+    // Two statements in one write, each in a Sync group of its own: the second must not run behind the first's Sync on that backend either.
+    const insert = (n: number) => b.query(`INSERT INTO ${log} VALUES (pg_backend_pid() + $1::int - $1::int) RETURNING pid`, [n])
+    const ran = (await within(5000, "b's inserts", Promise.all([insert(1), insert(2)]))).flatMap((r) => r.rows)
+    assert.notEqual(ran[0].pid, pid, 'they ran on another backend')
+    assert.deepEqual((await scratch.tcp.query(`SELECT pid FROM ${log}`)).rows, ran, 'each once, and never on the backend whose reset was refused')
     assert.equal((await counter(p, 'handovers_total')) - refused, 1)
     assert.equal(Number((await p.metrics.registry.metrics()).match(/^edgepg_proxy_handovers_total\{outcome="refused"\} (\d+)/m)?.[1]), 1)
     await locker.query('ROLLBACK') // (the closed backend drops its temporary table as it exits: it waits for the lock)

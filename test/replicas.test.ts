@@ -177,6 +177,28 @@ test("a read whose code leaves state on a replica's backend (a view calling a fu
   }
 })
 
+test("a read's code that puts a schema of its own ahead of pg_catalog cannot answer the replica's check in Postgres's place (it would take the replica from everyone)", async () => {
+  const forged = (types: string) => `CREATE FUNCTION replica_forge.concat_ws(${types}) RETURNS text LANGUAGE sql AS $$ SELECT '0/0 f 0' $$`
+  await admin.query(`CREATE SCHEMA replica_forge; GRANT USAGE ON SCHEMA replica_forge TO PUBLIC;
+    ${['text, text, boolean, numeric', 'text, text, boolean, integer', 'text, text, boolean, double precision'].map(forged).join(';')};
+    CREATE FUNCTION replica_forge_path() RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN PERFORM set_config('search_path', 'replica_forge, pg_catalog', false); RETURN pg_is_in_recovery(); END $$;
+    CREATE VIEW replica_forging AS SELECT replica_forge_path() AS on_standby`)
+  await standby.caughtUp()
+  try {
+    const p = await proxyWith({}, { pool: { mode: 'transaction', size: 1 } })
+    const [c, d] = [new Client(clientConfig(p)), new Client(clientConfig(p))]
+    await Promise.all([c.connect(), d.connect()])
+    assert.deepEqual((await c.query('SELECT on_standby FROM replica_forging')).rows, [{ on_standby: true }])
+    assert.equal((await c.query("SELECT pg_is_in_recovery() AS standby, current_setting('search_path') AS sp")).rows[0].sp, 'replica_forge, pg_catalog', "c's next read: its own backend, its search_path as its code left it")
+    assert.equal(await where(c), 'replica', 'the check on that backend still says the replica serves')
+    assert.equal(await where(d), 'replica', 'and for everyone else')
+    assert.equal(await metric(p, 'replica_fallbacks_total', 'reason="promoted"'), 0)
+    await Promise.all([c.end(), d.end()])
+  } finally {
+    await admin.query('DROP VIEW replica_forging; DROP FUNCTION replica_forge_path(); DROP SCHEMA replica_forge CASCADE')
+  }
+})
+
 test('read your writes: a read right after a write waits for the lagging replica (or, past --replica-wait, goes to the primary); never an older answer', async () => {
   const waits = await proxyWith({ waitMs: 3000 })
   const hurries = await proxyWith({ waitMs: 50 })

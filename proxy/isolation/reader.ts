@@ -1,15 +1,16 @@
 /**
  * What a statement may leave behind on its backend, read with Postgres's own grammar (libpg-query:
  * the PostgreSQL 18 parser compiled to WebAssembly). The first of three readings that decide whether
- * a backend may serve another session (transaction pooling); the others are Postgres's command tags
- * and its catalogs (proxy/isolation/verify.ts). Conservative: what it cannot parse is not plain.
+ * a session keeps its backend for state it made (transaction pooling); the others are Postgres's
+ * command tags and its catalogs (proxy/isolation/verify.ts). Whether a backend may serve another
+ * session it never decides: every handover is reset. Conservative: what it cannot parse is not plain.
  */
 import { loadModule, parseSync } from 'libpg-query'
 
 export interface Reading {
   /** Leaves nothing behind by itself: plain reads and writes, transaction control, SHOW, SET LOCAL… */
   plain: boolean
-  /** May run code of the database's own (a relation, an operator, a cast, a function call): triggers, rules, policies… */
+  /** May run code of the database's own (a relation, an operator, a cast, a function call): triggers, rules, policies… (a description: no decision rests on it) */
   code: boolean
   /** Sets what no catalog shows (a custom setting's placeholder, setseed, LOAD, dblink): the backend stays the session's. */
   unseen: boolean
@@ -199,7 +200,7 @@ function call(fn: Node, r: Reading) {
   const parts = ((fn.funcname as Array<{ String?: { sval?: string } }>) ?? []).map((p) => p.String?.sval ?? '')
   const name = parts[parts.length - 1]
   if (parts.length > 2 || (parts.length === 2 && parts[0] !== 'pg_catalog')) return void (r.plain = false)
-  if (name === 'nextval' || name === 'setval') return // (their traces, currval() and lastval(), are discarded by the verification any function call brings)
+  if (name === 'nextval' || name === 'setval') return // (their traces, currval() and lastval(), last while the backend stays with the session: a handover's reset drops them)
   if (UNSEEN.test(name)) r.unseen = true
   if (name === 'set_config') return setConfig(fn, r)
   if (name === 'pg_cancel_backend' || name === 'pg_terminate_backend') signal(name === 'pg_cancel_backend' ? 'cancel' : 'terminate', fn, r)

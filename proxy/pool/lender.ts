@@ -27,7 +27,7 @@ function randomSecret(n: number): Buffer {
   return secret
 }
 
-/** How a session leaves a backend whose transaction ended cleanly: idle, nothing to undo. */
+/** How a session leaves a backend whose transaction ended cleanly: idle, kept as it is (its next taker resets it, see Backend.user). */
 const CLEAN: Ending = { pending: 0, status: TxStatus.Idle, reusable: true, clean: true }
 
 /** Transaction pooling's events, for the metrics. */

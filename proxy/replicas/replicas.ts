@@ -134,10 +134,14 @@ export class Replicas {
   }
 }
 
-const IDENTIFIER = ', (SELECT system_identifier FROM pg_control_system())'
-const CHECK_FIRST = `SELECT concat_ws(' ', coalesce(pg_last_wal_replay_lsn()::text, '-'), pg_is_in_recovery(), CASE WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 ELSE coalesce(round(1000 * extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())), 0) END${IDENTIFIER})`
+// Every name qualified and every operator spelled OPERATOR(pg_catalog.…): a session's code may have
+// set search_path on the backend these run on, and what they answer is shared by every session.
+const IDENTIFIER = ', (SELECT system_identifier FROM pg_catalog.pg_control_system())'
+const CHECK_FIRST = `SELECT pg_catalog.concat_ws(' ', coalesce(CAST(pg_catalog.pg_last_wal_replay_lsn() AS pg_catalog.text), '-'), pg_catalog.pg_is_in_recovery(),
+  CASE WHEN pg_catalog.pg_last_wal_receive_lsn() OPERATOR(pg_catalog.=) pg_catalog.pg_last_wal_replay_lsn() THEN 0
+  ELSE coalesce(pg_catalog.round(pg_catalog.date_part('epoch', pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.pg_last_xact_replay_timestamp()) OPERATOR(pg_catalog.*) 1000), 0) END${IDENTIFIER})`
 const CHECK = CHECK_FIRST.replace(IDENTIFIER, '')
-const POSITION_FIRST = `SELECT concat_ws(' ', pg_current_wal_insert_lsn()${IDENTIFIER})`
+const POSITION_FIRST = `SELECT pg_catalog.concat_ws(' ', pg_catalog.pg_current_wal_insert_lsn()${IDENTIFIER})`
 const POSITION = POSITION_FIRST.replace(IDENTIFIER, '')
 let checkQuery: Buffer | undefined
 let positionQuery: Buffer | undefined

@@ -266,7 +266,7 @@ export class Leases {
     // Whatever the last user left is reset ahead of this request's statements, whatever they read like.
     const lease: Lease = { upstream, backend, key: backend.key, statements: new Statements(upstream), unpinged: true, customSetting: false, timeoutSet: false, lender: got }
     if (backend.user !== undefined) (lease.handover = true), backend.resets++
-    backend.user = lease
+    backend.user = {} // (each request is another user)
     return lease
   }
 

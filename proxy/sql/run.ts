@@ -1,7 +1,7 @@
 /**
  * Running a POST /sql request's statements on its backend and encoding the results as Neon's
- * protocol has them: a single statement, or a batch in one transaction, sent in one write with its
- * BEGIN and COMMIT (one round trip to a Postgres however far; see pipelined). What the request sends first
+ * protocol has them: a single statement, or a batch in one transaction, sent in one write and one
+ * Sync group (one round trip to a Postgres however far; see pipelined). What the request sends first
  * rides in one write with its first statement: in transaction pooling, the reset of a backend that
  * changed hands (whatever the statements read like); in session pooling, the timeout, and the reset
  * rides behind the last.

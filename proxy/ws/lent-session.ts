@@ -91,7 +91,7 @@ interface OnReplica {
 interface Lend {
   backend: Backend
   /** The backend changed hands, and its reset is not answered yet: what the session sent behind it (sent elsewhere if Postgres refuses the reset), and whether a Sync went (nothing more goes until the answer). */
-  handover?: { sent: Buffer[]; synced: boolean }
+  handover?: { sent: Buffer[]; bytes: number; synced: boolean }
   /** Whose backend it is: the session's key's on the primary, or on a replica. */
   lender: Lender
   onReplica?: OnReplica
@@ -184,6 +184,8 @@ class LentSession implements RunningSession {
   private toPrimary = false
   /** A replica could not run the session's check (its login's settings forbid it there: serializable by default): its reads stay on the primary. */
   private replicaRefused = false
+  /** Who it is to a backend's Backend.user (not the session itself: a backend outlives it). */
+  private readonly user = {}
   /** The values of the settings Postgres reports, as the client was last told them. */
   private readonly params = new Map<string, string>()
 
@@ -445,12 +447,13 @@ class LentSession implements RunningSession {
     const handover = lend.handover
     if (handover) {
       // Behind the reset, up to the first Sync: Postgres skips them all if it refuses the reset, and
-      // nothing after that Sync may run before its answer says it did not.
-      const sync = handover.synced ? -1 : msgs.findIndex((m) => m[0] === ClientMessage.Sync)
-      if (handover.synced || sync >= 0) this.queue(handover.synced ? msgs : msgs.slice(sync + 1))
-      if (handover.synced) return
-      if (sync >= 0) (msgs = msgs.slice(0, sync + 1)), (handover.synced = true)
-      handover.sent.push(...msgs.map(kept))
+      // nothing after that Sync may run before its answer says it did not. (Copies kept to send again
+      // are bounded as a replica's are: past that, what follows waits in the queue, counted.)
+      if (handover.synced) return this.queue(msgs)
+      const sync = msgs.findIndex((m) => m[0] === ClientMessage.Sync)
+      if (sync >= 0) this.queue(msgs.slice(sync + 1)), (msgs = msgs.slice(0, sync + 1)), (handover.synced = true)
+      for (const m of msgs) handover.sent.push(kept(m)), (handover.bytes += m.length)
+      if (handover.bytes > HOLD_MAX) handover.synced = true
     }
     if (!msgs.length) return
     // pg_cancel_backend / pg_terminate_backend of a processID the proxy told: for the session told it
@@ -579,12 +582,12 @@ class LentSession implements RunningSession {
   private begin(backend: Backend, lender: Lender, onReplica?: OnReplica) {
     this.acquiring = false
     if (this.ended) return lender.giveBack(backend)
-    const handover = backend.user !== undefined && backend.user !== this
+    const handover = backend.user !== undefined && backend.user !== this.user
     if (handover) backend.resets++ // (DISCARD ALL drops its prepared statements)
-    backend.user = this
+    backend.user = this.user
     const lend = this.startLend(backend, lender, onReplica)
     if (handover) {
-      lend.handover = { sent: [], synced: false }
+      lend.handover = { sent: [], bytes: 0, synced: false }
       lend.relay.handOver((ok) => this.handedOver(lend, ok))
     }
     if (onReplica) {
@@ -614,8 +617,7 @@ class LentSession implements RunningSession {
   /** What the session sent on a lend that ran none of it, to another backend (the lend's is closed). */
   private elsewhere(lend: Lend, sent: Buffer[]) {
     this.detach(lend)
-    lend.lender.lost(lend.backend)
-    lend.backend.upstream.close()
+    lend.lender.lost(lend.backend) // (closed)
     this.signalsDue = this.signalsDue.filter((s) => s.after <= this.readies) // (their statements are sent again)
     this.waiting = [...sent, ...this.waiting]
     this.queued += sent.reduce((n, m) => n + m.length + QUEUED_COST, 0)
