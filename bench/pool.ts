@@ -52,6 +52,7 @@ const ROLE = 'bench_pool'
 const ROLE_PASSWORD = 'bench-pool-pw'
 const ROLE_LIMIT = 60
 const BOUNCER_POOL = 20
+const CORES = availableParallelism()
 const ITEMS = 1000
 const READ = 'SELECT v FROM bench_pool_items WHERE id = $1'
 const INSERT = 'INSERT INTO bench_pool_scratch (session) VALUES ($1)'
@@ -425,7 +426,7 @@ const BUSY_WORKLOADS = { 'read by id': READ, 'SELECT $1::int': 'SELECT $1::int' 
 type BusyWorkload = keyof typeof BUSY_WORKLOADS
 /** Each path and workload once before the rounds: logins and pools' backends done, so no backend starts (or ends) in a window. */
 const BUSY_WARM_MS = 500
-type BusyMetric = 'queries/s' | 'proxy CPU / statement' | 'Postgres CPU / statement'
+type BusyMetric = 'queries/s' | 'proxy CPU / statement' | 'Postgres CPU / statement' | 'client CPU / statement'
 /** Transaction mode's figure over another path's, and its target (issue 46; the first from issue 21): at least it for queries/s, at most it for CPU. */
 const BUSY_RATIOS: Array<{ metric: BusyMetric; over: BusyPath; target: number }> = [
   { metric: 'queries/s', over: 'session', target: BUSY_SHARE_TARGET },
@@ -457,11 +458,11 @@ async function busySessions(ctx: BenchContext, admin: pg.Client): Promise<Row[]>
   const workloads = Object.keys(BUSY_WORKLOADS) as BusyWorkload[]
   const servers: Partial<Record<BusyPath, Server>> = {}
   const clients: Partial<Record<BusyPath, pg.Client[]>> = {}
-  type Totals = { queries: number; seconds: number; latencies: number[]; proxy: number; pg: number; started: number; ended: number }
-  const totals = Object.fromEntries(paths.map((p) => [p, Object.fromEntries(workloads.map((w) => [w, { queries: 0, seconds: 0, latencies: [] as number[], proxy: 0, pg: 0, started: 0, ended: 0 }]))])) as Record<BusyPath, Record<BusyWorkload, Totals>>
+  type Totals = { queries: number; seconds: number; latencies: number[]; proxy: number; pg: number; client: number; started: number; ended: number }
+  const totals = Object.fromEntries(paths.map((p) => [p, Object.fromEntries(workloads.map((w) => [w, { queries: 0, seconds: 0, latencies: [] as number[], proxy: 0, pg: 0, client: 0, started: 0, ended: 0 }]))])) as Record<BusyPath, Record<BusyWorkload, Totals>>
   const window = async (p: BusyPath, w: BusyWorkload, ms: number, t?: Totals) => {
     gc()
-    const [proxy0, pg0] = [servers[p]!.cpu(), treeCpu(postmaster)]
+    const [proxy0, pg0, client0] = [servers[p]!.cpu(), treeCpu(postmaster), process.cpuUsage()]
     const t0 = performance.now()
     const deadline = t0 + ms
     await Promise.all(
@@ -475,6 +476,8 @@ async function busySessions(ctx: BenchContext, admin: pg.Client): Promise<Row[]>
     )
     if (!t) return
     const pgCpu = cpuBetween(pg0, treeCpu(postmaster))
+    const client = process.cpuUsage(client0)
+    t.client += (client.user + client.system) / 1e6
     t.seconds += (performance.now() - t0) / 1000
     t.queries = t.latencies.length
     t.proxy += servers[p]!.cpu() - proxy0
@@ -498,8 +501,11 @@ async function busySessions(ctx: BenchContext, admin: pg.Client): Promise<Row[]>
     for (const p of paths) await servers[p]?.stop()
   }
   const figure = (m: BusyMetric, p: BusyPath, w: BusyWorkload) =>
-    ((t) => (m === 'queries/s' ? t.queries / t.seconds : ((m === 'proxy CPU / statement' ? t.proxy : t.pg) * 1e6) / t.queries))(totals[p][w])
+    ((t) => (m === 'queries/s' ? t.queries / t.seconds : ((m === 'proxy CPU / statement' ? t.proxy : m === 'client CPU / statement' ? t.client : t.pg) * 1e6) / t.queries))(totals[p][w])
   const shown = (m: BusyMetric, x: number) => (m === 'queries/s' ? `${Math.round(x).toLocaleString('en-US')}/s` : `${x.toFixed(1)} µs`)
+  // Client, proxy and Postgres share the machine's cores: a path's rate is at most the cores over the CPU all three spend per statement.
+  const spent = (p: BusyPath, w: BusyWorkload) => (['proxy CPU / statement', 'Postgres CPU / statement', 'client CPU / statement'] as const).reduce((n, m) => n + figure(m, p, w), 0)
+  const bound = (p: BusyPath, w: BusyWorkload) => (CORES * 1e6) / spent(p, w)
   const ratios = workloads.flatMap((w) =>
     BUSY_RATIOS.filter((r) => paths.includes(r.over)).map((r) => {
       const [tx, other] = [figure(r.metric, 'transaction', w), figure(r.metric, r.over, w)]
@@ -514,7 +520,8 @@ async function busySessions(ctx: BenchContext, admin: pg.Client): Promise<Row[]>
     `pool 2: ${BUSY_SESSIONS} busy sessions, back to back`,
     ['metric', ...paths.map((p) => BUSY_NAMES[p]), 'ratio', 'target', 'result'],
     workloads.flatMap((w) => [
-      ...(['queries/s', 'proxy CPU / statement', 'Postgres CPU / statement'] as const).map((m) => [`${w}: ${m}`, ...paths.map((p) => shown(m, figure(m, p, w)))]),
+      ...(['queries/s', 'proxy CPU / statement', 'Postgres CPU / statement', 'client CPU / statement'] as const).map((m) => [`${w}: ${m}`, ...paths.map((p) => shown(m, figure(m, p, w)))]),
+      [`${w}: at most ${CORES} cores / all three (queries/s)`, ...paths.map((p) => shown('queries/s', bound(p, w)))],
       [`${w}: latency p50 / p99`, ...paths.map((p) => lat(totals[p][w]))],
       ...ratios.filter((r) => r.w === w).map((r) => [`${w}: transaction mode's ${r.metric} over ${over(r.over)}'s`, ...paths.map(() => ''), `${r.ratio.toFixed(2)}x`, `${r.atLeast ? '>=' : '<='} ${r.target}x`, r.pass ? 'pass' : 'MISS']),
     ]),
@@ -529,7 +536,16 @@ async function busySessions(ctx: BenchContext, admin: pg.Client): Promise<Row[]>
             `Safe: the same with server_reset_query_always = 1, so PgBouncer sends server_reset_query (DISCARD ALL) after every transaction.`]),
       `Proxy CPU: user + system time (/proc/<pid>/stat, 10 ms ticks) of the proxy child and its descendants (EDGEPG_WORKERS=1 here, so one process), or of wsproxy and PgBouncer, ` +
         `over the windows, divided by the statements answered in them; each statement is a transaction of its own. Postgres CPU: the same for the postmaster (pid ${postmaster}) and ` +
-        `every process below it (all backends of every path, background workers), process by process; Postgres processes started during a window (counted whole) / ended (their time lost): ${all('started')} / ${all('ended')}.`,
+        `every process below it (all backends of every path, background workers), process by process; Postgres processes started during a window (counted whole) / ended (their time lost): ${all('started')} / ${all('ended')}. ` +
+        `Client CPU: this process's (the ${BUSY_SESSIONS} edgepg Clients), the same way.`,
+      ...(paths.includes('safe')
+        ? workloads.map((w) => {
+            // The rate 1.25x PgBouncer's safe mode asks for leaves this much CPU per statement to all three; what transaction mode's client and Postgres take of it leaves the rest to the proxy.
+            const allowed = (CORES * 1e6) / (1.25 * figure('queries/s', 'safe', w))
+            const left = allowed - figure('client CPU / statement', 'transaction', w) - figure('Postgres CPU / statement', 'transaction', w)
+            return `${w}: 1.25x PgBouncer's safe rate leaves ${allowed.toFixed(1)} µs of CPU per statement to client, proxy and Postgres together; transaction mode's client and Postgres take all but ${left.toFixed(1)} µs of it, what the proxy could spend (session mode's proxy spends ${figure('proxy CPU / statement', 'session', w).toFixed(1)} µs).`
+          })
+        : []),
     ]
   )
   return ratios.map((r) => ({

@@ -151,6 +151,43 @@ test("a token holder cannot change her claims, become someone else, or see anoth
   }
 })
 
+/**
+ * Issue 46's attack, by a token user: code of the database's, run by a statement every reading calls
+ * plain (the reader here says so of everything), forges what the proxy once asked and plants a
+ * temporary table under the notes' name, behind search_path. The next token user on the one backend
+ * reads her own rows, and writes into the real table.
+ */
+test("a token user who plants a table under the notes' name and forges the old verification: the next user on the backend reads and writes only their own rows", async () => {
+  const NOTHING = { plain: true, code: false, unseen: false, control: false }
+  const p = await startProxy({ tokens: fx.options, pool: { mode: 'transaction', size: 1, timeoutMs: 2000, reader: () => NOTHING } })
+  const plant = `${TABLE}_plant`
+  await fx.admin.query(`CREATE FUNCTION ${plant}() RETURNS int LANGUAGE plpgsql AS $f$ BEGIN
+    EXECUTE 'DEALLOCATE ALL'; EXECUTE 'PREPARE edgepg_verify_forged AS SELECT ''statements 0''';
+    PERFORM set_config('search_path', 'pg_temp, public', false);
+    EXECUTE 'CREATE TEMP TABLE ${TABLE} (id int, owner text DEFAULT ''mallory'', body text)';
+    EXECUTE 'INSERT INTO ${TABLE} VALUES (0, ''bob'', ''planted'')';
+    EXECUTE 'LISTEN forged'; PERFORM pg_advisory_lock(4646464); RETURN 1; END $f$`)
+  try {
+    const mallory = await as(p, 'alice')
+    const pid = (await mallory.query('SELECT pg_backend_pid() AS pid')).rows[0].pid
+    await mallory.query(`SELECT ${plant}()`)
+    assert.deepEqual((await mallory.query(`SELECT body FROM ${TABLE}`)).rows, [{ body: 'planted' }], 'the plant took, in her session')
+    const bob = await as(p, 'bob')
+    assert.equal((await bob.query('SELECT pg_backend_pid() AS pid')).rows[0].pid, pid, "bob runs on mallory's backend")
+    assert.equal(await sub(bob), 'bob')
+    assert.deepEqual((await bob.query(`SELECT owner, body FROM ${TABLE} ORDER BY id`)).rows, [{ owner: 'bob', body: "bob's note" }])
+    const left = await bob.query(`SELECT current_setting('search_path') AS sp, (SELECT count(*)::int FROM pg_prepared_statements) AS prepared,
+      (SELECT count(*)::int FROM pg_listening_channels()) AS listens, (SELECT count(*)::int FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS locks`)
+    assert.deepEqual(left.rows[0], { sp: '"$user", public', prepared: 0, listens: 0, locks: 0 })
+    const id = (await bob.query(`INSERT INTO ${TABLE} (body) VALUES ('from bob') RETURNING id`)).rows[0].id
+    assert.deepEqual((await fx.admin.query(`SELECT owner, body FROM ${TABLE} WHERE id = $1`, [id])).rows, [{ owner: 'bob', body: 'from bob' }], 'in the real table')
+    await Promise.all([mallory.end(), bob.end()])
+  } finally {
+    await p.close()
+    await fx.admin.query(`DROP FUNCTION ${plant}()`)
+  }
+})
+
 test('ALTER ROLE CURRENT_USER SET … does not reach the claims of later sessions of the role', async () => {
   const p = await tokenProxy('transaction', 1)
   try {

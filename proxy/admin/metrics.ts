@@ -165,12 +165,22 @@ export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => P
     renew: new Counter({ name: `${PREFIX}pool_renewals_total`, help: "Backends logged in ahead of need to replace a key's last one before its lifetime ended (--pool-keep-warm)", registers }),
     discard: new Counter({ name: `${PREFIX}pool_discards_total`, help: 'Pooled backends closed (busy or broken at the end of a session, failed reset or ping, idle timeout, lifetime, limits)', registers }),
   }
-  const lends = new Counter({ name: `${PREFIX}lends_total`, help: 'Transaction pooling: backends lent to sessions', registers })
+  // Counted on every statement of transaction pooling: kept in plain numbers, handed to prom-client as it is scraped.
+  const counted = { lends: 0, reset: 0, refused: 0 }
+  new Counter({ name: `${PREFIX}lends_total`, help: 'Transaction pooling: backends lent to sessions', registers, collect() { this.inc(counted.lends), (counted.lends = 0) } })
   const waits = new Histogram({ name: `${PREFIX}lend_wait_seconds`, help: 'Transaction pooling: how long a session waited for a backend', buckets: WAIT_BUCKETS, registers })
   const timeouts = new Counter({ name: `${PREFIX}lend_timeouts_total`, help: 'Transaction pooling: sessions that waited past --pool-timeout (SQLSTATE 53300)', registers })
   const pins = new Counter({ name: `${PREFIX}pinned_sessions_total`, help: 'Transaction pooling: sessions that came to keep their backend, by what its verification found first (unseen: set what no catalog shows)', labelNames: ['reason'] as const, registers })
   const verifications = new Counter({ name: `${PREFIX}verifications_total`, help: 'Transaction pooling: backends asked what a transaction that did more than plain reads and writes left on them (the session keeps its backend while it holds any)', registers })
-  const handovers = new Counter({ name: `${PREFIX}handovers_total`, help: 'Transaction pooling: backends that changed hands, reset (DISCARD ALL) in the next session\'s first write; refused: Postgres refused the reset, the backend was closed and the messages sent elsewhere', labelNames: ['outcome'] as const, registers })
+  new Counter({
+    name: `${PREFIX}handovers_total`,
+    help: 'Transaction pooling: backends that changed hands, reset (DISCARD ALL) in the next session\'s first write; refused: Postgres refused the reset, the backend was closed and the messages sent elsewhere',
+    labelNames: ['outcome'] as const,
+    registers,
+    collect() {
+      for (const outcome of ['reset', 'refused'] as const) this.inc({ outcome }, counted[outcome]), (counted[outcome] = 0)
+    },
+  })
   const preparedAgain = new Counter({ name: `${PREFIX}statements_prepared_again_total`, help: 'Transaction pooling: named statements prepared again on another backend', registers })
   new Gauge({ name: `${PREFIX}lent_backends`, help: 'Transaction pooling: backends lent to sessions now (pinned ones included)', registers, collect() { this.set(load().lending.lent) } })
   new Gauge({ name: `${PREFIX}lend_waiting`, help: 'Transaction pooling: sessions and /sql requests waiting for a backend now', registers, collect() { this.set(load().lending.waiting) } })
@@ -214,13 +224,13 @@ export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => P
     poolEvent: (event) => poolEvents[event].inc(),
     lending: {
       lent(seconds) {
-        lends.inc()
+        counted.lends++
         waits.observe(seconds)
       },
       timedOut: () => timeouts.inc(),
       pinned: (reason) => pins.inc({ reason }),
       verified: () => verifications.inc(),
-      handedOver: (outcome) => handovers.inc({ outcome }),
+      handedOver: (outcome) => void counted[outcome]++,
       preparedAgain: () => preparedAgain.inc(),
     },
     replicas: {

@@ -27,7 +27,8 @@ export const setsCustomSetting = (text: string) => CUSTOM_SETTING.test(text)
 
 /** Finds message boundaries in a stream of protocol messages, chunk by chunk. */
 class Boundaries {
-  private readonly header = Buffer.alloc(5)
+  /** A header cut between chunks, gathered (made when first needed: a watch is made per lend). */
+  private header?: Buffer
   /** Header bytes of the next message seen so far. */
   private have = 0
   /** Body bytes of the current message still to come. */
@@ -51,11 +52,12 @@ class Boundaries {
         continue
       }
       // A header cut between chunks: gathered byte by byte.
-      while (this.have < 5 && at < chunk.length) this.header[this.have++] = chunk[at++]
+      const header = (this.header ??= Buffer.alloc(5))
+      while (this.have < 5 && at < chunk.length) header[this.have++] = chunk[at++]
       if (this.have < 5) return
       this.have = 0
-      this.left = this.header.readInt32BE(1) - 4
-      each(this.header[0], at - 5, at, at + this.left)
+      this.left = header.readInt32BE(1) - 4
+      each(header[0], at - 5, at, at + this.left)
     }
   }
 

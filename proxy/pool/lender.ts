@@ -60,7 +60,8 @@ export class LoginRefused extends Error {
 interface Waiter {
   resolve(backend: Backend): void
   reject(err: Error): void
-  timer: NodeJS.Timeout
+  /** When it has waited --pool-timeout (performance.now()). */
+  deadline: number
   client?: string
 }
 
@@ -163,25 +164,33 @@ export class Lender {
         resolve: (backend) => (this.events.lent((performance.now() - started) / 1000), resolve(this.holdFor(backend, holder))),
         reject,
         client,
-        timer: setTimeout(() => {
-          this.unqueue(waiter)
-          this.events.timedOut()
-          const { perClient } = this.shares
-          reject(new PoolTimeout(this.mayTake(client) || this.busy >= this.size
-            ? `no backend for this user and database within ${this.timeoutMs} ms: all ${this.size} are busy (raise --pool-size, or --pool-timeout)`
-            : `no backend for this user and database within ${this.timeoutMs} ms: this client holds ${perClient} of its ${this.size} backends already, as many as one client may (--max-backends-per-client)`))
-        }, this.timeoutMs),
+        deadline: started + this.timeoutMs,
       }
-      waits?.((reason) => {
-        if (!this.unqueue(waiter)) return
-        clearTimeout(waiter.timer)
-        reject(reason)
-      })
+      waits?.((reason) => this.unqueue(waiter) && reject(reason))
       this.waiting.push(waiter)
       this.waitingBy.set(client, (this.waitingBy.get(client) ?? 0) + 1)
+      this.timer ??= setTimeout(this.expire, this.timeoutMs)
       this.serve() // (a parked backend may be taken back for it)
       this.makeRoom(waiter)
     })
+  }
+
+  /** One timer for the line, set for its oldest waiter (the first: every waiter waits as long), not one per wait. */
+  private timer?: NodeJS.Timeout
+
+  private readonly expire = () => {
+    this.timer = undefined
+    const now = performance.now()
+    while (this.waiting.length && this.waiting[0].deadline <= now) {
+      const { client, reject } = this.waiting[0]
+      this.unqueue(this.waiting[0])
+      this.events.timedOut()
+      const { perClient } = this.shares
+      reject(new PoolTimeout(this.mayTake(client) || this.busy >= this.size
+        ? `no backend for this user and database within ${this.timeoutMs} ms: all ${this.size} are busy (raise --pool-size, or --pool-timeout)`
+        : `no backend for this user and database within ${this.timeoutMs} ms: this client holds ${perClient} of its ${this.size} backends already, as many as one client may (--max-backends-per-client)`))
+    }
+    if (this.waiting.length) this.timer = setTimeout(this.expire, this.waiting[0].deadline - now)
   }
 
   /** A session of this key sits idle inside a transaction: the first waiter within its share may end it (see makeRoom). */
@@ -198,6 +207,7 @@ export class Lender {
     const n = this.waitingBy.get(waiter.client)! - 1
     if (n) this.waitingBy.set(waiter.client, n)
     else this.waitingBy.delete(waiter.client)
+    if (!this.waiting.length) clearTimeout(this.timer), (this.timer = undefined)
     return true
   }
 
@@ -231,7 +241,6 @@ export class Lender {
     const next = this.nextWaiter()
     if (next && !backend.upstream.gone) {
       // Straight to the next in line: clean, and still lent.
-      clearTimeout(next.timer)
       return next.resolve(backend)
     }
     this.lent.delete(backend)
@@ -330,19 +339,16 @@ export class Lender {
   /** The next waiter's turn, if a backend can be had. */
   private serve() {
     if (!this.waiting.length) return
+    if (!this.parked.size && !this.pool.idleCount(this.key) && this.lent.size + this.opening >= this.size) return // (none to be had: the next given back goes to it)
     void this.take().then(
       (backend) => {
         if (!backend) return
         const waiter = this.nextWaiter()
         if (!waiter) return this.giveBack(backend)
-        clearTimeout(waiter.timer)
         waiter.resolve(backend)
       },
       (err: Error) => {
-        const waiter = this.nextWaiter()
-        if (!waiter) return
-        clearTimeout(waiter.timer)
-        waiter.reject(err)
+        this.nextWaiter()?.reject(err)
       }
     )
   }

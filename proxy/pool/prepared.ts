@@ -74,6 +74,9 @@ export interface Own {
 }
 
 const SYNC = serialize.sync()
+/** The client's own Parse and Sync, awaited as they are most of the time (never changed: made once). */
+const PARSED: Awaited = Object.freeze({ kind: 'parse' })
+const SYNCED: Awaited = Object.freeze({ kind: 'sync' })
 const FLUSH = serialize.flush()
 /** The statement a Bind names instead, when the session's statement no longer has its result type: Postgres's 26000 for it becomes 0A000. */
 const TYPE_CHANGED = 'edgepg: result type changed'
@@ -114,7 +117,8 @@ const DROPS_STATEMENTS = /\b(deallocate|discard)\b/i
 const fatal = (msg: Buffer) => msg.includes('\0VFATAL\0', 5) || msg.includes('\0VPANIC\0', 5)
 
 export class StatementRelay {
-  private readonly client = new Framer()
+  /** For bytes (fromClient); a lend's messages come framed already (forward). */
+  private client?: Framer
   private readonly server = new Framer()
   private readonly awaited: Awaited[] = []
   /** Client messages held behind a Query that may drop statements, until its ReadyForQuery; or behind a statement being described. */
@@ -122,7 +126,7 @@ export class StatementRelay {
   /** The statement being described that `held` waits for (undefined: a Query's ReadyForQuery). */
   private heldFor?: string
   /** Statements prepared again during this lend to learn their result type. */
-  private readonly checked = new Set<string>()
+  private checked?: Set<string>
   /** The reset that goes at the head of the next write, when the backend changes hands (see handOver). */
   private ahead?: Buffer
   /** Whether a ParameterStatus goes to the client (the session's own filter: see LentSession). */
@@ -149,9 +153,9 @@ export class StatementRelay {
     this.awaited.push({ kind: 'handover', own: true, done: () => answered(true), skipped: () => answered(false) })
   }
 
-  private write(bytes: Buffer) {
-    if (this.ahead) (bytes = Buffer.concat([this.ahead, bytes])), (this.ahead = undefined)
-    this.toBackend(bytes)
+  private write(parts: Buffer[]) {
+    if (this.ahead) parts.unshift(this.ahead), (this.ahead = undefined)
+    this.toBackend(parts.length === 1 ? parts[0] : Buffer.concat(parts))
   }
 
   /**
@@ -160,7 +164,7 @@ export class StatementRelay {
    * value; `ready`, at its ReadyForQuery, the transaction status.
    */
   ownQuery(own: Own) {
-    this.write(own.query)
+    this.write([own.query])
     this.awaits(own)
   }
 
@@ -182,63 +186,74 @@ export class StatementRelay {
 
   /** Client → backend: whole messages, with the proxy's own before those that name a statement. */
   fromClient(chunk: Buffer) {
-    this.forward(this.client.push(chunk))
+    this.forward((this.client ??= new Framer()).push(chunk))
   }
 
   /** Backend → client: Postgres's answers, but those to the proxy's own messages. */
   fromBackend(chunk: Buffer): Buffer {
     const out: Buffer[] = []
+    let gap = false
     for (const msg of this.server.push(chunk)) {
-      const type = msg[0]
-      const own = this.awaited[0]
-      if (own?.kind === 'handover') {
-        if (type === ServerMessage.CommandComplete || type === ServerMessage.ErrorResponse) this.awaited.shift(), type === ServerMessage.ErrorResponse ? own.skipped!() : own.done!()
-        continue
-      }
-      if (own?.kind === 'describe' && (type === ServerMessage.ParameterDescription || type === ServerMessage.RowDescription || type === ServerMessage.NoData)) {
-        if (type !== ServerMessage.ParameterDescription) this.awaited.shift(), own.described?.(resultType(msg))
-        continue
-      }
-      // A notification comes whenever, and is the session's; so is a FATAL, the backend's last word.
-      if (own?.swallow && type !== ServerMessage.NotificationResponse && !(type === ServerMessage.ErrorResponse && fatal(msg))) {
-        if (type === DATA_ROW && msg.readInt16BE(5) > 0 && msg.readInt32BE(7) >= 0) own.onRow?.(msg.toString('utf8', 11, 11 + msg.readInt32BE(7)))
-        if (type === ServerMessage.ReadyForQuery) this.awaited.shift(), own.ready?.(msg[5])
-        continue
-      }
-      if (type === ServerMessage.ParameterStatus && this.onParameter && !this.onParameter(msg)) continue
-      if (type === ServerMessage.ParseComplete || type === ServerMessage.CloseComplete) {
-        const answered = this.awaited.shift()
-        answered?.done?.()
-        if (answered?.own) continue
-      } else if (type === ServerMessage.ErrorResponse) {
-        // The message it answers failed, and Postgres skips the rest of its Sync group.
-        const ahead = this.awaited[0]?.ahead
-        while (this.awaited.length && this.awaited[0].kind !== 'sync') this.awaited.shift()!.skipped?.()
-        if (ahead) continue // (the Query behind says what is wrong, in its own words)
-        if (msg.includes(TYPE_CHANGED)) {
-          out.push(TYPE_CHANGED_ERROR)
-          continue
-        }
-      } else if (type === ServerMessage.ReadyForQuery) {
-        // It answers a Sync (or Query): what is awaited ahead of that, Postgres skipped after an error
-        // (sent into the group once the error was in: a Close behind a failed portal).
-        while (this.awaited.length && this.awaited[0].kind !== 'sync') this.awaited.shift()!.skipped?.()
-        const answered = this.awaited.shift()
-        if (answered?.own) continue
-        if (msg[5] === TxStatus.Idle) this.backend.portals.clear()
-        if (answered?.deallocates && this.held && this.heldFor === undefined) {
-          const held = this.held
-          this.held = undefined
-          this.forward(held)
-        }
-      } else if (type === ServerMessage.CommandComplete) {
-        const tag = cString(msg.subarray(5))
-        this.undo(tag)
-        if (!plainTag(tag)) this.unusual = true
-      } else if (type === ServerMessage.FunctionCallResponse) this.unusual = true
-      out.push(msg)
+      const passed = this.answer(msg)
+      if (passed !== msg && (out.length || passed)) gap = true
+      if (passed) out.push(passed)
+    }
+    // Most often the whole chunk, or its end behind answers to the proxy's own: passed on as it is.
+    const [first, last] = [out[0], out[out.length - 1]]
+    const end = chunk.byteOffset + chunk.length
+    if (!gap && first?.buffer === chunk.buffer && first.byteOffset >= chunk.byteOffset && last.buffer === chunk.buffer && last.byteOffset + last.length === end) {
+      return first.byteOffset === chunk.byteOffset ? chunk : chunk.subarray(first.byteOffset - chunk.byteOffset)
     }
     return out.length === 1 ? out[0] : Buffer.concat(out)
+  }
+
+  /** What goes to the client for `msg`: itself, another message in its place, or nothing (an answer to the proxy's own). */
+  private answer(msg: Buffer): Buffer | undefined {
+    const type = msg[0]
+    const own = this.awaited[0]
+    if (own?.kind === 'handover') {
+      if (type === ServerMessage.CommandComplete || type === ServerMessage.ErrorResponse) this.awaited.shift(), type === ServerMessage.ErrorResponse ? own.skipped!() : own.done!()
+      return
+    }
+    if (own?.kind === 'describe' && (type === ServerMessage.ParameterDescription || type === ServerMessage.RowDescription || type === ServerMessage.NoData)) {
+      if (type !== ServerMessage.ParameterDescription) this.awaited.shift(), own.described?.(resultType(msg))
+      return
+    }
+    // A notification comes whenever, and is the session's; so is a FATAL, the backend's last word.
+    if (own?.swallow && type !== ServerMessage.NotificationResponse && !(type === ServerMessage.ErrorResponse && fatal(msg))) {
+      if (type === DATA_ROW && msg.readInt16BE(5) > 0 && msg.readInt32BE(7) >= 0) own.onRow?.(msg.toString('utf8', 11, 11 + msg.readInt32BE(7)))
+      if (type === ServerMessage.ReadyForQuery) this.awaited.shift(), own.ready?.(msg[5])
+      return
+    }
+    if (type === ServerMessage.ParameterStatus && this.onParameter && !this.onParameter(msg)) return
+    if (type === ServerMessage.ParseComplete || type === ServerMessage.CloseComplete) {
+      const answered = this.awaited.shift()
+      answered?.done?.()
+      if (answered?.own) return
+    } else if (type === ServerMessage.ErrorResponse) {
+      // The message it answers failed, and Postgres skips the rest of its Sync group.
+      const ahead = this.awaited[0]?.ahead
+      while (this.awaited.length && this.awaited[0].kind !== 'sync') this.awaited.shift()!.skipped?.()
+      if (ahead) return // (the Query behind says what is wrong, in its own words)
+      if (msg.includes(TYPE_CHANGED)) return TYPE_CHANGED_ERROR
+    } else if (type === ServerMessage.ReadyForQuery) {
+      // It answers a Sync (or Query): what is awaited ahead of that, Postgres skipped after an error
+      // (sent into the group once the error was in: a Close behind a failed portal).
+      while (this.awaited.length && this.awaited[0].kind !== 'sync') this.awaited.shift()!.skipped?.()
+      const answered = this.awaited.shift()
+      if (answered?.own) return
+      if (msg[5] === TxStatus.Idle && this.backend.portals.size) this.backend.portals.clear()
+      if (answered?.deallocates && this.held && this.heldFor === undefined) {
+        const held = this.held
+        this.held = undefined
+        this.forward(held)
+      }
+    } else if (type === ServerMessage.CommandComplete) {
+      const tag = cString(msg.subarray(5))
+      this.undo(tag)
+      if (!plainTag(tag)) this.unusual = true
+    } else if (type === ServerMessage.FunctionCallResponse) this.unusual = true
+    return msg
   }
 
   /**
@@ -255,7 +270,7 @@ export class StatementRelay {
       const type = msg[0]
       if (skipped) {
         out.push(msg)
-        if (type === ClientMessage.Sync) (skipped = false), this.awaited.push({ kind: 'sync' })
+        if (type === ClientMessage.Sync) (skipped = false), this.awaited.push(SYNCED)
         continue
       }
       if (type === ClientMessage.Parse) {
@@ -273,7 +288,7 @@ export class StatementRelay {
           this.awaited.push({ kind: 'describe', own: true, described: (type) => (firstTypes.set(msg, type), backend.types.set(name, type)) })
           out.push(msg, serialize.describe({ type: 'S', name }))
           continue
-        } else this.awaited.push({ kind: 'parse' })
+        } else this.awaited.push(PARSED)
       } else if (type === ClientMessage.Bind) {
         const portalEnd = msg.indexOf(0, 5)
         const portal = msg.toString('utf8', 5, portalEnd)
@@ -302,7 +317,7 @@ export class StatementRelay {
         }
       } else if (type === ClientMessage.Execute) {
         if (msg[5] === 0) this.ownUnnamed('portal', out)
-      } else if (type === ClientMessage.Sync) this.awaited.push({ kind: 'sync' })
+      } else if (type === ClientMessage.Sync) this.awaited.push(SYNCED)
       else if (type === ClientMessage.Query) {
         const text = cString(msg.subarray(5))
         // SQL's EXECUTE and DEALLOCATE name the protocol's statements too.
@@ -327,7 +342,7 @@ export class StatementRelay {
     }
     const rides = behind.length > 0 && !this.held
     if (rides) for (const own of behind) out.push(own.query), this.awaits(own)
-    if (out.length) this.write(out.length === 1 ? out[0] : Buffer.concat(out))
+    if (out.length) this.write(out)
     return rides
   }
 
@@ -342,7 +357,7 @@ export class StatementRelay {
     const { held, types } = this.backend
     const wanted = this.session.get(name)
     const holds = held.get(name)
-    if (wanted && holds?.equals(wanted) && (this.checked.has(name) || !this.typeChanged(name))) return this.backend.use(name, wanted), false
+    if (wanted && holds?.equals(wanted) && (this.checked?.has(name) || !this.typeChanged(name))) return this.backend.use(name, wanted), false
     if (holds) this.close(name, holds, out)
     if (!wanted) return false
     this.makeRoom(out, replacing)
@@ -351,6 +366,7 @@ export class StatementRelay {
     // Held from now on for the messages behind it; unless an error makes Postgres skip it.
     this.backend.use(name, wanted)
     types.delete(name)
+    this.checked ??= new Set()
     this.checked.add(name)
     const release = (skipped: boolean) => {
       if (this.heldFor !== name) return

@@ -442,7 +442,8 @@ class LentSession implements RunningSession {
     this.ws.send(`seen ${database}:${lsnText(this.seen)}`)
   }
 
-  private send(msgs: Buffer[]) {
+  /** `owned`: they are the session's own copies (from its queue), not views of what the client sent. */
+  private send(msgs: Buffer[], owned = false) {
     const lend = this.lend!
     const handover = lend.handover
     if (handover) {
@@ -452,7 +453,7 @@ class LentSession implements RunningSession {
       if (handover.synced) return this.queue(msgs)
       const sync = msgs.findIndex((m) => m[0] === ClientMessage.Sync)
       if (sync >= 0) this.queue(msgs.slice(sync + 1)), (msgs = msgs.slice(0, sync + 1)), (handover.synced = true)
-      for (const m of msgs) handover.sent.push(kept(m)), (handover.bytes += m.length)
+      for (const m of msgs) handover.sent.push(owned ? m : kept(m)), (handover.bytes += m.length)
       if (handover.bytes > HOLD_MAX) handover.synced = true
     }
     if (!msgs.length) return
@@ -474,12 +475,12 @@ class LentSession implements RunningSession {
       }
       if (m[0] === ClientMessage.Query || m[0] === ClientMessage.Sync) answered++
     }
-    const bytes = Buffer.concat(msgs)
-    lend.watch.fromClient(bytes)
+    let bytes = 0
+    for (const m of msgs) lend.watch.fromClient(m), (bytes += m.length)
     const on = lend.onReplica
     if (on?.retryable) {
-      on.sent.push(...msgs.map(kept))
-      on.sentBytes += bytes.length
+      on.sent.push(...(owned ? msgs : msgs.map(kept)))
+      on.sentBytes += bytes
       // (What may be sent again is bounded as what is held back is: past it, the read stays where it is.)
       if (on.sentBytes > HOLD_MAX) (on.retryable = false), (on.sent = []), this.release(lend)
     }
@@ -597,7 +598,7 @@ class LentSession implements RunningSession {
       this.checkReplica(lend)
       if (onReplica.gatedSince !== undefined) return
     }
-    this.send(this.unqueue())
+    this.send(this.unqueue(), true)
   }
 
   /**
@@ -611,7 +612,7 @@ class LentSession implements RunningSession {
     this.o.lender.events.handedOver(ok ? 'reset' : 'refused')
     if (this.lend !== lend) return
     if (!ok) return this.elsewhere(lend, sent)
-    if (this.waiting.length && lend.onReplica?.gatedSince === undefined) this.send(this.unqueue()) // (a replica's, once caught up)
+    if (this.waiting.length && lend.onReplica?.gatedSince === undefined) this.send(this.unqueue(), true) // (a replica's, once caught up)
   }
 
   /** What the session sent on a lend that ran none of it, to another backend (the lend's is closed). */
@@ -651,7 +652,7 @@ class LentSession implements RunningSession {
           if (on.gatedSince !== undefined) {
             if (on.behind) set.events.waited((performance.now() - on.gatedSince) / 1000)
             on.gatedSince = undefined
-            return this.send(this.unqueue())
+            return this.send(this.unqueue(), true)
           }
           return this.release(lend)
         }
