@@ -20,10 +20,27 @@ LOOPBACK.addSubnet('127.0.0.0', 8, 'ipv4')
 LOOPBACK.addAddress('::1', 'ipv6')
 
 /** Whether `address` is this machine's: an address in 127/8 or ::1 (never a name, or whatever else a header holds). */
-export function isLoopback(address: string): boolean {
+export const isLoopback = remembered((address: string): boolean => {
   const plain = plainAddress(address)
   const family = net.isIP(plain)
   return family > 0 && LOOPBACK.check(plain, family === 6 ? 'ipv6' : 'ipv4')
+})
+
+/**
+ * `f` of the addresses it was last asked about, remembered (up to 4,096, then forgotten at once): a
+ * request's peer is asked about on every request of its keep-alive connection, and BlockList.check
+ * and the address parsing cost microseconds each time.
+ */
+function remembered<T>(f: (address: string) => T): (address: string) => T {
+  const known = new Map<string, T>()
+  return (address) => {
+    let answer = known.get(address)
+    if (answer === undefined) {
+      if (known.size >= 4096) known.clear()
+      known.set(address, (answer = f(address)))
+    }
+    return answer
+  }
 }
 
 /**
@@ -40,7 +57,7 @@ function hopAddress(hop: string): string {
  * Who per-IP limits count a client as: its IPv4 address, or the /64 its IPv6 address is in. A /64
  * is one site's or subscriber's usual allocation, and any of its 2^64 addresses is theirs to use.
  */
-export function limitKey(address: string): string {
+export const limitKey = remembered((address: string): string => {
   const plain = plainAddress(address).replace(/%.*$/, '') // (a zone: fe80::1%eth0)
   if (!net.isIPv6(plain)) return plain
   const [head, tail] = plain.includes('::') ? plain.split('::') : [plain, '']
@@ -48,7 +65,7 @@ export function limitKey(address: string): string {
   const [h, t] = [groups(head), groups(tail)]
   const all = [...h, ...Array<string>(8 - h.length - t.length).fill('0'), ...t]
   return `${all.slice(0, 4).map((g) => parseInt(g, 16).toString(16)).join(':')}::/64`
-}
+})
 
 export class ClientAddresses {
   private readonly trusted = new BlockList()
