@@ -152,27 +152,27 @@ export class Lender {
    * given back. If it has to wait in line, `waits` gets how to leave it (the wait then rejects with
    * the reason given), for a caller that gives up.
    */
-  async acquire(waits?: (leave: (reason: Error) => void) => void, holder?: Holder): Promise<Backend> {
+  acquire(waits?: (leave: (reason: Error) => void) => void, holder?: Holder): Promise<Backend> {
+    return new Promise((resolve, reject) => this.request(resolve, reject, waits, holder))
+  }
+
+  /** As acquire, with callbacks (`got` may be called synchronously, from another session's giveBack): no promise on a path every statement of a session takes. */
+  request(got: (backend: Backend) => void, failed: (err: Error) => void, waits?: (leave: (reason: Error) => void) => void, holder?: Holder) {
     const started = performance.now()
-    const client = holder?.client
-    if (!this.waiting.length) {
-      const backend = await this.take()
-      if (backend) return this.events.lent((performance.now() - started) / 1000), this.holdFor(backend, holder)
-    }
-    return new Promise<Backend>((resolve, reject) => {
-      const waiter: Waiter = {
-        resolve: (backend) => (this.events.lent((performance.now() - started) / 1000), resolve(this.holdFor(backend, holder))),
-        reject,
-        client,
-        deadline: started + this.timeoutMs,
-      }
-      waits?.((reason) => this.unqueue(waiter) && reject(reason))
-      this.waiting.push(waiter)
-      this.waitingBy.set(client, (this.waitingBy.get(client) ?? 0) + 1)
-      this.timer ??= setTimeout(this.expire, this.timeoutMs)
-      this.serve() // (a parked backend may be taken back for it)
-      this.makeRoom(waiter)
-    })
+    const lent = (backend: Backend) => (this.events.lent((performance.now() - started) / 1000), got(this.holdFor(backend, holder)))
+    if (this.waiting.length) return this.line(lent, failed, started, waits, holder?.client)
+    this.take().then((backend) => (backend ? lent(backend) : this.line(lent, failed, started, waits, holder?.client)), failed)
+  }
+
+  /** Into the line for the next backend given back. */
+  private line(resolve: (backend: Backend) => void, reject: (err: Error) => void, started: number, waits: ((leave: (reason: Error) => void) => void) | undefined, client: string | undefined) {
+    const waiter: Waiter = { resolve, reject, client, deadline: started + this.timeoutMs }
+    waits?.((reason) => this.unqueue(waiter) && reject(reason))
+    this.waiting.push(waiter)
+    this.waitingBy.set(client, (this.waitingBy.get(client) ?? 0) + 1)
+    this.timer ??= setTimeout(this.expire, this.timeoutMs)
+    this.serve() // (a parked backend may be taken back for it)
+    this.makeRoom(waiter)
   }
 
   /** One timer for the line, set for its oldest waiter (the first: every waiter waits as long), not one per wait. */
@@ -413,6 +413,7 @@ class Holders {
 
   /** A holder idle inside a transaction whose client holds more than `share`, other than `client`. */
   over(share: number, client: string | undefined): Holder | undefined {
+    if (this.held.size === (client !== undefined && this.held.has(client) ? 1 : 0)) return undefined // (no other client holds any)
     for (const { holder, counted } of this.by.values()) {
       if (counted && holder.client !== client && this.count(holder.client) > share && holder.idleInTransaction()) return holder
     }

@@ -109,6 +109,9 @@ interface Lend {
 }
 
 const HIGH_WATER = 1 << 20
+/** `f` once the code running now is done: a microtask (a resolved promise's, cheaper than queueMicrotask's). */
+const RESOLVED = Promise.resolve()
+const soon = (f: () => void) => void RESOLVED.then(f)
 /** What a message waiting for a backend costs beside its bytes (its Buffer: ~110 bytes of heap, measured). */
 const QUEUED_COST = 128
 /**
@@ -313,7 +316,11 @@ class LentSession implements RunningSession {
   }
 
   private queue(msgs: Buffer[]) {
-    for (const m of msgs) this.waiting.push(kept(m)), (this.queued += m.length + QUEUED_COST)
+    let bytes = 0
+    for (const m of msgs) bytes += m.length
+    // (Views that are most of the one buffer they share, a WebSocket message's, are kept as they are: kept() of each would copy them all.)
+    const most = msgs.length > 0 && msgs.every((m) => m.buffer === msgs[0].buffer) && bytes * 2 >= msgs[0].buffer.byteLength
+    for (const m of msgs) this.waiting.push(most ? m : kept(m)), (this.queued += m.length + QUEUED_COST)
   }
 
   /** What waits for a backend, taken out of the queue. */
@@ -553,8 +560,9 @@ class LentSession implements RunningSession {
   private acquireOn(lender: Lender, onReplica?: OnReplica) {
     this.acquiring = true
     this.toPrimary = false
-    lender.acquire((leave) => (this.leaveLine = leave), this.holder).then(
-      (backend) => {
+    lender.request(
+      // (Not at once: it may be given from within another session's handling of its backend's answer.)
+      (backend) => soon(() => {
         this.leaveLine = undefined
         const { claims } = this.o
         if (claims === undefined || this.ended) return this.begin(backend, lender, onReplica)
@@ -566,8 +574,8 @@ class LentSession implements RunningSession {
             this.refuseWaiting(err)
           }
         )
-      },
-      (err: Error & { code?: string }) => {
+      }),
+      (err: Error & { code?: string }) => soon(() => {
         this.leaveLine = undefined
         if (onReplica && !this.ended) {
           // (A login refused or a connection failed: passed over a while. Its backends all busy: this read only.)
@@ -575,7 +583,9 @@ class LentSession implements RunningSession {
           return this.fellBack('down')
         }
         this.refuseWaiting(err, `edgepg-proxy: ${err.message}`)
-      }
+      }),
+      (leave) => (this.leaveLine = leave),
+      this.holder
     )
   }
 
