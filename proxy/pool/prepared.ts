@@ -74,6 +74,7 @@ export interface Own {
 }
 
 const SYNC = serialize.sync()
+const NONE = Buffer.alloc(0)
 /** The client's own Parse and Sync, awaited as they are most of the time (never changed: made once). */
 const PARSED: Awaited = Object.freeze({ kind: 'parse' })
 const SYNCED: Awaited = Object.freeze({ kind: 'sync' })
@@ -191,41 +192,54 @@ export class StatementRelay {
 
   /** Backend → client: Postgres's answers, but those to the proxy's own messages. */
   fromBackend(chunk: Buffer): Buffer {
-    const out: Buffer[] = []
-    let gap = false
-    for (const msg of this.server.push(chunk)) {
-      const passed = this.answer(msg)
-      if (passed !== msg && (out.length || passed)) gap = true
-      if (passed) out.push(passed)
-    }
-    // Most often the whole chunk, or its end behind answers to the proxy's own: passed on as it is.
-    const [first, last] = [out[0], out[out.length - 1]]
-    const end = chunk.byteOffset + chunk.length
-    if (!gap && first?.buffer === chunk.buffer && first.byteOffset >= chunk.byteOffset && last.buffer === chunk.buffer && last.byteOffset + last.length === end) {
-      return first.byteOffset === chunk.byteOffset ? chunk : chunk.subarray(first.byteOffset - chunk.byteOffset)
-    }
-    return out.length === 1 ? out[0] : Buffer.concat(out)
+    this.server.each(chunk, this.answer)
+    this.endRun()
+    const runs = this.runs
+    if (runs.length < 2) return runs.pop() ?? NONE
+    this.runs = []
+    return Buffer.concat(runs)
   }
 
-  /** What goes to the client for `msg`: itself, another message in its place, or nothing (an answer to the proxy's own). */
-  private answer(msg: Buffer): Buffer | undefined {
-    const type = msg[0]
+  /** What goes to the client, as runs of adjacent bytes (most often one: the chunk, or its end behind answers to the proxy's own). */
+  private runs: Buffer[] = []
+  private run?: Buffer
+  private runStart = 0
+  private runEnd = 0
+
+  private pass(bytes: Buffer, start: number, end: number) {
+    if (bytes === this.run && start === this.runEnd) return void (this.runEnd = end)
+    this.endRun()
+    this.run = bytes
+    this.runStart = start
+    this.runEnd = end
+  }
+
+  private endRun() {
+    const run = this.run
+    if (!run) return
+    this.runs.push(this.runStart === 0 && this.runEnd === run.length ? run : run.subarray(this.runStart, this.runEnd))
+    this.run = undefined
+  }
+
+  /** Postgres's message at `start` to `end` of `bytes` (a view of it made only where it is read further): passed to the client, another in its place, or nothing (an answer to the proxy's own). */
+  private readonly answer = (bytes: Buffer, start: number, end: number) => {
+    const type = bytes[start]
     const own = this.awaited[0]
     if (own?.kind === 'handover') {
       if (type === ServerMessage.CommandComplete || type === ServerMessage.ErrorResponse) this.awaited.shift(), type === ServerMessage.ErrorResponse ? own.skipped!() : own.done!()
       return
     }
     if (own?.kind === 'describe' && (type === ServerMessage.ParameterDescription || type === ServerMessage.RowDescription || type === ServerMessage.NoData)) {
-      if (type !== ServerMessage.ParameterDescription) this.awaited.shift(), own.described?.(resultType(msg))
+      if (type !== ServerMessage.ParameterDescription) this.awaited.shift(), own.described?.(resultType(bytes.subarray(start, end)))
       return
     }
     // A notification comes whenever, and is the session's; so is a FATAL, the backend's last word.
-    if (own?.swallow && type !== ServerMessage.NotificationResponse && !(type === ServerMessage.ErrorResponse && fatal(msg))) {
-      if (type === DATA_ROW && msg.readInt16BE(5) > 0 && msg.readInt32BE(7) >= 0) own.onRow?.(msg.toString('utf8', 11, 11 + msg.readInt32BE(7)))
-      if (type === ServerMessage.ReadyForQuery) this.awaited.shift(), own.ready?.(msg[5])
+    if (own?.swallow && type !== ServerMessage.NotificationResponse && !(type === ServerMessage.ErrorResponse && fatal(bytes.subarray(start, end)))) {
+      if (type === DATA_ROW && bytes.readInt16BE(start + 5) > 0 && bytes.readInt32BE(start + 7) >= 0) own.onRow?.(bytes.toString('utf8', start + 11, start + 11 + bytes.readInt32BE(start + 7)))
+      if (type === ServerMessage.ReadyForQuery) this.awaited.shift(), own.ready?.(bytes[start + 5])
       return
     }
-    if (type === ServerMessage.ParameterStatus && this.onParameter && !this.onParameter(msg)) return
+    if (type === ServerMessage.ParameterStatus && this.onParameter && !this.onParameter(bytes.subarray(start, end))) return
     if (type === ServerMessage.ParseComplete || type === ServerMessage.CloseComplete) {
       const answered = this.awaited.shift()
       answered?.done?.()
@@ -235,25 +249,25 @@ export class StatementRelay {
       const ahead = this.awaited[0]?.ahead
       while (this.awaited.length && this.awaited[0].kind !== 'sync') this.awaited.shift()!.skipped?.()
       if (ahead) return // (the Query behind says what is wrong, in its own words)
-      if (msg.includes(TYPE_CHANGED)) return TYPE_CHANGED_ERROR
+      if (bytes.subarray(start, end).includes(TYPE_CHANGED)) return this.pass(TYPE_CHANGED_ERROR, 0, TYPE_CHANGED_ERROR.length)
     } else if (type === ServerMessage.ReadyForQuery) {
       // It answers a Sync (or Query): what is awaited ahead of that, Postgres skipped after an error
       // (sent into the group once the error was in: a Close behind a failed portal).
       while (this.awaited.length && this.awaited[0].kind !== 'sync') this.awaited.shift()!.skipped?.()
       const answered = this.awaited.shift()
       if (answered?.own) return
-      if (msg[5] === TxStatus.Idle && this.backend.portals.size) this.backend.portals.clear()
+      if (bytes[start + 5] === TxStatus.Idle && this.backend.portals.size) this.backend.portals.clear()
       if (answered?.deallocates && this.held && this.heldFor === undefined) {
         const held = this.held
         this.held = undefined
         this.forward(held)
       }
     } else if (type === ServerMessage.CommandComplete) {
-      const tag = cString(msg.subarray(5))
+      const tag = bytes.toString('utf8', start + 5, end - 1)
       this.undo(tag)
       if (!plainTag(tag)) this.unusual = true
     } else if (type === ServerMessage.FunctionCallResponse) this.unusual = true
-    return msg
+    this.pass(bytes, start, end)
   }
 
   /**

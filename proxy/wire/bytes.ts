@@ -128,23 +128,28 @@ export class Framer {
   /** The whole messages so far; throws a FramingError on a length no message can have, or one over maxLength. */
   push(chunk: Buffer): Buffer[] {
     const out: Buffer[] = []
+    this.each(chunk, (bytes, start, end) => out.push(start === 0 && end === bytes.length ? bytes : bytes.subarray(start, end)))
+    return out
+  }
+
+  /** The same, each whole message as `f(bytes, start, end)`: read in place where it lies whole in `chunk` (no view made for it), else joined. */
+  each(chunk: Buffer, f: (bytes: Buffer, start: number, end: number) => void) {
     let at = 0
-    if (this.have) at = this.continue(chunk, out)
+    if (this.have) at = this.continue(chunk, f)
     while (at + 5 <= chunk.length) {
       const end = at + this.declared(chunk.readInt32BE(at + 1))
       if (end > chunk.length) break
-      out.push(chunk.subarray(at, end))
+      f(chunk, at, end)
       at = end
     }
     if (at < chunk.length) {
       this.need = at + 5 <= chunk.length ? this.declared(chunk.readInt32BE(at + 1)) : 0
       this.hold(chunk.subarray(at))
     }
-    return out
   }
 
   /** Feeds the message under way from the start of `chunk`; returns where the rest begins. */
-  private continue(chunk: Buffer, out: Buffer[]): number {
+  private continue(chunk: Buffer, f: (bytes: Buffer, start: number, end: number) => void): number {
     let at = 0
     if (!this.need) {
       // Its header was cut: gathered first (at most 4 bytes copied).
@@ -157,9 +162,10 @@ export class Framer {
     const n = Math.min(this.need - this.have, chunk.length - at)
     if (n) this.hold(chunk.subarray(at, at + n))
     if (this.have < this.need) return chunk.length
-    out.push(this.pieces.length === 1 ? this.pieces[0] : Buffer.concat(this.pieces, this.have))
+    const message = this.pieces.length === 1 ? this.pieces[0] : Buffer.concat(this.pieces, this.have)
     this.pieces = []
     this.have = this.need = 0
+    f(message, 0, message.length)
     return at + n
   }
 
