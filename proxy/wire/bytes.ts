@@ -1,3 +1,6 @@
+/** (Shared: nothing can be written into it.) */
+const EMPTY = Buffer.alloc(0)
+
 /**
  * Bytes arriving in chunks, read back by exact length: lets the startup phase be written as
  * straight-line async code. After the startup phase, `rest()` hands over what is left.
@@ -64,7 +67,7 @@ export class ByteQueue {
 
   /** The first n bytes, still queued (merged into one chunk). */
   private view(n: number): Buffer {
-    if (!this.chunks.length) return Buffer.alloc(0)
+    if (!this.chunks.length) return EMPTY
     if (this.chunks.length > 1) this.chunks = [Buffer.concat(this.chunks, this.size)]
     return this.chunks[0].subarray(0, n)
   }
