@@ -9,7 +9,8 @@ import assert from 'node:assert/strict'
 import { WebSocket } from 'ws'
 import type { Client } from '../src/index'
 import type { PoolOptions } from '../proxy/pool/backends'
-import { startProxy, edgeClient, scratchTable, eventually, within } from './support/helpers'
+import { startProxy, edgeClient, scratchTable, eventually, within, testPostgres } from './support/helpers'
+import { startHoldingRelay } from './support/delay-relay'
 
 let scratch: Awaited<ReturnType<typeof scratchTable>>
 before(async () => (scratch = await scratchTable('shares', 'x int')))
@@ -79,6 +80,38 @@ test('past --max-pinned-sessions, a session that keeps state is closed with 5340
   } finally {
     await Promise.all([a, b, c].map((x) => x.end().catch(() => {})))
     await p.close()
+  }
+})
+
+/**
+ * A pinned session that releases its state (an advisory lock) is asked again what it keeps; the
+ * session that takes the lock at that moment is asked too, and its answer may come first. Its pin then
+ * waits for the other's answer, rather than be refused for a pin about to leave. Here the releasing
+ * session's answer is held 400 ms on its way (a relay in front of Postgres), so the other's comes first.
+ */
+test("a session that would pin past --max-pinned-sessions while a pinned session's state is being asked about waits for that answer, and is kept once the other leaves", async () => {
+  let armed = false
+  // The first answer "nothing left" once armed: the releasing session's.
+  const relay = await startHoldingRelay(testPostgres(), (type, body) => (armed && type === 'D' && body.includes('statements') && !body.includes('lock') ? ((armed = false), 400) : 0))
+  const p = await startProxy({ upstream: `127.0.0.1:${relay.port}`, pool: { mode: 'transaction', size: 3, timeoutMs: 3000, maxPinned: 1, maxPerClient: 3 } })
+  const [a, b] = await Promise.all([session(p), session(p)])
+  try {
+    await a.query('SELECT pg_advisory_lock(4747)') // pinned: the one session the cap allows
+    const taken = b.query('SELECT pg_advisory_lock(4747)') // waits at Postgres for a's lock
+    await eventually(async () => (await scratch.tcp.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objid = 4747 AND NOT granted`)).rows[0].n === 1, "b to wait for a's lock")
+    armed = true
+    await a.query('SELECT pg_advisory_unlock(4747)')
+    await within(3000, 'b to take the lock', taken)
+    const held = await within(3000, 'b', b.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objid = 4747 AND pid = pg_backend_pid()`))
+    assert.deepEqual(held.rows, [{ n: 1 }], 'b kept its backend, and its lock')
+    assert.deepEqual(b.errors, [], 'b was not closed')
+    assert.equal(armed, false, "a's answer was held")
+    await b.query('SELECT pg_advisory_unlock(4747)')
+    assert.deepEqual((await a.query('SELECT 1 AS one')).rows, [{ one: 1 }])
+  } finally {
+    await Promise.all([a, b].map((x) => x.end().catch(() => {})))
+    await p.close()
+    await relay.close()
   }
 })
 

@@ -304,16 +304,37 @@ export class Lender {
 
   /**
    * A session would keep its backend for state it holds: true if there is room for one more pinned
-   * session (then it counts until `unpin`), false when --max-pinned-sessions are already.
+   * session (then it counts until `unpin`); false when --max-pinned-sessions are already, and none of
+   * them may leave; 'later' when one may (its backend is being asked again what it keeps, as after it
+   * released its lock): `retry` is then called as each such answer comes, to ask again.
    */
-  pin(): boolean {
-    if (this.pinnedCount >= this.shares.pinned) return false
-    this.pinnedCount++
-    return true
+  pin(retry?: () => void): boolean | 'later' {
+    if (this.pinnedCount < this.shares.pinned) return this.pinnedCount++, true
+    if (!this.reasked || !retry) return false
+    this.deferred.push(retry)
+    return 'later'
   }
 
   unpin() {
     this.pinnedCount--
+    this.retryPins()
+  }
+
+  /** Pinned sessions whose backend is being asked again what they keep: each may unpin at its answer. */
+  private reasked = 0
+  /** Pins waiting for those answers. */
+  private deferred: Array<() => void> = []
+
+  /** A pinned session's backend is being asked again what it keeps (`asking`), or has answered. */
+  reasking(asking: boolean) {
+    this.reasked += asking ? 1 : -1
+    if (!asking) this.retryPins()
+  }
+
+  private retryPins() {
+    const deferred = this.deferred
+    this.deferred = []
+    for (const retry of deferred) retry()
   }
 
   /** Whether `client` may have one more backend now: within its share, or with no other client waiting. */

@@ -153,6 +153,10 @@ class LentSession implements RunningSession {
   private parked = false
   /** Verifications under way: asking its backend what its transactions left (proxy/isolation/verify.ts). */
   private verifying = 0
+  /** Pinned, its backend is being asked again what it keeps (it may unpin: see Lender.reasking). */
+  private reasking = false
+  /** It keeps its backend for state, but is not counted yet: its pin waits for another pinned session's answer (Lender.pin). */
+  private pinDue = false
   private readonly statements: SessionStatements = new Map()
   private readonly framer: Framer
   /** The most it may hold of the client's: one protocol message under way, and what waits for a backend (--max-message-bytes). */
@@ -839,6 +843,8 @@ class LentSession implements RunningSession {
     lend.relay.ownQuery(this.verification(lend))
     this.verifying++
     this.o.lender.events.verified()
+    // (A pinned session that may leave: another's pin waits for its answer rather than be refused.)
+    if (this.pinned && !this.pinDue) (this.reasking = true), this.o.lender.reasking(true)
   }
 
   /**
@@ -850,14 +856,17 @@ class LentSession implements RunningSession {
     const rows: string[] = []
     const ready = (status: number) => {
       this.verifying--
-      if (this.lend !== lend) return
-      // (Asked inside a transaction, the answer says nothing of what the transaction will leave.)
-      const f = status === TxStatus.Idle ? found(rows) : undefined
-      const statements = statementsOn(lend.backend, this.o.statementsPerBackend).held.size
-      const left = f ? (f.left[0] ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
-      if (left) return this.pin(left)
-      this.unpin()
-      this.afterOwn(lend)
+      const reasked = this.reasking
+      this.reasking = false
+      if (this.lend === lend) {
+        // (Asked inside a transaction, the answer says nothing of what the transaction will leave.)
+        const f = status === TxStatus.Idle ? found(rows) : undefined
+        const statements = statementsOn(lend.backend, this.o.statementsPerBackend).held.size
+        const left = f ? (f.left[0] ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
+        if (left) this.pin(left)
+        else this.unpin(), this.afterOwn(lend)
+      }
+      if (reasked) this.o.lender.reasking(false)
     }
     return { query: this.o.lender.verification, onRow: (value) => rows.push(value), ready }
   }
@@ -869,9 +878,13 @@ class LentSession implements RunningSession {
   }
 
   private pin(reason: string) {
-    if (this.pinned) return
+    if (this.pinned && !this.pinDue) return
     const { lender } = this.o
-    if (!lender.pin()) {
+    const room = lender.pin(() => this.pinDue && this.pin(reason))
+    if (room === 'later') return void ((this.pinned = reason), (this.pinDue = true)) // (it keeps its backend meanwhile)
+    this.pinDue = false
+    if (!room) {
+      this.pinned = undefined
       const message = `edgepg-proxy: this session left ${reason === 'unseen' ? 'a setting no reset takes back' : reason} on its backend, and ${lender.shares.pinned} sessions of this user and database already keep theirs (--max-pinned-sessions): the session is closed, its backend cleaned. Keep such state in session pooling (--pool-mode session)`
       return this.evict('over_share', '53400', message)
     }
@@ -882,7 +895,8 @@ class LentSession implements RunningSession {
   private unpin() {
     if (!this.pinned) return
     this.pinned = undefined
-    this.o.lender.unpin()
+    if (this.pinDue) this.pinDue = false // (never counted)
+    else this.o.lender.unpin()
   }
 
   /** A transaction that left nothing: the backend stays with this session while no other needs it, else goes back. */
@@ -910,6 +924,7 @@ class LentSession implements RunningSession {
 
   private detach(lend: Lend) {
     this.verifying = 0 // (theirs are the backend's: answered there, or lost with it)
+    if (this.reasking) (this.reasking = false), this.o.lender.reasking(false)
     lend.backend.upstream.onDrain = undefined
     lend.backend.upstream.off('close', this.onBackendClose)
     this.lend = undefined
