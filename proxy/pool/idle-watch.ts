@@ -96,6 +96,17 @@ export class IdleWatch {
     return this.unanswered
   }
 
+  /** Nothing under way in either direction: it may watch another backend's (reset), as a new watch would. */
+  get quiet(): boolean {
+    return !this.unanswered && !this.awaitingSync && !this.statusNext && !this.client.midMessage && !this.backend.midMessage && !this.terminated
+  }
+
+  reset() {
+    this.status = undefined
+    this.last = this.readies = 0
+    this.split = this.customSetting = false
+  }
+
   /** The client's bytes to pass on: all of them, but a Terminate. */
   fromClient(chunk: Buffer): Buffer {
     let cut = -1

@@ -137,8 +137,8 @@ export class StatementRelay {
 
   constructor(
     private readonly session: SessionStatements,
-    private readonly backend: BackendStatements,
-    private readonly toBackend: (bytes: Buffer) => void,
+    private backend: BackendStatements,
+    private toBackend: (bytes: Buffer) => void,
     /** A statement of the session's is being prepared on this backend again. */
     private readonly preparedAgain?: () => void
   ) {}
@@ -184,6 +184,20 @@ export class StatementRelay {
    * own: one that names them before that finds none, as on a connection of its own.
    */
   private unnamed = { statement: false, portal: false }
+
+  /** Nothing under way: every answer in, nothing held or half read (as at the end of a lend, as a rule). */
+  get quiet(): boolean {
+    return !this.awaited.length && !this.held && !this.ahead && !this.run && !this.server.holding
+  }
+
+  /** The session's next backend, for a relay that is quiet: it serves that one from now on, as a new relay would. */
+  lendTo(backend: BackendStatements, toBackend: (bytes: Buffer) => void) {
+    this.backend = backend
+    this.toBackend = toBackend
+    this.checked = undefined
+    this.unnamed = { statement: false, portal: false }
+    this.unusual = false
+  }
 
   /** Client → backend: whole messages, with the proxy's own before those that name a statement. */
   fromClient(chunk: Buffer) {

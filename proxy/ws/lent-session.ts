@@ -734,11 +734,17 @@ class LentSession implements RunningSession {
 
   private startLend(backend: Backend, lender: Lender, onReplica?: OnReplica): Lend {
     const statements = statementsOn(backend, this.o.statementsPerBackend)
-    const { events } = this.o.lender
-    const relay = new StatementRelay(this.statements, statements, (bytes) => void (backend.upstream.write(bytes) || this.ws.pause()), events.preparedAgain)
+    const toBackend = (bytes: Buffer) => void (backend.upstream.write(bytes) || this.ws.pause())
+    // (The last lend's relay and watch, if they ended with nothing under way, serve this one: a lend per statement.)
+    const spare = this.spareRelay
+    const watch = this.spareWatch
+    this.spareRelay = this.spareWatch = undefined
+    spare?.lendTo(statements, toBackend)
+    watch?.reset()
+    const relay = spare ?? new StatementRelay(this.statements, statements, toBackend, this.o.lender.events.preparedAgain)
     relay.onParameter = this.parameter
-    const lend: Lend = (this.lend = { backend, lender, onReplica, delivered: 0, positionDue: 0, relay, watch: new IdleWatch(), effects: NOTHING })
-    backend.upstream.onDrain = () => this.ws.resume()
+    const lend: Lend = (this.lend = { backend, lender, onReplica, delivered: 0, positionDue: 0, relay, watch: watch ?? new IdleWatch(), effects: NOTHING })
+    backend.upstream.onDrain = this.resumeClient
     backend.upstream.on('close', this.onBackendClose)
     const early = backend.upstream.relay(this.fromBackend)
     backend.upstream.resume()
@@ -922,7 +928,13 @@ class LentSession implements RunningSession {
     if (this.lend) this.detach(this.lend)
   }
 
+  private readonly resumeClient = () => this.ws.resume()
+  /** The relay and watch of a lend that ended with nothing under way, for the next (see startLend). */
+  private spareRelay?: StatementRelay
+  private spareWatch?: IdleWatch
+
   private detach(lend: Lend) {
+    if (lend.relay.quiet && lend.watch.quiet) (this.spareRelay = lend.relay), (this.spareWatch = lend.watch)
     this.verifying = 0 // (theirs are the backend's: answered there, or lost with it)
     if (this.reasking) (this.reasking = false), this.o.lender.reasking(false)
     lend.backend.upstream.onDrain = undefined
