@@ -84,36 +84,41 @@ test('past --max-pinned-sessions, a session that keeps state is closed with 5340
 })
 
 /**
- * A pinned session that releases its state (an advisory lock) is asked again what it keeps; the
- * session that takes the lock at that moment is asked too, and its answer may come first. Its pin then
- * waits for the other's answer, rather than be refused for a pin about to leave. Here the releasing
- * session's answer is held 400 ms on its way (a relay in front of Postgres), so the other's comes first.
+ * A pinned session that releases its state (an advisory lock) may leave the cap; the session that
+ * takes the lock at that moment is asked what it keeps, and its answer may reach the proxy first:
+ * before the other's account, or even before the other's own unlock has answered. Its pin then waits
+ * for the other to settle, rather than be refused for a pin that is about to go. A relay in front of
+ * Postgres holds, 400 ms on its way, the releasing session's account (`account`) or its unlock's own
+ * answer (`unlock`).
  */
-test("a session that would pin past --max-pinned-sessions while a pinned session's state is being asked about waits for that answer, and is kept once the other leaves", async () => {
-  let armed = false
-  // The first answer "nothing left" once armed: the releasing session's.
-  const relay = await startHoldingRelay(testPostgres(), (type, body) => (armed && type === 'D' && body.includes('statements') && !body.includes('lock') ? ((armed = false), 400) : 0))
-  const p = await startProxy({ upstream: `127.0.0.1:${relay.port}`, pool: { mode: 'transaction', size: 3, timeoutMs: 3000, maxPinned: 1, maxPerClient: 3 } })
-  const [a, b] = await Promise.all([session(p), session(p)])
-  try {
-    await a.query('SELECT pg_advisory_lock(4747)') // pinned: the one session the cap allows
-    const taken = b.query('SELECT pg_advisory_lock(4747)') // waits at Postgres for a's lock
-    await eventually(async () => (await scratch.tcp.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objid = 4747 AND NOT granted`)).rows[0].n === 1, "b to wait for a's lock")
-    armed = true
-    await a.query('SELECT pg_advisory_unlock(4747)')
-    await within(3000, 'b to take the lock', taken)
-    const held = await within(3000, 'b', b.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objid = 4747 AND pid = pg_backend_pid()`))
-    assert.deepEqual(held.rows, [{ n: 1 }], 'b kept its backend, and its lock')
-    assert.deepEqual(b.errors, [], 'b was not closed')
-    assert.equal(armed, false, "a's answer was held")
-    await b.query('SELECT pg_advisory_unlock(4747)')
-    assert.deepEqual((await a.query('SELECT 1 AS one')).rows, [{ one: 1 }])
-  } finally {
-    await Promise.all([a, b].map((x) => x.end().catch(() => {})))
-    await p.close()
-    await relay.close()
-  }
-})
+for (const held of ['account', 'unlock'] as const) {
+  test(`a session that would pin past --max-pinned-sessions while a pinned session may leave (its ${held} held on its way) waits, and is kept once the other leaves`, async () => {
+    let armed = false
+    const holds = (type: string, body: Buffer) =>
+      armed && (held === 'unlock' ? type === 'T' && body.includes('released_4747') : type === 'D' && body.includes('statements') && !body.includes('lock')) ? ((armed = false), 400) : 0
+    const relay = await startHoldingRelay(testPostgres(), holds)
+    const p = await startProxy({ upstream: `127.0.0.1:${relay.port}`, pool: { mode: 'transaction', size: 3, timeoutMs: 3000, maxPinned: 1, maxPerClient: 3 } })
+    const [a, b] = await Promise.all([session(p), session(p)])
+    try {
+      await a.query('SELECT pg_advisory_lock(4747)') // pinned: the one session the cap allows
+      const taken = b.query('SELECT pg_advisory_lock(4747)') // waits at Postgres for a's lock
+      await eventually(async () => (await scratch.tcp.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objid = 4747 AND NOT granted`)).rows[0].n === 1, "b to wait for a's lock")
+      armed = true
+      await a.query('SELECT pg_advisory_unlock(4747) AS released_4747')
+      await within(3000, 'b to take the lock', taken)
+      const mine = await within(3000, 'b', b.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objid = 4747 AND pid = pg_backend_pid()`))
+      assert.deepEqual(mine.rows, [{ n: 1 }], 'b kept its backend, and its lock')
+      assert.deepEqual(b.errors, [], 'b was not closed')
+      assert.equal(armed, false, `a's ${held} was held`)
+      await b.query('SELECT pg_advisory_unlock(4747)')
+      assert.deepEqual((await a.query('SELECT 1 AS one')).rows, [{ one: 1 }])
+    } finally {
+      await Promise.all([a, b].map((x) => x.end().catch(() => {})))
+      await p.close()
+      await relay.close()
+    }
+  })
+}
 
 test('a session idle inside a transaction past --idle-in-transaction-timeout ends with 25P03, its transaction rolled back, its backend lent on', async () => {
   const p = await proxy({ size: 1, timeoutMs: 3000, idleInTransactionMs: 300 })

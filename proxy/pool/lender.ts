@@ -305,12 +305,13 @@ export class Lender {
   /**
    * A session would keep its backend for state it holds: true if there is room for one more pinned
    * session (then it counts until `unpin`); false when --max-pinned-sessions are already, and none of
-   * them may leave; 'later' when one may (its backend is being asked again what it keeps, as after it
-   * released its lock): `retry` is then called as each such answer comes, to ask again.
+   * them may leave; 'later' when one may (it runs something, or its backend is being asked again what
+   * it keeps: as when it released the lock the session just took): `retry` is then called as each
+   * such one settles, to ask again.
    */
   pin(retry?: () => void): boolean | 'later' {
     if (this.pinnedCount < this.shares.pinned) return this.pinnedCount++, true
-    if (!this.reasked || !retry) return false
+    if (!this.leaving || !retry) return false
     this.deferred.push(retry)
     return 'later'
   }
@@ -320,15 +321,15 @@ export class Lender {
     this.retryPins()
   }
 
-  /** Pinned sessions whose backend is being asked again what they keep: each may unpin at its answer. */
-  private reasked = 0
-  /** Pins waiting for those answers. */
+  /** Pinned sessions that may leave: running something, or their backend being asked again what they keep. */
+  private leaving = 0
+  /** Pins waiting for them. */
   private deferred: Array<() => void> = []
 
-  /** A pinned session's backend is being asked again what it keeps (`asking`), or has answered. */
-  reasking(asking: boolean) {
-    this.reasked += asking ? 1 : -1
-    if (!asking) this.retryPins()
+  /** A pinned session may leave soon (`may`), or has settled (still pinned, or gone: see unpin). */
+  mayLeave(may: boolean) {
+    this.leaving += may ? 1 : -1
+    if (!may) this.retryPins()
   }
 
   private retryPins() {

@@ -109,6 +109,8 @@ interface Lend {
 }
 
 const HIGH_WATER = 1 << 20
+/** The longest a pin past --max-pinned-sessions waits for a pinned session that may leave. */
+const PIN_WAIT_MS = 1000
 /** `f` once the code running now is done: a microtask (a resolved promise's, cheaper than queueMicrotask's). */
 const RESOLVED = Promise.resolve()
 const soon = (f: () => void) => void RESOLVED.then(f)
@@ -153,10 +155,11 @@ class LentSession implements RunningSession {
   private parked = false
   /** Verifications under way: asking its backend what its transactions left (proxy/isolation/verify.ts). */
   private verifying = 0
-  /** Pinned, its backend is being asked again what it keeps (it may unpin: see Lender.reasking). */
-  private reasking = false
-  /** It keeps its backend for state, but is not counted yet: its pin waits for another pinned session's answer (Lender.pin). */
+  /** Pinned, it may leave soon: it runs something, or its backend is being asked again what it keeps (Lender.mayLeave). */
+  private leaving = false
+  /** It keeps its backend for state, but is not counted yet: its pin waits for a pinned session that may leave (Lender.pin), up to PIN_WAIT_MS. */
   private pinDue = false
+  private pinWait?: NodeJS.Timeout
   private readonly statements: SessionStatements = new Map()
   private readonly framer: Framer
   /** The most it may hold of the client's: one protocol message under way, and what waits for a backend (--max-message-bytes). */
@@ -508,6 +511,7 @@ class LentSession implements RunningSession {
     }
     lend.effects = merge(lend.effects, read)
     if (!lend.relay.forward(msgs, false, behind) && behind.length) this.verifying--, lend.positionDue-- // (it did not go)
+    this.mayLeave(true) // (if pinned: what it runs may release what it keeps)
   }
 
   /** The signals whose statements the client has its answer to, or the first `n` (the session ended: all). */
@@ -791,6 +795,7 @@ class LentSession implements RunningSession {
 
   /** Nothing runs and the client sends nothing, inside a transaction: it may stay so for --idle-in-transaction-timeout. */
   private idleInside() {
+    this.mayLeave(false) // (what it runs is over; its transaction is not)
     if (this.idleInTx) return
     this.idleInTx = true
     this.lend?.lender.idleInTransaction() // (another client may be waiting for this backend)
@@ -844,13 +849,12 @@ class LentSession implements RunningSession {
     lend.effects = NOTHING
     lend.relay.unusual = false
     if (e.unseen) (this.pinnedForGood = true), this.pin('unseen')
-    if (this.pinnedForGood || (this.pinned && plain)) return
+    if (this.pinnedForGood || (this.pinned && plain)) return this.mayLeave(false)
     if (plain) return this.lendOn(lend)
     lend.relay.ownQuery(this.verification(lend))
     this.verifying++
     this.o.lender.events.verified()
-    // (A pinned session that may leave: another's pin waits for its answer rather than be refused.)
-    if (this.pinned && !this.pinDue) (this.reasking = true), this.o.lender.reasking(true)
+    this.mayLeave(true) // (if pinned: until the answer)
   }
 
   /**
@@ -862,8 +866,6 @@ class LentSession implements RunningSession {
     const rows: string[] = []
     const ready = (status: number) => {
       this.verifying--
-      const reasked = this.reasking
-      this.reasking = false
       if (this.lend === lend) {
         // (Asked inside a transaction, the answer says nothing of what the transaction will leave.)
         const f = status === TxStatus.Idle ? found(rows) : undefined
@@ -872,7 +874,7 @@ class LentSession implements RunningSession {
         if (left) this.pin(left)
         else this.unpin(), this.afterOwn(lend)
       }
-      if (reasked) this.o.lender.reasking(false)
+      this.mayLeave(this.lend === lend && lend.watch.pending > 0)
     }
     return { query: this.o.lender.verification, onRow: (value) => rows.push(value), ready }
   }
@@ -883,12 +885,18 @@ class LentSession implements RunningSession {
     if (!this.verifying && ending && ending.pending === 0 && ending.status === TxStatus.Idle && (!this.waiting.length || lend.onReplica)) this.transactionEnded(lend)
   }
 
-  private pin(reason: string) {
+  /** It keeps its backend for state it made (`final`: no more waiting for a pinned session that may leave). */
+  private pin(reason: string, final = false) {
     if (this.pinned && !this.pinDue) return
     const { lender } = this.o
-    const room = lender.pin(() => this.pinDue && this.pin(reason))
-    if (room === 'later') return void ((this.pinned = reason), (this.pinDue = true)) // (it keeps its backend meanwhile)
-    this.pinDue = false
+    const room = lender.pin(final ? undefined : () => this.pinDue && this.pin(reason))
+    if (room === 'later') {
+      // (It keeps its backend meanwhile, uncounted.)
+      this.pinned = reason
+      if (!this.pinDue) (this.pinDue = true), (this.pinWait = setTimeout(() => this.pinDue && this.pin(reason, true), PIN_WAIT_MS))
+      return
+    }
+    this.settlePin()
     if (!room) {
       this.pinned = undefined
       const message = `edgepg-proxy: this session left ${reason === 'unseen' ? 'a setting no reset takes back' : reason} on its backend, and ${lender.shares.pinned} sessions of this user and database already keep theirs (--max-pinned-sessions): the session is closed, its backend cleaned. Keep such state in session pooling (--pool-mode session)`
@@ -901,8 +909,26 @@ class LentSession implements RunningSession {
   private unpin() {
     if (!this.pinned) return
     this.pinned = undefined
-    if (this.pinDue) this.pinDue = false // (never counted)
-    else this.o.lender.unpin()
+    if (this.pinDue) this.settlePin() // (never counted)
+    else this.o.lender.unpin() // (first: a pin waiting for this one takes its place)
+    this.mayLeave(false)
+  }
+
+  private settlePin() {
+    this.pinDue = false
+    clearTimeout(this.pinWait)
+  }
+
+  /**
+   * Whether this session, pinned and counted, may leave soon: another session's pin past the cap then
+   * waits for it to settle (Lender.pin), for at most PIN_WAIT_MS, rather than be refused for a pin
+   * that is about to go (its answer, releasing a lock, can reach the proxy after that of the session
+   * that took the lock).
+   */
+  private mayLeave(may: boolean) {
+    if (may === this.leaving || (may && (!this.pinned || this.pinDue))) return
+    this.leaving = may
+    this.o.lender.mayLeave(may)
   }
 
   /** A transaction that left nothing: the backend stays with this session while no other needs it, else goes back. */
@@ -936,7 +962,7 @@ class LentSession implements RunningSession {
   private detach(lend: Lend) {
     if (lend.relay.quiet && lend.watch.quiet) (this.spareRelay = lend.relay), (this.spareWatch = lend.watch)
     this.verifying = 0 // (theirs are the backend's: answered there, or lost with it)
-    if (this.reasking) (this.reasking = false), this.o.lender.reasking(false)
+    this.mayLeave(false)
     lend.backend.upstream.onDrain = undefined
     lend.backend.upstream.off('close', this.onBackendClose)
     this.lend = undefined
