@@ -88,14 +88,14 @@ test('past --max-pinned-sessions, a session that keeps state is closed with 5340
  * takes the lock at that moment is asked what it keeps, and its answer may reach the proxy first:
  * before the other's account, or even before the other's own unlock has answered. Its pin then waits
  * for the other to settle, rather than be refused for a pin that is about to go. A relay in front of
- * Postgres holds, 400 ms on its way, the releasing session's account (`account`) or its unlock's own
- * answer (`unlock`).
+ * Postgres holds the releasing session's account (`account`), or its unlock's own answer (`unlock`),
+ * 300 ms on its way (the waiting pin's limit, 1 s, leaves room for the rest).
  */
 for (const held of ['account', 'unlock'] as const) {
   test(`a session that would pin past --max-pinned-sessions while a pinned session may leave (its ${held} held on its way) waits, and is kept once the other leaves`, async () => {
     let armed = false
     const holds = (type: string, body: Buffer) =>
-      armed && (held === 'unlock' ? type === 'T' && body.includes('released_4747') : type === 'D' && body.includes('statements') && !body.includes('lock')) ? ((armed = false), 400) : 0
+      armed && (held === 'unlock' ? type === 'T' && body.includes('released_4747') : type === 'D' && body.includes('statements') && !body.includes('lock')) ? ((armed = false), 300) : 0
     const relay = await startHoldingRelay(testPostgres(), holds)
     const p = await startProxy({ upstream: `127.0.0.1:${relay.port}`, pool: { mode: 'transaction', size: 3, timeoutMs: 3000, maxPinned: 1, maxPerClient: 3 } })
     const [a, b] = await Promise.all([session(p), session(p)])
