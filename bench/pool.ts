@@ -4,7 +4,8 @@
  * 1. many sessions: SESSIONS at once, a statement every 2 s for 20 s, on a role limited to 60
  *    Postgres connections; against pg over TCP through PgBouncer (Debian's 1.18, transaction mode);
  * 2. busy sessions: 64 sessions back to back (a read by id, `SELECT $1::int`), TRANSACTION_MODE_FLAGS against session mode and
- *    wsproxy → PgBouncer, unsafe and safe (DISCARD ALL after each transaction): queries/s, proxy and Postgres CPU per statement;
+ *    wsproxy → PgBouncer, unsafe and safe (DISCARD ALL after each transaction): queries/s, proxy, Postgres and client CPU per
+ *    statement, and the rate the three allow on the machine's cores;
  * 3. POST /sql at 32 in flight, against bench/http-pg.ts (a bare HTTP server on pg.Pool);
  * 4. memory: the proxy's RSS per idle logged-in session;
  * 5. bursts: 1,500 and 5,000 sessions each running a statement and a named insert three times over
