@@ -19,7 +19,7 @@
 import { createHmac, randomBytes } from 'node:crypto'
 import type { Reading } from '../isolation/reader'
 import { serialize } from 'pg-protocol'
-import { ByteQueue, messages } from '../wire/bytes'
+import { ByteQueue, EMPTY, messages } from '../wire/bytes'
 import { cancelRequest, type BackendKey } from '../wire/startup'
 import type { Upstream } from '../upstream/connection'
 import type { Ending } from './idle-watch'
@@ -70,7 +70,6 @@ export type PoolEvent = 'hit' | 'miss' | 'reset' | 'discard' | 'renew'
 /** Longest wait for Postgres's answer to a reset or a ping. */
 const ANSWER_TIMEOUT_MS = 5000
 const SYNC = serialize.sync()
-const EMPTY = Buffer.alloc(0)
 /** How a backend is left whose login just finished, by a session that never started. */
 export const UNUSED: Ending = { pending: 0, status: TxStatus.Idle, reusable: true }
 

@@ -15,7 +15,7 @@
  * as on one connection, rather than run on a copy prepared again with the new type.
  */
 import { serialize } from 'pg-protocol'
-import { Framer } from '../wire/bytes'
+import { EMPTY, Framer } from '../wire/bytes'
 import { ClientMessage, DescribeTarget, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse } from '../wire/startup'
 import { plainTag } from '../isolation/reader'
@@ -74,7 +74,6 @@ export interface Own {
 }
 
 const SYNC = serialize.sync()
-const NONE = Buffer.alloc(0)
 /** The client's own Parse and Sync, awaited as they are most of the time (never changed: made once). */
 const PARSED: Awaited = Object.freeze({ kind: 'parse' })
 const SYNCED: Awaited = Object.freeze({ kind: 'sync' })
@@ -209,7 +208,7 @@ export class StatementRelay {
     this.server.each(chunk, this.answer)
     this.endRun()
     const runs = this.runs
-    if (runs.length < 2) return runs.pop() ?? NONE
+    if (runs.length < 2) return runs.pop() ?? EMPTY
     this.runs = []
     return Buffer.concat(runs)
   }

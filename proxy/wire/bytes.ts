@@ -1,5 +1,5 @@
-/** (Shared: nothing can be written into it.) */
-const EMPTY = Buffer.alloc(0)
+/** No bytes (one, shared: nothing can be written into it). */
+export const EMPTY = Buffer.alloc(0)
 
 /**
  * Bytes arriving in chunks, read back by exact length: lets the startup phase be written as

@@ -12,7 +12,8 @@
  */
 import type { WebSocket, RawData } from 'ws'
 import type { Backend } from '../pool/backends'
-import { PoolTimeout, type Holder, type Lender } from '../pool/lender'
+import { PoolTimeout, type Lender } from '../pool/lender'
+import type { Holder } from '../pool/holders'
 import { IdleWatch, type Ending } from '../pool/idle-watch'
 import { BackendStatements, StatementRelay, type Own, type SessionStatements } from '../pool/prepared'
 import { merge, NOTHING, type Reading } from '../isolation/reader'
