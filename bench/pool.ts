@@ -3,8 +3,8 @@
  * measured against, through edgepg-proxy children (test/support/child-proxy.ts) run with POOL_PROXY_FLAGS:
  * 1. many sessions: SESSIONS at once, a statement every 2 s for 20 s, on a role limited to 60
  *    Postgres connections; against pg over TCP through PgBouncer (Debian's 1.18, transaction mode);
- * 2. busy sessions: 64 sessions back to back (a read by id, `SELECT $1::int`), TRANSACTION_MODE_FLAGS against session mode and
- *    wsproxy → PgBouncer, unsafe and safe (DISCARD ALL after each transaction): queries/s, proxy, Postgres and client CPU per
+ * 2. busy sessions: 64 sessions back to back (a read by id, `SELECT $1::int`), TRANSACTION_MODE_FLAGS against session mode,
+ *    a bare transaction pooler (bench/ws-pool-floor.ts, the floor) and wsproxy → PgBouncer, unsafe and safe (DISCARD ALL after each transaction): queries/s, proxy, Postgres and client CPU per
  *    statement, and the rate the three allow on the machine's cores;
  * 3. POST /sql at 32 in flight, against bench/http-pg.ts (a bare HTTP server on pg.Pool);
  * 4. memory: the proxy's RSS per idle logged-in session;
@@ -24,7 +24,7 @@ import { procStat, startChildProxy, startGcProxy } from '../test/support/child-p
 import { pgbouncerBinary, startPgBouncer } from '../test/support/pgbouncer'
 import { PASSWORD, startPostgres, type PgInfo } from '../test/support/stack'
 import { cpuBetween, gc, interleave, median, percentile, printGrid, treeCpu, treeCpuSeconds, type BenchContext, type Row, type Section } from './lib'
-import { startHttpPg, startWsRelay } from './proxy'
+import { startHttpPg, startWsPoolFloor, startWsRelay } from './proxy'
 import { leanPoster } from './http'
 import { NEON_PAIR, neonPairMissing, scramSecrets, startNeonPair } from './neon-pair'
 
@@ -415,8 +415,9 @@ async function latencyFloors(ctx: BenchContext, admin: pg.Client) {
 // ---- 2. busy sessions ----
 
 /** Case 2's paths: edgepg-proxy in each mode, and wsproxy → PgBouncer as Neon's "-pooler" runs it (unsafe) and with DISCARD ALL after every transaction (safe). */
-type BusyPath = 'session' | 'transaction' | 'unsafe' | 'safe'
+type BusyPath = 'floor' | 'session' | 'transaction' | 'unsafe' | 'safe'
 const BUSY_NAMES: Record<BusyPath, string> = {
+  floor: 'bare transaction pooler (floor)',
   session: 'edgepg-proxy, session mode',
   transaction: `edgepg-proxy, ${MODE}`,
   unsafe: 'wsproxy → PgBouncer (transaction; unsafe)',
@@ -448,14 +449,19 @@ async function busySessions(ctx: BenchContext, admin: pg.Client): Promise<Row[]>
     ((p) => ({ config: { ...ctx.pgConfig(), webSocketConstructor: WebSocket as any, wsProxy: () => p.url } as ClientConfig, cpu: () => treeCpuSeconds(p.pid), stop: p.stop }))(await startChildProxy(upstream, { built: true, flags }))
   const pair = async (settings: Record<string, number>): Promise<Server> =>
     ((n) => ({ config: n.config(ctx.pgConfig()), cpu: n.cpu, stop: n.stop }))(await startNeonPair(ctx.pg, admin, [user], { ...bouncer, ...settings }))
+  const cfg = ctx.pgConfig()
   const starts: Record<BusyPath, () => Promise<Server>> = {
+    floor: async () =>
+      ((r) => ({ config: { ...cfg, webSocketConstructor: WebSocket as any, wsProxy: () => `ws://127.0.0.1:${r.port}/` } as ClientConfig, cpu: r.cpuSeconds, stop: r.stop }))(
+        await startWsPoolFloor(`postgres://${encodeURIComponent(user)}:${encodeURIComponent(String(cfg.password))}@${cfg.host}:${cfg.port}/${cfg.database}`, BOUNCER_POOL)
+      ),
     session: () => edge(SESSION_MODE_FLAGS),
     transaction: () => edge(POOL_PROXY_FLAGS),
     unsafe: () => pair({}),
     // server_reset_query (DISCARD ALL by default) after every transaction, not only when a client leaves.
     safe: () => pair({ server_reset_query_always: 1 }),
   }
-  const paths = (Object.keys(starts) as BusyPath[]).filter((p) => !neonPairMissing() || p === 'session' || p === 'transaction')
+  const paths = (Object.keys(starts) as BusyPath[]).filter((p) => !neonPairMissing() || (p !== 'unsafe' && p !== 'safe'))
   const workloads = Object.keys(BUSY_WORKLOADS) as BusyWorkload[]
   const servers: Partial<Record<BusyPath, Server>> = {}
   const clients: Partial<Record<BusyPath, pg.Client[]>> = {}
@@ -514,7 +520,7 @@ async function busySessions(ctx: BenchContext, admin: pg.Client): Promise<Row[]>
       return { ...r, w, tx, other, ratio: tx / other, pass: atLeast ? tx / other >= r.target : tx / other <= r.target, atLeast }
     })
   )
-  const over = (p: BusyPath) => (p === 'session' ? 'session mode' : `PgBouncer ${p}`)
+  const over = (p: BusyPath) => (p === 'session' ? 'session mode' : p === 'floor' ? 'the floor' : `PgBouncer ${p}`)
   const lat = (t: Totals) => `${median(t.latencies).toFixed(2)} / ${percentile(t.latencies, 99).toFixed(2)} ms`
   const all = (k: 'started' | 'ended') => paths.flatMap((p) => workloads.map((w) => totals[p][w][k])).reduce((a, b) => a + b, 0)
   printGrid(
@@ -530,6 +536,9 @@ async function busySessions(ctx: BenchContext, admin: pg.Client): Promise<Row[]>
       `${BUSY_SESSIONS} edgepg Clients (scram_user) per path, all logged in before any window, each running the workload's statement back to back (unnamed, $1 an id of ${ITEMS}; read by id: "${READ}"); ` +
         `${BUSY_ROUNDS} rounds of ${BUSY_MS / 1000} s per path and workload, taking turns (after ${BUSY_WARM_MS} ms of each, unmeasured). ` +
         `Session mode: ${SESSION_MODE_FLAGS.join(' ')}; transaction mode: ${POOL_PROXY_FLAGS.join(' ')} (bench/pool.ts).`,
+      `The floor: bench/ws-pool-floor.ts, the least a transaction pooler over WebSockets does (${BOUNCER_POOL} backends it logged in itself, a backend per client message, ` +
+        `free again at an idle ReadyForQuery; no login, isolation, limits or metrics). ` +
+        workloads.map((w) => `${w}: transaction mode's proxy CPU is ${(figure('proxy CPU / statement', 'transaction', w) / figure('proxy CPU / statement', 'floor', w)).toFixed(2)}x the floor's, session mode's ${(figure('proxy CPU / statement', 'session', w) / figure('proxy CPU / statement', 'floor', w)).toFixed(2)}x`).join('; ') + '.',
       ...(neonPairMissing()
         ? [neonPairMissing()!]
         : [`wsproxy → PgBouncer: edgepg Clients through Neon's wsproxy in front of PgBouncer 1.18 (pool_mode transaction, default_pool_size ${BOUNCER_POOL}, ` +

@@ -68,6 +68,11 @@ export function startWsRelay(upstream: string): Promise<RunningRelay> {
   return startChild(['bench/ws-relay.ts', upstream], 'ws relay')
 }
 
+/** A bare transaction pooler (bench/ws-pool-floor.ts) lending `size` backends: the floor for transaction pooling. */
+export function startWsPoolFloor(connectionString: string, size: number): Promise<RunningRelay> {
+  return startChild(['bench/ws-pool-floor.ts', connectionString, String(size)], 'ws pool floor')
+}
+
 /** A bare WebSocket server (bench/ws-echo.ts): the floor for a cold session. */
 export function startWsEcho(): Promise<RunningRelay> {
   return startChild(['bench/ws-echo.ts'], 'ws echo')
