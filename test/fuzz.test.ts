@@ -31,6 +31,7 @@ import { SUBPROTOCOL } from '../src/config'
 import { PASSWORD } from './support/stack'
 import { pgConfig, testPostgres, backends, eventually, within } from './support/helpers'
 import { CANCEL_CODE, PROTOCOL_3, TERMINATE, cstrings, gssencRequest, int32, message, packet, passwordMessage, sslRequest, startupMessage } from './support/protocol'
+import { prng } from './support/prng'
 
 const PG = testPostgres()
 const UPSTREAM = `${PG.host}:${PG.port}`
@@ -149,35 +150,8 @@ async function normalQuery(port: number): Promise<number> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Seeded PRNG (mulberry32) and inputs built from it (the wire format itself: test/support/protocol.ts).
+// Inputs built from the seeded PRNG (test/support/prng.ts; the wire format itself: test/support/protocol.ts).
 
-function prng(seed: number) {
-  let a = seed >>> 0
-  const next = () => {
-    a = (a + 0x6d2b79f5) | 0
-    let t = Math.imul(a ^ (a >>> 15), 1 | a)
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-  const r = {
-    next,
-    int: (n: number) => Math.floor(next() * n),
-    range: (lo: number, hi: number) => lo + Math.floor(next() * (hi - lo + 1)),
-    chance: (p: number) => next() < p,
-    pick: <T>(items: readonly T[]): T => items[Math.floor(next() * items.length)],
-    bytes: (n: number) => {
-      const b = Buffer.allocUnsafe(n)
-      for (let i = 0; i < n; i++) b[i] = (next() * 256) | 0
-      return b
-    },
-    word: (n: number) => {
-      let s = ''
-      for (let i = 0; i < n; i++) s += String.fromCharCode(97 + r.int(26))
-      return s
-    },
-  }
-  return r
-}
 type Rng = ReturnType<typeof prng>
 
 const cancelRequest = (r: Rng) => packet(CANCEL_CODE, Buffer.concat([int32(r.int(2 ** 31)), int32(r.int(2 ** 31))]))

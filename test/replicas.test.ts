@@ -18,6 +18,8 @@ import { lsn } from '../proxy/replicas/positions'
 import { startPostgres, PASSWORD, type Postgres } from './support/stack'
 import { replicable, startStandby, type Standby } from './support/standby'
 import { startProxy } from './support/helpers'
+import { prng } from './support/prng'
+import { errorCode, offeredLogin, RawSession } from './support/raw-session'
 import { startDelayRelay, startHoldingRelay } from './support/delay-relay'
 import { token, tokenFixture } from './support/tokens'
 import { readOnlyLogin, serializableLogin, type ReplicaOptions } from '../proxy/replicas/replicas'
@@ -223,6 +225,71 @@ test('read your writes: a read right after a write waits for the lagging replica
     await standby.delay(0)
     await standby.caughtUp()
   }
+})
+
+test('read your writes whatever the client cuts: writes and reads in random WebSocket messages (Flush then Sync, Sync alone, pipelined groups, an error mid-pipeline, an implicit transaction a Query ends, explicit blocks); no read is stale', async () => {
+  const p = await proxyWith({ waitMs: 10_000 })
+  const protocols = await offeredLogin(async (extra) => ((c) => c.connect().then(() => c))(new Client(clientConfig(p, extra))))
+  const seed = Number(process.env.EDGEPG_CUTS_SEED ?? Date.now() % 100_000)
+  const r = prng(seed)
+  const ext = (text: string, values: string[] = []) => [serialize.parse({ text }), serialize.bind({ values }), serialize.execute({})]
+  const insert = (tag: string) => ext('INSERT INTO notes (body) VALUES ($1)', [tag])
+  const sync = serialize.sync()
+  const q = (text: string) => serialize.query(text)
+  /**
+   * Each write: its messages in the WebSocket messages a client sends one after another without waiting (a null: wait
+   * for what was sent to be answered), how many ReadyForQuery end it, and the errors Postgres answers (none of the proxy's).
+   */
+  const shapes: Array<(tag: string) => { parts: Array<Buffer[] | null>; readies: number; errors?: string[] }> = [
+    (tag) => ({ parts: [[...insert(tag), sync]], readies: 1 }),
+    (tag) => ({ parts: [[...insert(tag), serialize.flush()], null, [sync]], readies: 1 }), // (pg-cursor's Flush, then Sync)
+    (tag) => ({ parts: [insert(tag), [sync]], readies: 1 }), // (Sync alone, at once)
+    (tag) => ({ parts: [[q(`INSERT INTO notes (body) VALUES ('${tag}')`)]], readies: 1 }),
+    (tag) => ({ parts: [insert(tag), [q('SELECT 1')]], readies: 1 }), // (the implicit transaction a Query commits)
+    (tag) => ({ parts: [[...insert(tag), sync, ...ext('SELECT 1'), sync]], readies: 2 }),
+    (tag) => ({ parts: [[...insert(tag), sync], [...ext('SELECT 1/0'), sync]], readies: 2, errors: ['22012'] }), // (an error in a later group)
+    // (Nothing of the proxy's runs inside the block: SET TRANSACTION must come before any query.)
+    (tag) => ({ parts: [[q('BEGIN')], null, [q('SET TRANSACTION ISOLATION LEVEL REPEATABLE READ')], insert(tag), [sync], null, [q('COMMIT')]], readies: 4 }),
+    (tag) => ({ parts: [[...ext('BEGIN'), ...insert(tag), ...ext('COMMIT'), sync]], readies: 1 }),
+  ]
+  /** `msgs` as one byte string cut at up to two random places: the WebSocket messages that carry it. */
+  const cut = (msgs: Buffer[]) => {
+    const bytes = Buffer.concat(msgs)
+    const at = [r.int(bytes.length), r.int(bytes.length)].filter((n) => n > 0 && r.chance(0.5)).sort((a, b) => a - b)
+    return [0, ...at].map((from, i, all) => bytes.subarray(from, all[i + 1] ?? bytes.length)).filter((b) => b.length)
+  }
+  await standby.delay(300)
+  const s = await RawSession.open(p.port, protocols)
+  const onReplica: boolean[] = []
+  try {
+    for (let round = 0; round < 24; round++) {
+      const shape = round < shapes.length ? round : r.int(shapes.length)
+      const tag = `cuts ${seed} ${round}`
+      const { parts, readies } = shapes[shape](tag)
+      const answers = []
+      for (const [i, part] of parts.entries()) {
+        if (part) for (const piece of cut(part)) s.send(piece)
+        // (A wait for what was sent: behind a Flush, its answers so far; else its ReadyForQuery.)
+        else if (parts[i - 1]!.at(-1)![0] === 0x48) await new Promise((resolve) => setTimeout(resolve, 50))
+        else answers.push(await s.readies(1))
+      }
+      answers.push(await s.readies(readies - answers.length))
+      const errors = answers.flat().filter((m) => m.type === 'E').map((m) => errorCode(m.body))
+      assert.deepEqual(errors, shapes[shape](tag).errors ?? [], `seed ${seed}, round ${round}, shape ${shape}: what Postgres answered the write`)
+      // (Cut less often: a read cut before its Sync is no autocommit read, and runs on the primary.)
+      const read = [...ext("SELECT count(*)::int || ' ' || pg_is_in_recovery() FROM notes WHERE body = $1", [tag]), sync]
+      for (const piece of r.chance(0.7) ? [Buffer.concat(read)] : cut(read)) s.send(piece)
+      const row = (await s.readies(1)).find((m) => m.type === 'D')!.body
+      const [n, standby] = row.toString('utf8', 6, 6 + row.readInt32BE(2)).split(' ')
+      assert.equal(n, '1', `seed ${seed} (EDGEPG_CUTS_SEED), round ${round}, shape ${shape}: the read saw its session's write (on the ${standby === 'true' ? 'replica' : 'primary'})`)
+      onReplica.push(standby === 'true')
+    }
+  } finally {
+    await s.end()
+    await standby.delay(0)
+    await standby.caughtUp()
+  }
+  assert.ok(onReplica.filter(Boolean).length >= 8, `reads ran on the replica (${onReplica.filter(Boolean).length} of ${onReplica.length}), so the test tried it`)
 })
 
 test('COPY FROM STDIN on the primary: nothing of the proxy\'s rides behind it (Postgres would take it for data), and its position is told once it is done', async () => {

@@ -143,6 +143,22 @@ test('DDL does not pin: the backend says what it left (nothing), and reads go on
   }
 })
 
+test('SET TRANSACTION does not pin: Postgres marks its settings as the session\'s, yet every transaction starts them afresh', async () => {
+  const p = await txProxy(2)
+  const c = await session(p.port)
+  try {
+    await c.query('BEGIN')
+    await c.query('SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY DEFERRABLE')
+    await c.query('COMMIT')
+    assert.equal((await c.query('SHOW transaction_isolation')).rows[0].transaction_isolation, 'read committed')
+    assert.equal(await pinned(p), 0, 'the session is not pinned')
+    assert.ok((await metric(p, 'verifications_total')) >= 1, 'the transaction was verified')
+  } finally {
+    await c.end()
+    await p.close()
+  }
+})
+
 test("a session that ends while the proxy asks the database on its backend: the next session's answers are its own", async () => {
   const { default: QueryStream } = await import('pg-query-stream')
   const p = await txProxy(1, 3000)

@@ -16,6 +16,8 @@ export interface Found {
 }
 
 const EQ = 'OPERATOR(pg_catalog.=)'
+/** Settings SET TRANSACTION leaves marked as the session's, though every transaction starts them afresh from their defaults. */
+const TRANSACTION_SCOPED = `'{transaction_isolation,transaction_read_only,transaction_deferrable}'::pg_catalog.text[]`
 
 /**
  * Reset at the head of the first write to a backend that changes hands, in the next session's first
@@ -44,7 +46,7 @@ export function verificationSql(user: string): string {
   ${is('prepare', 'EXISTS (SELECT FROM pg_catalog.pg_prepared_statements WHERE from_sql)')},
   ${is('listen', 'EXISTS (SELECT FROM pg_catalog.pg_listening_channels())')},
   ${is('lock', `EXISTS (SELECT FROM pg_catalog.pg_locks WHERE locktype ${EQ} 'advisory' AND pid ${EQ} pg_catalog.pg_backend_pid())`)},
-  ${is('setting', `EXISTS (SELECT FROM pg_catalog.pg_settings WHERE source ${EQ} 'session')`)},
+  ${is('setting', `EXISTS (SELECT FROM pg_catalog.pg_settings WHERE source ${EQ} 'session' AND NOT name ${EQ} ANY (${TRANSACTION_SCOPED}))`)},
   ${is('role', `NOT (current_user ${EQ} ${literal(user)} AND session_user ${EQ} ${literal(user)})`)},
   'statements', (SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE NOT from_sql))`
 }

@@ -82,7 +82,7 @@ export class IdleWatch {
   private awaitingSync = false
   /** The next backend byte is a ReadyForQuery's status. */
   private statusNext = false
-  private status?: number
+  private lastStatus?: number
   /** The type of the backend's last message. */
   last = 0
   terminated = false
@@ -96,13 +96,18 @@ export class IdleWatch {
     return this.unanswered
   }
 
+  /** The status of Postgres's last ReadyForQuery (idle before any); undefined while it is on its way. */
+  get status(): number | undefined {
+    return this.statusNext ? undefined : (this.lastStatus ?? TxStatus.Idle)
+  }
+
   /** Nothing under way in either direction: it may watch another backend's (reset), as a new watch would. */
   get quiet(): boolean {
     return !this.unanswered && !this.awaitingSync && !this.statusNext && !this.client.midMessage && !this.backend.midMessage && !this.terminated
   }
 
   reset() {
-    this.status = undefined
+    this.lastStatus = undefined
     this.last = this.readies = 0
     this.split = this.customSetting = false
   }
@@ -128,7 +133,7 @@ export class IdleWatch {
 
   fromBackend(chunk: Buffer) {
     if (this.statusNext && chunk.length) {
-      this.status = chunk[0]
+      this.lastStatus = chunk[0]
       this.statusNext = false
     }
     this.backend.feed(chunk, (type, _start, body) => {
@@ -136,7 +141,7 @@ export class IdleWatch {
       if (type !== READY_FOR_QUERY) return
       this.unanswered--
       this.readies++
-      if (body < chunk.length) this.status = chunk[body]
+      if (body < chunk.length) this.lastStatus = chunk[body]
       else this.statusNext = true
     })
   }
@@ -151,6 +156,6 @@ export class IdleWatch {
   get ending(): Ending | undefined {
     if (this.awaitingSync || this.client.midMessage || this.statusNext) return undefined
     if (this.unanswered > 1 || (this.unanswered === 1 && (this.backend.midMessage || !STATEMENT_ENDS.has(this.last)))) return undefined
-    return { pending: this.unanswered, status: this.status ?? TxStatus.Idle, reusable: !this.split && !this.customSetting }
+    return { pending: this.unanswered, status: this.lastStatus ?? TxStatus.Idle, reusable: !this.split && !this.customSetting }
   }
 }

@@ -449,6 +449,20 @@ class LentSession implements RunningSession {
     }
   }
 
+  /**
+   * All the session sent is answered, where the position was left to ask then: asked if Postgres says
+   * the session is idle and no group of the client's is half sent, else given up (a block still open
+   * is followed by the position where it closes; a group begun runs on this backend and asks it at its Sync).
+   */
+  private positionAfter(lend: Lend) {
+    const status = lend.watch.status
+    if (status === undefined) return // (the last ReadyForQuery's status comes in the next chunk)
+    lend.positionAfter = false
+    lend.positionDue--
+    if (status === TxStatus.Idle && lend.watch.ending) lend.relay.ownQuery(this.positionBehind(lend))
+    else if (!lend.positionDue && lend.tail) this.deliver(lend, lend.tail), (lend.tail = undefined)
+  }
+
   /** `seen <position>`: the client learns how far the session has seen, before the ReadyForQuery it came with. */
   private tell() {
     const database = this.o.replicas?.set.database
@@ -477,6 +491,8 @@ class LentSession implements RunningSession {
     // client (Postgres signals while it runs; acting as it passed by ended targets before it ran).
     let answered = this.readies + lend.watch.pending
     const before = lend.watch.ending
+    // (Where Postgres last said the session was, if it has answered all that went before.)
+    const status = lend.watch.pending === 0 ? lend.watch.status : undefined
     let read = NOTHING
     for (const m of msgs) {
       const r = this.effectsOf(m)
@@ -503,12 +519,15 @@ class LentSession implements RunningSession {
     const ends = last === ClientMessage.Sync || last === ClientMessage.Query
     const idle = before?.pending === 0 && before.status === TxStatus.Idle
     if (idle && !lend.onReplica) this.o.replicas?.set.events.routed('primary') // (a replica's, once its answer stands: see release)
-    // Where reads may go to replicas, a transaction on the primary ends with its position, in the same
-    // write; behind a COPY FROM STDIN, which would take it for the copy's data, once it is all answered.
+    // Where reads may go to replicas, a group that may end a transaction on the primary (one that does
+    // not open a block, where Postgres's last word was idle, or that closes the block) is followed by
+    // the position, in the same write. Where what went before is unanswered, or behind a COPY FROM
+    // STDIN (which would take it for the copy's data), the position is asked once all is answered, if
+    // the session is idle then (see fromBackend): never inside a block, where it would take the snapshot.
     const behind: Own[] = []
-    if (this.o.replicas && !lend.onReplica && ends && (read.block === 'closed' || (idle && read.block === undefined))) {
-      if (read.copyIn) (lend.positionAfter = true), lend.positionDue++
-      else behind.push(this.positionBehind(lend))
+    if (this.o.replicas && !lend.onReplica && ends && read.block !== 'open') {
+      if (read.copyIn || status === undefined) lend.positionAfter || ((lend.positionAfter = true), lend.positionDue++)
+      else if (read.block === 'closed' || status === TxStatus.Idle) behind.push(this.positionBehind(lend))
     }
     lend.effects = merge(lend.effects, read)
     if (!lend.relay.forward(msgs, false, behind) && behind.length) this.verifying--, lend.positionDue-- // (it did not go)
@@ -779,7 +798,7 @@ class LentSession implements RunningSession {
       const bytes = lend.tail ? Buffer.concat([lend.tail, visible]) : visible
       lend.tail = bytes.subarray(bytes.length - READY_IDLE.length)
       this.deliver(lend, bytes.subarray(0, bytes.length - READY_IDLE.length))
-      if (lend.positionAfter && lend.watch.ending?.pending === 0) (lend.positionAfter = false), lend.positionDue--, lend.relay.ownQuery(this.positionBehind(lend))
+      if (lend.positionAfter && lend.watch.pending === 0) this.positionAfter(lend)
     } else if (visible.length) {
       if (lend.tail) this.deliver(lend, lend.tail), (lend.tail = undefined)
       this.deliver(lend, visible)

@@ -36,7 +36,7 @@ export class RawSession {
       this.messages.push({ type, body: Buffer.from(body) })
       this.wake?.()
     })
-    ws.on('message', (data) => read(data as Buffer))
+    ws.on('message', (data, binary) => binary && read(data as Buffer)) // (text frames are the proxy's own: seen positions)
     ws.on('close', () => {
       this.closed = true
       this.wake?.()
@@ -72,6 +72,18 @@ export class RawSession {
     return { outcome: error ? errorCode(error.body) : 'ok', first: row && row.readInt32BE(2) >= 0 ? row.toString('utf8', 6, 6 + row.readInt32BE(2)) : undefined }
   }
 
+  /** Sends `bytes` as one WebSocket message, without waiting for an answer. */
+  send(bytes: Buffer) {
+    this.ws.send(bytes)
+  }
+
+  /** What Postgres answered up to and including the next `n` ReadyForQuery messages. */
+  async readies(n: number): Promise<Message[]> {
+    const answer: Message[] = []
+    for (let i = 0; i < n; i++) answer.push(...(await this.untilReady()))
+    return answer
+  }
+
   async pid(): Promise<number> {
     const { first } = await this.run(queryMessage('SELECT pg_backend_pid()'))
     if (first === undefined) throw new Error('raw session: no pid')
@@ -87,7 +99,8 @@ export class RawSession {
   }
 }
 
-function errorCode(body: Buffer): string {
+/** An ErrorResponse's SQLSTATE. */
+export function errorCode(body: Buffer): string {
   for (let i = 0; i < body.length && body[i] !== 0; ) {
     const end = body.indexOf(0, i + 1)
     if (body[i] === 0x43 /* C */) return body.toString('utf8', i + 1, end)

@@ -24,7 +24,9 @@ const pg = await startPostgres().catch((err) => {
   console.error(`npm test: ${err.message}`)
   process.exit(1)
 })
-child = spawn(process.execPath, ['--import', 'tsx', '--test', '--test-timeout=180000', ...files], {
+// (EDGEPG_TEST_NAME narrows to the tests whose names match it, as --test-name-pattern does.)
+const named = process.env.EDGEPG_TEST_NAME ? [`--test-name-pattern=${process.env.EDGEPG_TEST_NAME}`] : []
+child = spawn(process.execPath, ['--import', 'tsx', '--test', '--test-timeout=180000', ...named, ...files], {
   stdio: 'inherit',
   env: { ...process.env, EDGEPG_TEST_PG: JSON.stringify({ host: pg.host, port: pg.port, database: pg.database }) },
 })
