@@ -228,7 +228,8 @@ test('read your writes: a read right after a write waits for the lagging replica
 })
 
 test('read your writes whatever the client cuts: writes and reads in random WebSocket messages (Flush then Sync, Sync alone, pipelined groups, an error mid-pipeline, an implicit transaction a Query ends, explicit blocks); no read is stale', async () => {
-  const p = await proxyWith({ waitMs: 10_000 })
+  // (A standby idle a while, then behind a write, measures its lag from its last replay: past any small --replica-max-lag.)
+  const p = await proxyWith({ waitMs: 10_000, maxLagMs: 600_000 })
   const protocols = await offeredLogin(async (extra) => ((c) => c.connect().then(() => c))(new Client(clientConfig(p, extra))))
   const seed = Number(process.env.EDGEPG_CUTS_SEED ?? Date.now() % 100_000)
   const r = prng(seed)
@@ -508,6 +509,46 @@ test('across processes: config.lastWrite read in one and set in another keeps th
   }
 })
 
+test('a standby restarted behind under writes, that has replayed no transaction since (no replay time to measure its lag by), counts as behind: a fresh reader reads on the primary', async () => {
+  const p = await proxyWith({ maxLagMs: 300 })
+  const onStandby = async () => {
+    const c = standby.admin()
+    await c.connect()
+    try {
+      const { unmeasured, replayed } = (await c.query('SELECT pg_last_xact_replay_timestamp() IS NULL AS unmeasured, pg_last_wal_replay_lsn()::text AS replayed')).rows[0]
+      return { unmeasured, behind: lsn(replayed)! < lsn(await primaryLsn())! }
+    } finally {
+      await c.end()
+    }
+  }
+  // (Its restart replays from a restart point with no transaction after it: a checkpoint it has replayed.)
+  await admin.query('CHECKPOINT')
+  await standby.caughtUp()
+  await ((c) => c.connect().then(() => c.query('CHECKPOINT')).finally(() => c.end()))(standby.admin())
+  await standby.delay(5000)
+  let writing = true
+  const writes = (async () => {
+    while (writing) await admin.query('INSERT INTO notes (body) VALUES ($1)', ['steady']), await new Promise((r) => setTimeout(r, 20))
+  })()
+  const c = new Client(clientConfig(p))
+  try {
+    await standby.shutdown()
+    await new Promise((r) => setTimeout(r, 300))
+    await standby.start()
+    assert.deepEqual(await onStandby(), { unmeasured: true, behind: true }, 'the standby is behind the primary, and has no replay time yet')
+    await c.connect()
+    for (let i = 0; i < 3; i++) assert.equal(await where(c), 'primary', `read ${i}`)
+    assert.equal((await onStandby()).unmeasured, true, 'all the while')
+    assert.ok((await metric(p, 'replica_fallbacks_total', 'reason="lag"')) >= 1, 'passed over for its lag')
+  } finally {
+    writing = false
+    await writes
+    await c.end()
+    await standby.delay(0)
+    await standby.caughtUp()
+  }
+})
+
 test('a replica lagging past --replica-max-lag is passed over; one killed mid-run is too, with no error reaching a client; both come back', async () => {
   const p = await proxyWith({ maxLagMs: 200, waitMs: 3000 })
   const c = new Client(clientConfig(p))
@@ -574,6 +615,32 @@ test('a login serializable by default (a standby cannot run it) reads from the p
   } finally {
     await other.end()
     await admin.query('DROP ROLE serial_user')
+  }
+})
+
+test('a login the standby refuses for what it asks (transaction_read_only=off, transaction_isolation=serializable in its options) reads on the primary; the replica stays up for everyone else', async () => {
+  const p = await proxyWith()
+  const other = new Client(clientConfig(p))
+  await other.connect()
+  try {
+    assert.equal(await where(other), 'replica')
+    for (const options of ['-c transaction_read_only=off', '-c transaction_isolation=serializable']) {
+      for (let round = 0; round < 2; round++) {
+        const c = new Client(clientConfig(p, { options }))
+        await c.connect()
+        try {
+          for (let i = 0; i < 2; i++) assert.equal(await where(c), 'primary', `${options}: read ${i}`)
+        } finally {
+          await c.end()
+        }
+        assert.equal(await where(other), 'replica', 'the replica still serves the other session')
+      }
+    }
+    assert.ok((await metric(p, 'replica_fallbacks_total', 'reason="refused"')) >= 4, 'each was refused there')
+    assert.equal(await metric(p, 'replica_fallbacks_total', 'reason="down"'), 0, 'nothing counted the replica down')
+    assert.equal(await metric(p, 'replica_up', `replica="127.0.0.1:${standby.port}"`), 1)
+  } finally {
+    await other.end()
   }
 })
 

@@ -22,8 +22,14 @@ export interface ReplicaOptions {
 }
 
 /** Why a read went to the primary after all (the metric's label). */
-export const FALLBACKS = ['none_usable', 'lag', 'down', 'read_only', 'position', 'promoted', 'check_failed'] as const
+export const FALLBACKS = ['none_usable', 'lag', 'down', 'read_only', 'position', 'promoted', 'check_failed', 'refused'] as const
 export type Fallback = (typeof FALLBACKS)[number]
+
+/**
+ * Whether a login a replica refused with SQLSTATE `code` says it serves no one now (it shuts down,
+ * starts up or crashed: class 57), not that it refuses this login (its options, role or database).
+ */
+export const downForAll = (code: string) => code.startsWith('57')
 
 export interface ReplicaEvents {
   /** A lend went to `target`. */
@@ -84,8 +90,11 @@ export class Replicas {
     this.events.observed(replica.name, replica.lagMs / 1000, false)
   }
 
-  /** The check asked of a replica: what it says, and whether it may serve reads (it recovers, and from our primary). */
-  observe(replica: Replica, answer: string): { replayed: bigint; serves: boolean } {
+  /**
+   * The check asked of a replica: what it says, whether it may serve reads (it recovers, and from our
+   * primary), and whether it lags more than --replica-max-lag (then no read stands there).
+   */
+  observe(replica: Replica, answer: string): { replayed: bigint; serves: boolean; lagging?: boolean } {
     const [position, recovering, lag, database] = answer.split(' ')
     if (database) replica.database = database
     // (Until the primary has said its own, a replica's stands for it: a primary that says otherwise passes it over.)
@@ -97,13 +106,14 @@ export class Replicas {
       return { replayed, serves }
     }
     if (replayed > replica.replayed) replica.replayed = replayed
-    const lagMs = Number(lag) || 0
+    // (-1: WAL received and not replayed, with no replay time to measure by: behind, by how much unknown.)
+    const lagMs = lag === '-1' ? Infinity : Number(lag) || 0
     // (Every read checks: the metrics hear of a change only.)
     if (lagMs !== replica.lagMs || replica.downUntil || !replica.checkedAt) this.events.observed(replica.name, lagMs / 1000, true)
     replica.lagMs = lagMs
     replica.checkedAt = Date.now()
     replica.downUntil = 0
-    return { replayed, serves }
+    return { replayed, serves, lagging: lagMs > this.o.maxLagMs }
   }
 
   /** A position asked of the primary: its system identifier (asked the first time), and the position. */
@@ -114,7 +124,11 @@ export class Replicas {
     return lsn(position ?? '')
   }
 
-  /** Asked of a replica ahead of a read: its replay position, whether it recovers, its lag in ms (0 when it has replayed all it received), and its system identifier the first time. */
+  /**
+   * Asked of a replica ahead of a read: its replay position, whether it recovers, its lag in ms (0 when
+   * it has replayed all it received; else the age of the last transaction it replayed; -1 when it has
+   * replayed none since it started: unknown), and its system identifier the first time.
+   */
   check(replica: Replica): string {
     return replica.database ? CHECK : CHECK_FIRST
   }
@@ -138,8 +152,8 @@ export class Replicas {
 // set search_path on the backend these run on, and what they answer is shared by every session.
 const IDENTIFIER = ', (SELECT system_identifier FROM pg_catalog.pg_control_system())'
 const CHECK_FIRST = `SELECT pg_catalog.concat_ws(' ', coalesce(CAST(pg_catalog.pg_last_wal_replay_lsn() AS pg_catalog.text), '-'), pg_catalog.pg_is_in_recovery(),
-  CASE WHEN pg_catalog.pg_last_wal_receive_lsn() OPERATOR(pg_catalog.=) pg_catalog.pg_last_wal_replay_lsn() THEN 0
-  ELSE coalesce(pg_catalog.round(pg_catalog.date_part('epoch', pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.pg_last_xact_replay_timestamp()) OPERATOR(pg_catalog.*) 1000), 0) END${IDENTIFIER})`
+  CASE WHEN pg_catalog.pg_last_wal_receive_lsn() OPERATOR(pg_catalog.<=) pg_catalog.pg_last_wal_replay_lsn() THEN 0
+  ELSE coalesce(pg_catalog.round(pg_catalog.date_part('epoch', pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.pg_last_xact_replay_timestamp()) OPERATOR(pg_catalog.*) 1000), -1) END${IDENTIFIER})`
 const CHECK = CHECK_FIRST.replace(IDENTIFIER, '')
 const POSITION_FIRST = `SELECT pg_catalog.concat_ws(' ', pg_catalog.pg_current_wal_insert_lsn()${IDENTIFIER})`
 const POSITION = POSITION_FIRST.replace(IDENTIFIER, '')

@@ -14,7 +14,7 @@ import type { HostPort } from '../upstream/address'
 import type { Reading } from '../isolation/reader'
 import type { Control, Credentials, Lease, Leases } from '../sql/lease'
 import type { Response } from '../sql/run'
-import type { Replica, Replicas } from './replicas'
+import { downForAll, type Replica, type Replicas } from './replicas'
 
 export const POSITION_HEADER = 'edgepg-last-write'
 
@@ -47,12 +47,16 @@ export async function runRouted(
     const replica = set.choose()
     if (typeof replica === 'string') set.events.fellBack(replica)
     else {
+      let leased = false
       try {
-        const answer = await leases.with(replica.target, credentials, ctl, (lease) => onReplica(set, replica, lease, need, run))
+        const answer = await leases.with(replica.target, credentials, ctl, (lease) => ((leased = true), onReplica(set, replica, lease, need, run)))
         set.events.routed('replica')
         return answer
       } catch (err) {
-        const why = err instanceof Behind ? 'position' : err instanceof CheckFailed ? 'check_failed' : (err as DatabaseError).code === '25006' && to === 'autocommit' ? 'read_only' : replicaFailed(err) ? 'down' : undefined
+        const code = (err as DatabaseError).code
+        // (Postgres refused this login there, for what it asks: the request's, not the replica's for all; unless it serves no one.)
+        const atLogin = !leased && (err as DatabaseError).severity !== undefined
+        const why = atLogin ? (downForAll(code ?? '') ? 'down' : 'refused') : err instanceof Behind ? 'position' : err instanceof Lagging ? 'lag' : err instanceof CheckFailed ? 'check_failed' : code === '25006' && to === 'autocommit' ? 'read_only' : replicaFailed(err) ? 'down' : undefined
         if (!why) throw err
         if (why === 'down') set.down(replica, (err as Error).message)
         set.events.fellBack(why)
@@ -73,6 +77,8 @@ export async function runRouted(
 
 /** The replica had not replayed what the request must see within --replica-wait. */
 class Behind extends Error {}
+/** The replica lags more than --replica-max-lag. */
+class Lagging extends Error {}
 /** Postgres refused the check on the replica for this login (a role serializable by default): the replica is not down. */
 class CheckFailed extends Error {}
 
@@ -85,8 +91,9 @@ async function onReplica(set: Replicas, replica: Replica, lease: Lease, needed: 
     await lease.statements.execute(set.check(replica), [], (row) => void (answer = row[0] ?? '')).catch((err: DatabaseError) => {
       throw err.code ? new CheckFailed(err.message) : err
     })
-    const { replayed, serves } = set.observe(replica, answer)
+    const { replayed, serves, lagging } = set.observe(replica, answer)
     if (!serves) throw Object.assign(new Error(`replica ${replica.name} ${replica.why}`), { status: 503 })
+    if (lagging) throw new Lagging()
     return replayed
   }
   const need = needed()

@@ -12,7 +12,7 @@
  */
 import type { WebSocket, RawData } from 'ws'
 import type { Backend } from '../pool/backends'
-import { PoolTimeout, type Lender } from '../pool/lender'
+import { LoginRefused, PoolTimeout, type Lender } from '../pool/lender'
 import type { Holder } from '../pool/holders'
 import { IdleWatch, type Ending } from '../pool/idle-watch'
 import { BackendStatements, StatementRelay, type Own, type SessionStatements } from '../pool/prepared'
@@ -26,7 +26,7 @@ import type { BufferBudget, SessionMemory } from './budget'
 import { cancelNamed } from './cancels'
 import { setClaims, type ClaimsError } from '../auth/claims'
 import { closeWebSocket, type OutcomeKind, type RunningSession, type SessionLog } from './session'
-import type { Fallback, Replica, Replicas } from '../replicas/replicas'
+import { downForAll, type Fallback, type Replica, type Replicas } from '../replicas/replicas'
 import { later } from '../../src/positions'
 import { lsnText, positionOf } from '../replicas/positions'
 import { POSITION_MESSAGE, SUBPROTOCOL_POSITIONS, SUBPROTOCOL_POSITIONS_FRAMED } from '../../src/config'
@@ -63,8 +63,8 @@ export interface LentSessionOptions {
 
 export interface SessionReplicas {
   set: Replicas
-  /** The session's key's lender on `replica` (its first login made if need be); undefined if the replica refused it. */
-  lender(replica: Replica): Promise<Lender | undefined>
+  /** The session's key's lender on `replica` (its first login made if need be); LoginRefused if the replica refused the login. */
+  lender(replica: Replica): Promise<Lender>
   /** Every transaction of the session starts read-only (default_transaction_read_only in its login). */
   readOnly: boolean
 }
@@ -571,12 +571,20 @@ class LentSession implements RunningSession {
     const replica = set.choose()
     if (typeof replica === 'string') return this.fellBack(replica)
     this.o.replicas!.lender(replica).then(
-      (lender) => {
-        if (!lender) return set.down(replica, 'it refused the login'), this.fellBack('down')
-        this.acquireOn(lender, { replica, sent: [], sentBytes: 0, held: [], heldBytes: 0, retryable: route === 'autocommit', checked: false })
-      },
-      (err: Error) => (set.down(replica, err.message), this.fellBack('down'))
+      (lender) => this.acquireOn(lender, { replica, sent: [], sentBytes: 0, held: [], heldBytes: 0, retryable: route === 'autocommit', checked: false }),
+      (err: Error) => this.replicaFailed(replica, err)
     )
+  }
+
+  /**
+   * No backend on `replica` for this session (`err`): a login Postgres refused there for what it asks
+   * (its options, role or database) is this session's, which reads on the primary from now on; anything
+   * else (no connection, a replica shutting down) passes the replica over a while, for all.
+   */
+  private replicaFailed(replica: Replica, err: Error) {
+    if (err instanceof LoginRefused && !downForAll(err.code)) return (this.replicaRefused = true), this.fellBack('refused')
+    this.o.replicas!.set.down(replica, err.message)
+    this.fellBack('down')
   }
 
   /** What waits goes to the primary after all, for `why`. */
@@ -606,9 +614,8 @@ class LentSession implements RunningSession {
       (err: Error & { code?: string }) => soon(() => {
         this.leaveLine = undefined
         if (onReplica && !this.ended) {
-          // (A login refused or a connection failed: passed over a while. Its backends all busy: this read only.)
-          if (!(err instanceof PoolTimeout)) this.o.replicas!.set.down(onReplica.replica, err.message)
-          return this.fellBack('down')
+          // (Its backends all busy: this read only.)
+          return err instanceof PoolTimeout ? this.fellBack('down') : this.replicaFailed(onReplica.replica, err)
         }
         this.refuseWaiting(err, `edgepg-proxy: ${err.message}`)
       }),
@@ -681,8 +688,9 @@ class LentSession implements RunningSession {
         if (this.lend !== lend || on.moving) return
         // (No answer: the check failed in this session, not the replica for all.)
         if (!answer) return (this.replicaRefused = true), this.move(lend, 'check_failed')
-        const { replayed, serves } = set.observe(on.replica, answer)
+        const { replayed, serves, lagging } = set.observe(on.replica, answer)
         if (!serves) return this.move(lend, 'promoted')
+        if (lagging) return this.move(lend, 'lag')
         const need = this.need()
         if (need !== undefined && replayed >= need) {
           on.checked = true

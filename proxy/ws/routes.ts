@@ -9,7 +9,7 @@ import { formatHostPort, parseHostPort, type HostPort } from '../upstream/addres
 import { runSession, type RunningSession, type SessionLog } from './session'
 import { runLentSession } from './lent-session'
 import type { Signals } from './signals'
-import { Lender } from '../pool/lender'
+import { Lender, LoginRefused } from '../pool/lender'
 import type { Lenders } from '../pool/lenders'
 import { Upstream, type ClientTls, type UpstreamTls } from '../upstream/connection'
 import { loginAs, redactLogin, runLogin, takeLogin, type Login, type LoginOutcome } from '../login/in-upgrade'
@@ -180,7 +180,8 @@ export class WebSocketRoutes {
         const got = await lenders.lenderFor(key, () => pool.open(key, there), there)
         if (got instanceof Lender) return got
         got.upstream.close()
-        return undefined
+        const { outcome } = got
+        throw outcome.kind === 'refused' ? new LoginRefused(outcome.message, outcome.code) : new Error(`the replica answered the login unexpectedly (${outcome.kind})`)
       },
     }
   }
