@@ -7,7 +7,7 @@
 import pg from 'pg'
 import { serialize } from 'pg-protocol'
 import { loadReader, read } from '../proxy/isolation/reader'
-import { HANDOVER, verificationSql } from '../proxy/isolation/verify'
+import { handoverReset, verificationSql } from '../proxy/isolation/verify'
 import { printGrid, type Section } from './lib'
 import { cpuSecondsOf as cpuOf } from '../test/support/child-proxy'
 
@@ -70,7 +70,9 @@ export const isolation: Section = {
     try {
       const user = String(ctx.pgConfig().user)
       const cases: Array<[string, Buffer, number?]> = [
-        ['DISCARD ALL, in the read’s group (edgepg-proxy, at a handover)', Buffer.concat([HANDOVER, READ])],
+        // (The seed goes by a FunctionCall message, which ends in a ReadyForQuery of its own.)
+        ['DISCARD ALL and a fresh seed, in the read’s group (edgepg-proxy, at a handover)', Buffer.concat([handoverReset(), READ]), 2],
+        ['DISCARD ALL alone, in the read’s group', Buffer.concat([ext('DISCARD ALL'), READ])],
         ['DISCARD ALL in a group of its own after the read (PgBouncer, server_reset_query_always)', Buffer.concat([READ, ext('DISCARD ALL'), SYNC]), 2],
         ['SELECT 1 in a group of its own after the read (what any round of its own costs)', Buffer.concat([READ, ext('SELECT 1'), SYNC]), 2],
         ...UTILITIES.map((u): [string, Buffer] => [u, Buffer.concat([ext(u), READ])]),

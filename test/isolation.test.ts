@@ -161,6 +161,32 @@ test("code made behind the proxy's back, run by a plain read and gone at once: t
     assert.deepEqual((await within(3000, 'the backend', b.query(temps))).rows, [{ pid, n: 0 }], "b runs on a's backend, which holds nothing of a's")
   }))
 
+/** The first draws random() makes after setseed(0.42), on a connection of its own. */
+async function seeded(): Promise<number[]> {
+  const c = new pg.Client(pgConfig())
+  await c.connect()
+  try {
+    await c.query('SELECT setseed(0.42)')
+    return [(await c.query('SELECT random() AS r')).rows[0].r, (await c.query('SELECT random() AS r')).rows[0].r]
+  } finally {
+    await c.end()
+  }
+}
+
+test("code made behind the proxy's back, run by a plain read and gone at once: the seed it gave random() is not the next session's", () =>
+  hiddenCode('seed', () => 'PERFORM setseed(0.42)', async (a, b) => {
+    const known = await seeded()
+    assert.equal((await a.query(`SELECT 'pg_catalog.setseed(float8)'::regprocedure::oid::int AS oid`)).rows[0].oid, 1599, 'the function the proxy calls by its OID')
+    const pid = (await a.query('SELECT pg_backend_pid() AS pid')).rows[0].pid
+    const draw = 'SELECT pg_backend_pid() AS pid, random() AS r'
+    const drawn = [(await b.query(draw)).rows[0], (await b.query(draw)).rows[0]]
+    assert.deepEqual(drawn.map((d) => d.pid), [pid, pid], "b runs on a's backend")
+    assert.notDeepEqual(drawn.map((d) => d.r), known, 'b draws from a fresh seed, not the one a chose')
+    // (The same seed set by the session itself is its own: it draws the sequence it chose.)
+    await b.query('SELECT setseed(0.42)')
+    assert.deepEqual([(await b.query('SELECT random() AS r')).rows[0].r, (await b.query('SELECT random() AS r')).rows[0].r], known)
+  }))
+
 /** Handovers counted by the proxy's metrics, by outcome. */
 const handovers = async (p: Proxy) => Number((await p.metrics.registry.metrics()).match(/^edgepg_proxy_handovers_total\{outcome="reset"\} (\d+)/m)?.[1] ?? 0)
 

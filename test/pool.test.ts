@@ -111,9 +111,10 @@ const LEAVE_BEHIND = [
   'LISTEN leak_channel',
   'SELECT pg_advisory_lock(4242)',
   'SET ROLE md5_user',
+  'SELECT setseed(0.42)',
 ]
 
-test('nothing leaks into the next session: SET, set_config, temp tables, prepared statements, cursors, LISTEN, advisory locks, role, open or failed transactions', async () => {
+test('nothing leaks into the next session: SET, set_config, temp tables, prepared statements, cursors, LISTEN, advisory locks, role, random()\'s seed, open or failed transactions', async () => {
   const proxy = await startProxy()
   try {
     const app = 'edgepg-pool-leak'
@@ -122,6 +123,8 @@ test('nothing leaks into the next session: SET, set_config, temp tables, prepare
     const fresh = new pg.Client({ ...pgConfig('scram_user', own), application_name: app })
     await fresh.connect()
     const clean = (await fresh.query(STATE)).rows[0]
+    await fresh.query('SELECT setseed(0.42)')
+    const seeded = (await fresh.query('SELECT random() AS r')).rows[0].r
     await fresh.end()
 
     for (const ending of ['idle', 'in a transaction', 'in a failed transaction'] as const) {
@@ -131,9 +134,11 @@ test('nothing leaks into the next session: SET, set_config, temp tables, prepare
         if (ending !== 'idle') await c.query('BEGIN')
         if (ending === 'in a failed transaction') await c.query('SELECT 1/0').catch(() => {})
       })
-      const second = await session(cfg, async (c) => (await c.query(STATE)).rows[0])
+      const second = await session(cfg, async (c) => ({ ...(await c.query(STATE)).rows[0], ...(await c.query('SELECT random() AS r')).rows[0] }))
       assert.equal(second.pid, first.pid, `${ending}: the same backend served the next session`)
-      assert.deepEqual(second.result, clean, `${ending}: it looks like a fresh backend`)
+      const { r, ...state } = second.result
+      assert.deepEqual(state, clean, `${ending}: it looks like a fresh backend`)
+      assert.notEqual(r, seeded, `${ending}: random() draws from a fresh seed, not the last session's`)
     }
     await eventually(async () => (await proxy.stats()).resets === 6, 'each session’s backend reset after it (six resets)')
     const stats = await proxy.stats()
@@ -162,6 +167,8 @@ test('one pool for WebSocket sessions and /sql: a backend warmed by either serve
     const fresh = new pg.Client(pgConfig('scram_user', own))
     await fresh.connect()
     const clean = (await fresh.query(STATE)).rows[0]
+    await fresh.query('SELECT setseed(0.42)')
+    const seeded = (await fresh.query('SELECT random() AS r')).rows[0].r
     await fresh.end()
 
     const warmedByWs = await session(cfg, async (c) => {

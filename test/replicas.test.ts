@@ -21,7 +21,7 @@ import { startProxy } from './support/helpers'
 import { prng } from './support/prng'
 import { errorCode, offeredLogin, RawSession } from './support/raw-session'
 import { startDelayRelay, startHoldingRelay } from './support/delay-relay'
-import { token, tokenFixture } from './support/tokens'
+import { claimsAttacks, token, tokenFixture } from './support/tokens'
 import { readOnlyLogin, serializableLogin, type ReplicaOptions } from '../proxy/replicas/replicas'
 import { serialize } from 'pg-protocol'
 import { SUBPROTOCOL_POSITIONS, positionMessage } from '../src/config'
@@ -291,6 +291,45 @@ test('read your writes whatever the client cuts: writes and reads in random WebS
     await standby.caughtUp()
   }
   assert.ok(onReplica.filter(Boolean).length >= 8, `reads ran on the replica (${onReplica.filter(Boolean).length} of ${onReplica.length}), so the test tried it`)
+})
+
+test('a read waiting for the replica to replay its write holds no backend there and asks again with backoff: on one backend per key, another session reads there meanwhile (WebSocket and /sql)', async () => {
+  const p = await proxyWith({ waitMs: 5000 }, { pool: { mode: 'transaction', size: 1 } })
+  // (The other session speaks raw protocol: an edgepg Client would send the write's position, known process-wide, and wait too.)
+  const fresh = await RawSession.open(p.port, await offeredLogin(async (extra) => ((c) => c.connect().then(() => c))(new Client(clientConfig(p, extra)))))
+  const whereFresh = async () => ((await fresh.run(serialize.query('SELECT pg_is_in_recovery()'))).first === 't' ? 'replica' : 'primary')
+  assert.equal(await whereFresh(), 'replica') // (the key's one backend on the replica is logged in)
+  await standby.delay(1000)
+  try {
+    for (const over of ['ws', 'sql'] as const) {
+      const writer = new Client(clientConfig(p))
+      await writer.connect()
+      try {
+        const tag = `waits ${over} ${Date.now()}`
+        await writer.query('INSERT INTO notes (body) VALUES ($1)', [tag])
+        const checks = await metric(p, 'replica_checks_total')
+        const order: string[] = []
+        const read = 'SELECT count(*)::int AS n, pg_is_in_recovery() AS standby FROM notes WHERE body = $1'
+        const waiting = (over === 'ws'
+          ? writer.query(read, [tag]).then((r) => r.rows[0])
+          : httpSql(`postgresql://scram_user:${PASSWORD}@127.0.0.1:${primary.port}/postgres`, { fetchEndpoint: `http://127.0.0.1:${p.port}/sql` }).query(read, [tag]).then((rows: any[]) => rows[0])
+        ).then((row) => (order.push('waiting'), row))
+        await new Promise((r) => setTimeout(r, 200))
+        assert.equal(await whereFresh(), 'replica', `${over}: the other session reads on the replica`)
+        order.push('other')
+        assert.deepEqual(await waiting, { n: 1, standby: true }, `${over}: the waiting read saw its write, on the replica`)
+        assert.deepEqual(order, ['other', 'waiting'], `${over}: the other read ran while the first waited`)
+        const asked = (await metric(p, 'replica_checks_total')) - checks
+        assert.ok(asked >= 3 && asked <= 16, `${over}: the waiting read asked again with backoff over ~1 s: ${asked} checks`)
+      } finally {
+        await writer.end()
+      }
+    }
+  } finally {
+    await fresh.end()
+    await standby.delay(0)
+    await standby.caughtUp()
+  }
 })
 
 test('COPY FROM STDIN on the primary: nothing of the proxy\'s rides behind it (Postgres would take it for data), and its position is told once it is done', async () => {
@@ -657,19 +696,79 @@ test("what the proxy reads of a login's options is what Postgres makes of them",
   }
 })
 
-test('sessions by token read from the primary: their claims are set where they write (a standby cannot hold them unforged)', async () => {
+test("sessions by token read on the replica, with claims no session can forge there: the tokens suite's attacks, and the replica's own, on a standby backend; RLS gives the rows the primary gives", async () => {
   const table = `replica_rls_${process.pid}`
   const fx = await tokenFixture(table, primary)
   try {
     await standby.caughtUp()
-    const p = await proxyWith({}, { tokens: fx.options })
-    const c = new Client({ host: '127.0.0.1', port: primary.port, database: 'postgres', authToken: await token('alice'), webSocketConstructor: WebSocket as any, wsProxy: () => p.url })
-    await c.connect()
+    // (A standby idle a while, then behind a write, measures its lag from its last replay: past any small --replica-max-lag.)
+    const p = await proxyWith({ maxLagMs: 600_000 }, { tokens: fx.options, pool: { mode: 'transaction', size: 2 } })
+    const as = async (sub: string) => {
+      const c = new Client({ host: '127.0.0.1', port: primary.port, database: 'postgres', authToken: await token(sub), webSocketConstructor: WebSocket as any, wsProxy: () => p.url })
+      c.on('error', () => {})
+      await c.connect()
+      return c
+    }
+    const alice = await as('alice')
+    const bob = await as('bob')
+    const look = `SELECT edgepg.claims() ->> 'sub' AS sub, pg_is_in_recovery() AS standby, (SELECT array_agg(DISTINCT owner ORDER BY owner) FROM ${table}) AS owners`
+    const sees = (c: Client) => c.query(look).then((r) => r.rows[0], (err) => ({ code: err.code }))
+    // (A statement that calls functions the reader does not know goes to the primary, unless in a transaction begun read-only.)
+    const readOnly = async <T>(c: Client, run: () => Promise<T>): Promise<T> => {
+      await c.query('BEGIN READ ONLY')
+      try {
+        return await run()
+      } finally {
+        await c.query('ROLLBACK').catch(() => {})
+      }
+    }
+    const seesThere = (c: Client) => readOnly(c, () => sees(c))
     try {
-      const r = await c.query(`SELECT owner, pg_is_in_recovery() AS standby FROM ${table}`)
-      assert.deepEqual(r.rows, [{ owner: 'alice', standby: false }])
+      assert.deepEqual(await sees(alice), { sub: 'alice', standby: false, owners: ['alice'] }, 'the first lend, on the primary, learns the replica key')
+      // (A transaction that called code is asked about on its backend, which the session's next statement may ride meanwhile.)
+      const there = async (c: Client) => {
+        let seen = await seesThere(c)
+        for (let i = 0; i < 20 && !seen.standby; i++) await new Promise((r) => setTimeout(r, 20)), (seen = await seesThere(c))
+        return seen
+      }
+      assert.deepEqual(await there(alice), { sub: 'alice', standby: true, owners: ['alice'] }, 'alice reads on the replica, as alice')
+      assert.deepEqual(await there(bob), { sub: 'bob', standby: true, owners: ['bob'] })
+      // Each attack on the standby, in a transaction begun read-only: nothing makes the session another's, or shows another's rows.
+      const ownMac = `set_config('edgepg.claims_mac', current_setting('edgepg.claims_mac', true), false)`
+      const attacks = [
+        ...claimsAttacks(table),
+        `SELECT edgepg.set_replica_claims('{"sub":"bob","exp":99999999999}', decode(repeat('00', 32), 'hex'))`,
+        `SELECT edgepg.set_replica_claims('{"sub":"bob","exp":99999999999}', NULL)`,
+        `SELECT edgepg.replica_key(1, decode(repeat('00', 32), 'hex'))`,
+        `SELECT * FROM edgepg.replica_key`,
+        `SELECT edgepg.replica_mac('{"sub":"bob"}')`,
+        `SELECT set_config('edgepg.claims', '{"sub":"bob"}', false), ${ownMac}`,
+        `SELECT set_config('edgepg.claims', current_setting('edgepg.claims') || ' ', false), ${ownMac}`,
+      ]
+      for (const attack of attacks) {
+        const after = await readOnly(alice, async () => (await alice.query(attack).catch(() => {}), await sees(alice)))
+        // (Refused, or alice's claims or none, and her rows or none: never bob's. An attack that ends the transaction leaves the read to the primary.)
+        assert.ok(after.code === '42501' || after.code === '25P02' || ([null, 'alice'].includes(after.sub) && (after.owners ?? ['alice']).join() === 'alice'), `${attack}: ${JSON.stringify(after)}`)
+        assert.deepEqual(await there(alice), { sub: 'alice', standby: true, owners: ['alice'] }, `after ${attack}`)
+      }
+      // Another backend's claims and MAC, replayed: they hold on the backend that made them only.
+      await alice.query('BEGIN READ ONLY')
+      const mine = (await alice.query(`SELECT current_setting('edgepg.claims') AS claims, current_setting('edgepg.claims_mac') AS mac, pg_backend_pid() AS pid, pg_is_in_recovery() AS standby`)).rows[0]
+      await bob.query('BEGIN READ ONLY')
+      assert.notEqual((await bob.query('SELECT pg_backend_pid() AS pid')).rows[0].pid, mine.pid, 'bob runs on the other standby backend')
+      await bob.query(`SELECT set_config('edgepg.claims', $1, false), set_config('edgepg.claims_mac', $2, false)`, [mine.claims, mine.mac])
+      assert.equal((await sees(bob)).code, '42501', "alice's claims and MAC on bob's backend: refused")
+      await Promise.all([alice.query('ROLLBACK'), bob.query('ROLLBACK')])
+      assert.equal(mine.standby, true)
+      // A write (on the primary), then RLS on the replica once it has replayed it: the primary's rows.
+      await alice.query(`INSERT INTO ${table} (body) VALUES ('from the edge')`)
+      const onReplica = (await alice.query(`SELECT body, pg_is_in_recovery() AS standby FROM ${table} ORDER BY id`)).rows
+      const onPrimary = (await fx.admin.query(`SELECT body FROM ${table} WHERE owner = 'alice' ORDER BY id`)).rows
+      assert.deepEqual(onReplica.map((r) => r.body), onPrimary.map((r) => r.body))
+      assert.ok(onReplica.every((r) => r.standby), 'read on the replica')
+      assert.equal(await metric(p, 'replica_fallbacks_total', 'reason="refused"'), 0)
     } finally {
-      await c.end()
+      await Promise.all([alice.end(), bob.end()])
     }
   } finally {
     await fx.teardown()

@@ -17,7 +17,7 @@ import type { AddressInfo } from 'node:net'
 import { exportJWK, exportSPKI, generateKeyPair, SignJWT, UnsecuredJWT } from 'jose'
 import { neon, neonConfig } from '@neondatabase/serverless'
 import { startProxy, eventually, within, testPostgres } from './support/helpers'
-import { AUDIENCE, ISSUER, SECRET, superuserUrl, token, tokenFixture, WEB_ADMIN, WEB_USER } from './support/tokens'
+import { AUDIENCE, claimsAttacks, ISSUER, SECRET, superuserUrl, token, tokenFixture, WEB_ADMIN, WEB_USER } from './support/tokens'
 import { parseConfig } from '../proxy/config'
 import { startPostgres } from './support/stack'
 
@@ -77,47 +77,7 @@ for (const mode of ['transaction', 'session'] as const) {
   })
 }
 
-/**
- * What a holder of a valid token for alice may try, in her own session, to be someone else or to
- * read someone else's claims. Each is run (its error, if any, ignored); after each, edgepg.claims()
- * must still say alice and RLS show only her rows.
- */
-const ATTACKS: string[] = [
-  `SET edgepg.claims = '{"sub":"bob"}'`,
-  `SELECT set_config('edgepg.claims', '{"sub":"bob"}', false)`,
-  `SELECT set_config('request.jwt.claims', '{"sub":"bob"}', false)`,
-  `BEGIN; SET LOCAL edgepg.claims = '{"sub":"bob"}'; SELECT 1`,
-  `ROLLBACK`,
-  `RESET ROLE`,
-  `SET ROLE ${WEB_ADMIN}`,
-  `SET ROLE postgres`,
-  `SET SESSION AUTHORIZATION postgres`,
-  `RESET SESSION AUTHORIZATION`,
-  `RESET ALL`,
-  `DISCARD ALL`,
-  `DISCARD SEQUENCES`,
-  `SELECT edgepg.init(decode(repeat('00', 32), 'hex'))`,
-  `SELECT edgepg.init(decode(repeat('ab', 64), 'hex'))`,
-  ...[1, 2, 3, 4, 100].map((n) => `SELECT edgepg.set_claims(${n}, '{"sub":"bob"}', decode(repeat('00', 32), 'hex'))`),
-  `SELECT edgepg.set_claims(NULL, '{"sub":"bob"}', NULL)`,
-  `SELECT edgepg.started()`,
-  `SELECT * FROM edgepg.backends`,
-  `UPDATE edgepg.backends SET claims = '{"sub":"bob"}'`,
-  `INSERT INTO edgepg.backends (pid, started, key) VALUES (pg_backend_pid(), now(), '\\x00')`,
-  `DELETE FROM edgepg.backends`,
-  `CREATE TEMP TABLE backends (pid int, started timestamptz, key bytea, n bigint, claims jsonb)`,
-  `INSERT INTO pg_temp.backends VALUES (pg_backend_pid(), now(), '\\x00', 0, '{"sub":"bob"}')`,
-  `SET search_path = pg_temp, edgepg, public`,
-  `CREATE FUNCTION pg_temp.claims() RETURNS jsonb LANGUAGE sql AS $$ SELECT '{"sub":"bob"}'::jsonb $$`,
-  `CREATE FUNCTION pg_temp.started() RETURNS timestamptz LANGUAGE sql AS $$ SELECT now() $$`,
-  `CREATE FUNCTION public.hmac(bytea, bytea, text) RETURNS bytea LANGUAGE sql AS $$ SELECT '\\x00'::bytea $$`,
-  `CREATE SCHEMA edgepg_fake`,
-  `DROP FUNCTION edgepg.claims()`,
-  `CREATE OR REPLACE FUNCTION edgepg.claims() RETURNS jsonb LANGUAGE sql AS $$ SELECT '{"sub":"bob"}'::jsonb $$`,
-  `ALTER TABLE edgepg.backends DISABLE ROW LEVEL SECURITY`,
-  `ALTER TABLE ${TABLE} DISABLE ROW LEVEL SECURITY`,
-  `LOCK TABLE edgepg.backends`,
-]
+const ATTACKS = claimsAttacks(TABLE)
 
 async function checkAlice(c: Client, when: string) {
   assert.equal(await sub(c), 'alice', `claims after: ${when}`)

@@ -539,6 +539,11 @@ test('/sql: a request that may leave state behind is reset (or its backend close
       assert.equal((await post(p, leaves)).status, 200, leaves)
       assert.deepEqual(rowsOf(await post(p, look))[0], fresh, `after ${leaves}`)
     }
+    // random()'s seed, which DISCARD ALL keeps: the next request draws from a fresh one.
+    const seeded = rowsOf(await post(p, 'SELECT setseed(0.42)', 'SELECT random() AS r'))[0].r
+    assert.equal(rowsOf(await post(p, 'SELECT setseed(0.42)', 'SELECT random() AS r'))[0].r, seeded, 'within a request, its own seed')
+    assert.equal((await post(p, 'SELECT setseed(0.42)')).status, 200)
+    assert.notEqual(rowsOf(await post(p, 'SELECT random() AS r'))[0].r, seeded, 'the next request draws from another seed')
     assert.equal((await post(p, 'BEGIN')).status, 200)
     assert.deepEqual(rowsOf(await post(p, "SELECT pg_current_xact_id_if_assigned() IS NULL AS none")), [{ none: true }], 'a dangling BEGIN is rolled back')
     assert.ok((await metric(p, 'pool_resets_total')) >= resets + 1, 'the one left in a transaction was rolled back and reset')

@@ -207,7 +207,8 @@ export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => P
   })
   const targets = new Counter({ name: `${PREFIX}transactions_total`, help: 'Transaction pooling with --replica: transactions (a lend each) by where they ran: primary, replica', labelNames: ['target'] as const, registers })
   const replicaWaits = new Histogram({ name: `${PREFIX}replica_wait_seconds`, help: 'Reads that waited for a replica to replay what their session had seen, and how long (--replica-wait)', buckets: WAIT_BUCKETS, registers })
-  const fallbacks = new Counter({ name: `${PREFIX}replica_fallbacks_total`, help: 'Reads meant for a replica that ran on the primary, by why: none_usable, down (or refused the login), lag (--replica-max-lag), read_only (the standby refused a write, 25006), position (not replayed within --replica-wait), promoted, check_failed (the standby refused the session\'s check: serializable by default)', labelNames: ['reason'] as const, registers })
+  const fallbacks = new Counter({ name: `${PREFIX}replica_fallbacks_total`, help: 'Reads meant for a replica that ran on the primary, by why: none_usable, down, refused (the standby refused this login: its options, role or database), lag (--replica-max-lag), read_only (the standby refused a write, 25006), position (not replayed within --replica-wait), promoted, check_failed (the standby refused the session\'s check: serializable by default)', labelNames: ['reason'] as const, registers })
+  const checks = new Counter({ name: `${PREFIX}replica_checks_total`, help: 'Checks asked of replicas (one ahead of each read, and one each time a read waiting for a position asks again)', registers })
   const lag = new Gauge({ name: `${PREFIX}replica_lag_seconds`, help: "Each replica's replay lag, as its last check said", labelNames: ['replica'] as const, aggregator: 'max', registers })
   const up = new Gauge({ name: `${PREFIX}replica_up`, help: 'Whether each replica serves reads (1) or is passed over (0: down, refused a login, promoted, another cluster)', labelNames: ['replica'] as const, aggregator: 'min', registers })
   // Every series exists from the start, at 0, so rate() and alerts work before the first event.
@@ -246,6 +247,7 @@ export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => P
       routed: (target) => targets.inc({ target }),
       waited: (seconds) => replicaWaits.observe(seconds),
       fellBack: (reason) => fallbacks.inc({ reason }),
+      checked: () => checks.inc(),
       observed(replica, seconds, serves) {
         lag.set({ replica }, seconds)
         up.set({ replica }, serves ? 1 : 0)

@@ -24,6 +24,8 @@ const keyed = new WeakMap<Upstream, Keyed>()
 
 const INIT = 'SELECT edgepg.init($1)'
 const SET = 'SELECT edgepg.set_claims($1, $2, $3)'
+const REPLICA_KEY = 'SELECT edgepg.replica_key($1, $2)'
+const SET_ON_REPLICA = 'SELECT edgepg.set_replica_claims($1, $2)'
 const SYNC = serialize.sync()
 const EXECUTE = serialize.execute({})
 
@@ -82,3 +84,55 @@ export async function setClaims(upstream: Upstream, claims: string, send: Send =
     missing ? '28000' : error.code
   )
 }
+
+/**
+ * The database's replica key (edgepg.replica_key), asked on `upstream`, a primary's backend the proxy
+ * set claims on: its own key says the proxy asks. Undefined if Postgres refused (a database set up
+ * before replicas took claims: setup-auth again) or the connection closed.
+ */
+export async function replicaKey(upstream: Upstream): Promise<Buffer | undefined> {
+  const k = keyed.get(upstream)
+  if (!k) return undefined
+  const n = ++k.n
+  const mac = createHmac('sha256', k.key).update(`${n}:replica-key`).digest()
+  const answer = await exchange(upstream, Buffer.concat([statement(REPLICA_KEY, [String(n), hex(mac)]), serialize.close({ type: 'S', name: '' }), SYNC]))
+  if (answer?.error) k.n-- // (its transaction rolled back: n was not used)
+  return answer?.first && /^([0-9a-f]{2}){32,}$/.test(answer.first) ? Buffer.from(answer.first, 'hex') : undefined
+}
+
+/**
+ * The messages that set `claims` on a standby's backend, vouched for by a ticket under the replica
+ * key (edgepg.set_replica_claims), with no Sync: they lead the lend's first group. In a block of their
+ * own (a SELECT left in the implicit transaction of extended messages stays open through a simple
+ * Query that follows, as the replica's check). The ticket travels as a bind parameter, as the MACs
+ * do: no statement text shows it.
+ */
+export function replicaClaimsMessages(claims: string, key: Buffer): Buffer {
+  const ticket = createHmac('sha256', key).update(`replica:${claims}`).digest()
+  return Buffer.concat([BEGIN, statement(SET_ON_REPLICA, [claims, hex(ticket)]), COMMIT])
+}
+/** What replicaClaimsMessages answers with: a CommandComplete for each of its three statements. */
+export const REPLICA_CLAIMS_ENDS = 3
+const BEGIN = statement('BEGIN', [])
+const COMMIT = statement('COMMIT', [])
+
+/** A database's replica key as the proxy learns it: asked once (by the first session to need it, on its own backend), and again a minute after a refusal. */
+export class ReplicaKeyCache {
+  key?: Buffer
+  private asking = false
+  private refusedAt = -Infinity
+
+  /** Asks it on `upstream` (see replicaKey) unless it is known, being asked, or was refused within the minute. */
+  async learn(upstream: Upstream): Promise<void> {
+    if (this.key || this.asking || performance.now() - this.refusedAt < REASK_MS) return
+    this.asking = true
+    try {
+      this.key = await replicaKey(upstream)
+    } catch {} // (the connection broke: asked again by the next)
+    finally {
+      this.asking = false
+      if (!this.key) this.refusedAt = performance.now()
+    }
+  }
+}
+const REASK_MS = 60_000

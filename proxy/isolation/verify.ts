@@ -7,6 +7,7 @@
  * backslash (the session may have changed search_path, made temporary types, or turned standard
  * strings off).
  */
+import { randomFillSync } from 'node:crypto'
 import { serialize } from 'pg-protocol'
 
 /** What a verification found: state by kind (`statements`: protocol-level prepared statements, which the proxy keeps itself). */
@@ -21,13 +22,47 @@ const TRANSACTION_SCOPED = `'{transaction_isolation,transaction_read_only,transa
 
 /**
  * Reset at the head of the first write to a backend that changes hands, in the next session's first
- * Sync group: DISCARD ALL, a utility command (no plan, no name a session can redefine). It may not
- * run inside a transaction block, so Postgres commits it on its own before anything behind it starts
- * (what fails behind it never brings back what it undid), and refuses it on a backend left inside
- * one; if it fails, Postgres skips the rest of the group, which the proxy then sends elsewhere.
- * Unnamed: whatever the next session names, it replaces or (by the relay's Close) finds none.
+ * Sync group: DISCARD ALL, a utility command (no plan, no name a session can redefine), then a fresh
+ * seed (reseed). DISCARD ALL may not run inside a transaction block, so Postgres commits it on its own
+ * before anything behind it starts (what fails behind it never brings back what it undid), and
+ * refuses it on a backend left inside one; if it fails, Postgres skips the rest of the group, which
+ * the proxy then sends elsewhere. Unnamed: whatever the next session names, it replaces or (by the
+ * relay's Close) finds none.
  */
-export const HANDOVER = Buffer.concat([serialize.parse({ text: 'DISCARD ALL' }), serialize.bind({}), serialize.execute({})])
+export function handoverReset(): Buffer {
+  return Buffer.concat([DISCARD, reseed()])
+}
+/** What a handover's reset answers with, each ending one of its parts: DISCARD ALL's CommandComplete, the call's ReadyForQuery (or the first refused, an error). */
+export const HANDOVER_ENDS = 2
+const DISCARD = Buffer.concat([serialize.parse({ text: 'DISCARD ALL' }), serialize.bind({}), serialize.execute({})])
+
+/**
+ * A fresh seed for random() and its kin, which DISCARD ALL leaves as the last session set it
+ * (setseed: the next session's every draw would be the last one's to choose or know), from the
+ * proxy's own strong randomness. By a FunctionCall message, answered with a ReadyForQuery of its own:
+ * no statement to plan (a SELECT costs Postgres ~10 µs more), no text for pg_stat_activity to show,
+ * and a transaction of its own (a SELECT left in the implicit transaction of extended messages stays
+ * open through a simple Query that follows). Postgres skips it, as the rest, once DISCARD ALL is refused.
+ */
+export function reseed(): Buffer {
+  const call = Buffer.from(RESEED)
+  call.writeDoubleBE(seed(), SEED_AT)
+  return call
+}
+/**
+ * FunctionCall ('F', length 28) of pg_catalog.setseed(float8) by its OID, 1599 (a built-in's: the same
+ * in every release); one format code, binary, for its one argument, 8 bytes at SEED_AT; the result as text.
+ */
+const RESEED = Buffer.from('46' + '0000001c' + '0000063f' + '0001' + '0001' + '0001' + '00000008' + '0000000000000000' + '0000', 'hex')
+const SEED_AT = 19
+
+/** A double in [0, 1) of 53 random bits, drawn in batches. */
+const drawn = new Uint32Array(1024)
+let unused = 0
+function seed(): number {
+  if (unused < 2) randomFillSync(drawn), (unused = drawn.length)
+  return ((drawn[--unused] >>> 11) * 2 ** 32 + drawn[--unused]) / 2 ** 53
+}
 
 /**
  * What a session left on its backend, as one row: temporary objects of any kind, cursors (WITH

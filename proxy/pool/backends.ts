@@ -1,7 +1,7 @@
 /**
  * Warm backends. A Postgres connection whose login the proxy ran is kept when its session ends
  * idle: reset (ROLLBACK if a transaction was left open, then DISCARD ALL: SET, temp tables,
- * prepared statements, cursors, LISTEN, advisory locks, role), and handed to the next session
+ * prepared statements, cursors, LISTEN, advisory locks, role; and a fresh seed for random()), and handed to the next session
  * whose login matches exactly: same upstream, TLS, StartupMessage (user, database and every
  * parameter) and password. That session's login is answered from the backend's own state
  * (AuthenticationOk, its ParameterStatus values, its BackendKeyData, ReadyForQuery): no fork, no
@@ -18,6 +18,7 @@
  */
 import { createHmac, randomBytes } from 'node:crypto'
 import type { Reading } from '../isolation/reader'
+import { reseed } from '../isolation/verify'
 import { serialize } from 'pg-protocol'
 import { ByteQueue, EMPTY, messages } from '../wire/bytes'
 import { cancelRequest, type BackendKey } from '../wire/startup'
@@ -274,7 +275,7 @@ export class BackendPool {
     list.push(backend)
     this.idle.set(backend.poolKey, list)
     if (!ending.clean) backend.resets++
-    const own = () => this.exchange(backend, ending.pending === 0 && ending.status === TxStatus.Idle ? [DISCARD_ALL] : [ROLLBACK, DISCARD_ALL], ending.pending)
+    const own = () => this.exchange(backend, ending.pending === 0 && ending.status === TxStatus.Idle ? [DISCARD_ALL, reseed()] : [ROLLBACK, DISCARD_ALL, reseed()], ending.pending)
     const done = reset
       ? reset.then((ok) => (ok === undefined ? own() : ok && (this.watchIdle(backend), true)))
       : ending.clean

@@ -19,7 +19,6 @@ import { EMPTY, Framer } from '../wire/bytes'
 import { ClientMessage, DescribeTarget, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse } from '../wire/startup'
 import { plainTag } from '../isolation/reader'
-import { HANDOVER } from '../isolation/verify'
 
 /** A session's named statements: name → its Parse message. */
 export type SessionStatements = Map<string, Buffer>
@@ -62,6 +61,8 @@ interface Awaited {
   described?: (type: string) => void
   /** An error earlier in its Sync group made Postgres skip it. */
   skipped?: () => void
+  /** Answers still to end a lead (see lead). */
+  left?: number
   /** For a simple Query: the statements its DEALLOCATEs name, in order. */
   deallocates?: string[]
 }
@@ -106,7 +107,6 @@ function bindNaming(msg: Buffer, name: string): Buffer {
   head.writeInt32BE(4 + (portalEnd + 1 - 5) + named.length + rest.length, 1)
   return Buffer.concat([head, msg.subarray(5, portalEnd + 1), named, rest])
 }
-const DATA_ROW = 0x44
 const DEALLOCATE = /\bdeallocate\s+(?:prepare\s+)?(?!all\b)("(?:[^"]|"")+"|[a-z_][\w$]*)/gi
 const EXECUTE = /\bexecute\s+("(?:[^"]|"")+"|[a-z_][\w$]*)/gi
 
@@ -143,14 +143,16 @@ export class StatementRelay {
   ) {}
 
   /**
-   * The backend changes hands: its reset (proxy/isolation/verify.ts HANDOVER) goes at the head of the
-   * next write, in one Sync group with what follows it. `answered` hears whether Postgres ran it (false:
-   * an error, and Postgres skips the rest of the group). Until then, what Postgres sends is the last
-   * user's (a notification, a notice) and goes nowhere. Called before anything is written.
+   * Messages of the proxy's own (the reset of a backend that changes hands, proxy/isolation/verify.ts
+   * handoverReset; claims on a standby) go at the head of the next write, in one Sync group with what
+   * follows them: `ends` of their answers end in a CommandComplete or a ReadyForQuery. `answered` hears
+   * whether Postgres ran them all (false: an error, and Postgres skips the rest of the group). Until
+   * then, what Postgres sends is the last user's (a notification, a notice) and goes nowhere. Called
+   * before anything is written.
    */
-  handOver(answered: (ok: boolean) => void) {
-    this.ahead = HANDOVER
-    this.awaited.push({ kind: 'handover', own: true, done: () => answered(true), skipped: () => answered(false) })
+  lead(bytes: Buffer, ends: number, answered: (ok: boolean) => void) {
+    this.ahead = bytes
+    this.awaited.push({ kind: 'handover', own: true, left: ends, done: () => answered(true), skipped: () => answered(false) })
   }
 
   private write(parts: Buffer[]) {
@@ -239,7 +241,8 @@ export class StatementRelay {
     const type = bytes[start]
     const own = this.awaited[0]
     if (own?.kind === 'handover') {
-      if (type === ServerMessage.CommandComplete || type === ServerMessage.ErrorResponse) this.awaited.shift(), type === ServerMessage.ErrorResponse ? own.skipped!() : own.done!()
+      if (type === ServerMessage.ErrorResponse) this.awaited.shift(), own.skipped!()
+      else if ((type === ServerMessage.CommandComplete || type === ServerMessage.ReadyForQuery) && !--own.left!) this.awaited.shift(), own.done!()
       return
     }
     if (own?.kind === 'describe' && (type === ServerMessage.ParameterDescription || type === ServerMessage.RowDescription || type === ServerMessage.NoData)) {
@@ -248,7 +251,7 @@ export class StatementRelay {
     }
     // A notification comes whenever, and is the session's; so is a FATAL, the backend's last word.
     if (own?.swallow && type !== ServerMessage.NotificationResponse && !(type === ServerMessage.ErrorResponse && fatal(bytes.subarray(start, end)))) {
-      if (type === DATA_ROW && bytes.readInt16BE(start + 5) > 0 && bytes.readInt32BE(start + 7) >= 0) own.onRow?.(bytes.toString('utf8', start + 11, start + 11 + bytes.readInt32BE(start + 7)))
+      if (type === ServerMessage.DataRow && bytes.readInt16BE(start + 5) > 0 && bytes.readInt32BE(start + 7) >= 0) own.onRow?.(bytes.toString('utf8', start + 11, start + 11 + bytes.readInt32BE(start + 7)))
       if (type === ServerMessage.ReadyForQuery) this.awaited.shift(), own.ready?.(bytes[start + 5])
       return
     }

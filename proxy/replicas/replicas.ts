@@ -37,9 +37,17 @@ export interface ReplicaEvents {
   /** A read waited this long for a replica to replay its session's position. */
   waited(seconds: number): void
   fellBack(why: Fallback): void
+  /** A check was asked of a replica. */
+  checked(): void
   /** What a check said of a replica. */
   observed(name: string, lagSeconds: number, up: boolean): void
 }
+
+/**
+ * How long a read waiting for a replica to replay its session's position waits, with no backend held,
+ * before it asks again: twice as long each time, 10 ms up to 160 ms, never past --replica-wait (`left`).
+ */
+export const recheckIn = (tries: number, left: number) => Math.min(left, 10 << Math.min(tries, 4))
 
 /** How long a replica that failed is passed over before it is tried again. */
 const DOWN_MS = 2000

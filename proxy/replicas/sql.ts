@@ -14,7 +14,7 @@ import type { HostPort } from '../upstream/address'
 import type { Reading } from '../isolation/reader'
 import type { Control, Credentials, Lease, Leases } from '../sql/lease'
 import type { Response } from '../sql/run'
-import { downForAll, type Replica, type Replicas } from './replicas'
+import { downForAll, recheckIn, type Fallback, type Replica, type Replicas } from './replicas'
 
 export const POSITION_HEADER = 'edgepg-last-write'
 
@@ -45,23 +45,9 @@ export async function runRouted(
   const to = credentials.claims !== undefined ? 'primary' : asked.readOnly && asked.batch ? 'replica' : set.o.autocommit && reads ? 'autocommit' : 'primary'
   if (to !== 'primary') {
     const replica = set.choose()
-    if (typeof replica === 'string') set.events.fellBack(replica)
-    else {
-      let leased = false
-      try {
-        const answer = await leases.with(replica.target, credentials, ctl, (lease) => ((leased = true), onReplica(set, replica, lease, need, run)))
-        set.events.routed('replica')
-        return answer
-      } catch (err) {
-        const code = (err as DatabaseError).code
-        // (Postgres refused this login there, for what it asks: the request's, not the replica's for all; unless it serves no one.)
-        const atLogin = !leased && (err as DatabaseError).severity !== undefined
-        const why = atLogin ? (downForAll(code ?? '') ? 'down' : 'refused') : err instanceof Behind ? 'position' : err instanceof Lagging ? 'lag' : err instanceof CheckFailed ? 'check_failed' : code === '25006' && to === 'autocommit' ? 'read_only' : replicaFailed(err) ? 'down' : undefined
-        if (!why) throw err
-        if (why === 'down') set.down(replica, (err as Error).message)
-        set.events.fellBack(why)
-      }
-    }
+    const answer = typeof replica === 'string' ? replica : await tryReplica(set, replica, leases, credentials, ctl, need, run, to === 'autocommit')
+    if (typeof answer !== 'string') return set.events.routed('replica'), answer
+    set.events.fellBack(answer)
   }
   set.events.routed('primary')
   return leases.with(primary, credentials, ctl, async (lease) => {
@@ -75,8 +61,45 @@ export async function runRouted(
   })
 }
 
+/**
+ * The request on `replica`, once it has replayed what the request must see: it waits for that with no
+ * backend held (asking again after recheckIn) for up to --replica-wait. Or why it runs on the primary
+ * instead (`autocommit`: a read the standby may refuse as a write, 25006).
+ */
+async function tryReplica(set: Replicas, replica: Replica, leases: Leases, credentials: Credentials, ctl: Control, need: () => bigint | undefined, run: (lease: Lease) => Promise<Response>, autocommit: boolean): Promise<Response | Fallback> {
+  const since = performance.now()
+  for (let tries = 0; ; tries++) {
+    let leased = false
+    try {
+      return await leases.with(replica.target, credentials, ctl, (lease) => ((leased = true), onReplica(set, replica, lease, need, run, tries ? since : 0)))
+    } catch (err) {
+      const left = since + set.o.waitMs - performance.now()
+      if (err instanceof NotYet && left > 0 && !ctl.aborted) {
+        await new Promise((resolve) => setTimeout(resolve, recheckIn(tries, left)))
+        continue
+      }
+      const code = (err as DatabaseError).code
+      // (Postgres refused this login there, for what it asks: the request's, not the replica's for all; unless it serves no one.)
+      const atLogin = !leased && (err as DatabaseError).severity !== undefined
+      const why: Fallback | undefined = atLogin
+        ? downForAll(code ?? '') ? 'down' : 'refused'
+        : err instanceof NotYet || err instanceof Behind ? 'position'
+        : err instanceof Lagging ? 'lag'
+        : err instanceof CheckFailed ? 'check_failed'
+        : code === '25006' && autocommit ? 'read_only'
+        : replicaFailed(err) ? 'down'
+        : undefined
+      if (!why) throw err
+      if (why === 'down') set.down(replica, (err as Error).message)
+      return why
+    }
+  }
+}
+
 /** The replica had not replayed what the request must see within --replica-wait. */
 class Behind extends Error {}
+/** The replica has not replayed it yet: asked again, while --replica-wait allows. */
+class NotYet extends Error {}
 /** The replica lags more than --replica-max-lag. */
 class Lagging extends Error {}
 /** Postgres refused the check on the replica for this login (a role serializable by default): the replica is not down. */
@@ -85,9 +108,11 @@ class CheckFailed extends Error {}
 /** A login or a connection to the replica failed (HTTP 502/503 from the lease), not the request. */
 const replicaFailed = (err: unknown) => [502, 503].includes((err as { status?: number }).status ?? 0) || (err as Error).message === 'Connection terminated unexpectedly'
 
-async function onReplica(set: Replicas, replica: Replica, lease: Lease, needed: () => bigint | undefined, run: (lease: Lease) => Promise<Response>): Promise<Response> {
+/** The request on the replica, once it has replayed what it must see; `waitedSince`: when the request began to wait for it, if it did. */
+async function onReplica(set: Replicas, replica: Replica, lease: Lease, needed: () => bigint | undefined, run: (lease: Lease) => Promise<Response>, waitedSince: number): Promise<Response> {
   const check = async () => {
     let answer = ''
+    set.events.checked()
     await lease.statements.execute(set.check(replica), [], (row) => void (answer = row[0] ?? '')).catch((err: DatabaseError) => {
       throw err.code ? new CheckFailed(err.message) : err
     })
@@ -99,15 +124,9 @@ async function onReplica(set: Replicas, replica: Replica, lease: Lease, needed: 
   const need = needed()
   // (Behind a reset Postgres may refuse, which skips only the check's Sync group: the read waits for its answer.)
   if (need === undefined || replica.replayed < need || lease.handover) {
-    // Behind, or not known not to be: it is asked (again) until it has caught up, for up to --replica-wait.
-    const since = performance.now()
-    let behind = false
-    while ((await check()) < (needed() ?? Infinity)) {
-      if (performance.now() - since >= set.o.waitMs) throw new Behind()
-      behind = true
-      await new Promise((r) => setTimeout(r, 5))
-    }
-    if (behind) set.events.waited((performance.now() - since) / 1000)
+    // Behind, or not known not to be: asked first.
+    if ((await check()) < (needed() ?? Infinity)) throw new NotYet()
+    if (waitedSince) set.events.waited((performance.now() - waitedSince) / 1000)
   }
   const checking = check()
   const running = run(lease)

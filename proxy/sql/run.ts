@@ -6,6 +6,7 @@
  * changed hands (whatever the statements read like); in session pooling, the timeout, and the reset
  * rides behind the last.
  */
+import { reseed } from '../isolation/verify'
 import { DatabaseError } from 'pg-protocol'
 import { setsCustomSetting } from '../pool/idle-watch'
 import { read } from '../isolation/reader'
@@ -56,7 +57,7 @@ export async function runRequest(
   else if (lease.unpinged && !lease.handover) statements.sync().catch(() => {})
   /** Session pooling: the reset, in the same write as the last statement (unless that may be a COPY: see Statements.execute). */
   const resetBehind = (last: string) => {
-    if (!lease.lender && !MAY_COPY.test(last)) lease.reset = statements.query('DISCARD ALL').then(() => statements.status === 'I', () => false)
+    if (!lease.lender && !MAY_COPY.test(last)) lease.reset = Promise.all([statements.query('DISCARD ALL'), statements.own(reseed())]).then(() => statements.status === 'I', () => false)
   }
   if (payload.single) {
     const running = runStatement(lease, types, ctl, payload.single, flags, budget, limits, false)

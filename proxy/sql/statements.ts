@@ -8,7 +8,7 @@ import { DatabaseError, serialize } from 'pg-protocol'
 import { Parser } from 'pg-protocol/dist/parser'
 import type { BackendMessage, CommandCompleteMessage, DataRowMessage, ReadyForQueryMessage, RowDescriptionMessage } from 'pg-protocol/dist/messages'
 import type { Upstream } from '../upstream/connection'
-import { HANDOVER } from '../isolation/verify'
+import { handoverReset, HANDOVER_ENDS } from '../isolation/verify'
 
 export interface Field {
   name: string
@@ -30,6 +30,8 @@ export type RowHandler = (row: Array<string | null>, fields: Field[]) => void
 
 /** pg's reading of a command tag: `INSERT 0 5`, `SELECT 3`, `CREATE TABLE`. */
 const COMMAND_TAG = /^([A-Za-z]+)(?: (\d+))?(?: (\d+))?/
+/** What pg-protocol makes of a FunctionCallResponse ('V'), which it does not read. */
+const FUNCTION_RESULT = 'received invalid response: 56'
 const SYNC = serialize.sync()
 /**
  * What pg answers a COPY FROM STDIN it has no stream for; and a Sync, as Postgres ignored the one
@@ -58,8 +60,8 @@ export class Statements {
   answered = 0
   /** Postgres refused the reset of a backend that changed hands (see handOver): what rode behind it did not run, and the backend serves no one. */
   refused?: DatabaseError
-  /** The reset's answer is still to come (its ParseComplete and BindComplete are no step's). */
-  private handingOver = false
+  /** Answers still to end the reset (HANDOVER_ENDS; all it answers is no step's). */
+  private handingOver = 0
   /**
    * While true, statements go without a Sync of their own: one group, which sync() ends (a batch:
    * Postgres skips everything behind its first error, the reset's too). The group's first error.
@@ -107,12 +109,12 @@ export class Statements {
   }
 
   /**
-   * The backend changed hands: its reset (proxy/isolation/verify.ts HANDOVER) goes at the head of the
+   * The backend changed hands: its reset (proxy/isolation/verify.ts handoverReset) goes at the head of the
    * next write, in one Sync group with what is sent behind it, which Postgres skips if it refuses the reset.
    */
   handOver() {
-    this.handingOver = true
-    if (this.out.push(HANDOVER) === 1) queueMicrotask(this.flush)
+    this.handingOver = HANDOVER_ENDS
+    if (this.out.push(handoverReset()) === 1) queueMicrotask(this.flush)
   }
 
   /** The stream goes back to its owner: nothing of it is read here any more. */
@@ -138,9 +140,11 @@ export class Statements {
   private readonly onMessage = (msg: BackendMessage) => {
     const step = this.steps[0]
     if (!step) return // a notice or a changed setting between statements
-    if (this.handingOver && (msg.name === 'commandComplete' || msg.name === 'error')) {
-      this.handingOver = false
-      if (msg.name === 'error') (this.refused = msg as DatabaseError), (this.groupError = step.error ??= this.refused)
+    // (pg-protocol reads no FunctionCallResponse, the answer to the proxy's reseed: it says so, and that is no error.)
+    if (msg.name === 'error' && (msg as DatabaseError).message === FUNCTION_RESULT) return
+    if (this.handingOver) {
+      if (msg.name === 'error') (this.handingOver = 0), (this.refused = msg as DatabaseError), (this.groupError = step.error ??= this.refused)
+      else if (msg.name === 'commandComplete' || msg.name === 'readyForQuery') this.handingOver--
       return
     }
     switch (msg.name) {

@@ -35,6 +35,7 @@ export const ServerMessage = {
   ParameterStatus: 0x53, // S
   ReadyForQuery: 0x5a, // Z
   RowDescription: 0x54, // T
+  DataRow: 0x44, // D
   NoData: 0x6e, // n
   ParameterDescription: 0x74, // t
   FunctionCallResponse: 0x56, // V

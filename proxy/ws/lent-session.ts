@@ -18,15 +18,15 @@ import { IdleWatch, type Ending } from '../pool/idle-watch'
 import { BackendStatements, StatementRelay, type Own, type SessionStatements } from '../pool/prepared'
 import { merge, NOTHING, type Reading } from '../isolation/reader'
 import type { SignalKind, Signals } from './signals'
-import { found } from '../isolation/verify'
+import { found, handoverReset, HANDOVER_ENDS } from '../isolation/verify'
 import { Framer, kept, messages, MessageTooLarge } from '../wire/bytes'
 import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse, type BackendKey } from '../wire/startup'
 import type { BufferBudget, SessionMemory } from './budget'
 import { cancelNamed } from './cancels'
-import { setClaims, type ClaimsError } from '../auth/claims'
+import { REPLICA_CLAIMS_ENDS, replicaClaimsMessages, setClaims, type ClaimsError, type ReplicaKeyCache } from '../auth/claims'
 import { closeWebSocket, type OutcomeKind, type RunningSession, type SessionLog } from './session'
-import { downForAll, type Fallback, type Replica, type Replicas } from '../replicas/replicas'
+import { downForAll, recheckIn, type Fallback, type Replica, type Replicas } from '../replicas/replicas'
 import { later } from '../../src/positions'
 import { lsnText, positionOf } from '../replicas/positions'
 import { POSITION_MESSAGE, SUBPROTOCOL_POSITIONS, SUBPROTOCOL_POSITIONS_FRAMED } from '../../src/config'
@@ -67,6 +67,8 @@ export interface SessionReplicas {
   lender(replica: Replica): Promise<Lender>
   /** Every transaction of the session starts read-only (default_transaction_read_only in its login). */
   readOnly: boolean
+  /** For a session by token: the replica key its claims are vouched for with there, once learnt on the primary. */
+  claimsKey: ReplicaKeyCache
 }
 
 /** A lend on a replica: what may still move it to the primary, unseen by the client. */
@@ -195,6 +197,9 @@ class LentSession implements RunningSession {
   private toPrimary = false
   /** A replica could not run the session's check (its login's settings forbid it there: serializable by default): its reads stay on the primary. */
   private replicaRefused = false
+  /** A read waits for a replica to replay what the session has seen, with no backend meanwhile: since when, and how often it asked. */
+  private replayWait?: { since: number; tries: number }
+  private replayTimer?: NodeJS.Timeout
   /** Who it is to a backend's Backend.user (not the session itself: a backend outlives it). */
   private readonly user = {}
   /** The values of the settings Postgres reports, as the client was last told them. */
@@ -404,7 +409,7 @@ class LentSession implements RunningSession {
    */
   private routeOf(msgs: Buffer[]): 'primary' | 'replica' | 'autocommit' {
     const replicas = this.o.replicas
-    if (!replicas || this.toPrimary || this.replicaRefused || this.pinned || this.o.claims !== undefined) return 'primary'
+    if (!replicas || this.toPrimary || this.replicaRefused || this.pinned || (this.o.claims !== undefined && !replicas.claimsKey.key)) return 'primary'
     let first: Reading | undefined
     let all = NOTHING
     for (const m of msgs) {
@@ -600,11 +605,12 @@ class LentSession implements RunningSession {
       // (Not at once: it may be given from within another session's handling of its backend's answer.)
       (backend) => soon(() => {
         this.leaveLine = undefined
-        const { claims } = this.o
-        if (claims === undefined || this.ended) return this.begin(backend, lender, onReplica)
-        // A login by token: its claims on the backend first (proxy/auth/claims.ts).
+        const { claims, replicas } = this.o
+        // (On a standby, a token's claims lead the lend's first group: see begin.)
+        if (claims === undefined || onReplica || this.ended) return this.begin(backend, lender, onReplica)
+        // A login by token: its claims on the backend first (proxy/auth/claims.ts), and, where reads may go to replicas, the key that vouches for them there.
         setClaims(backend.upstream, claims).then(
-          () => this.begin(backend, lender),
+          () => replicas?.claimsKey.learn(backend.upstream).then(() => this.begin(backend, lender)) ?? this.begin(backend, lender),
           (err: ClaimsError) => {
             lender.lost(backend) // (closed: it serves no one)
             this.refuseWaiting(err)
@@ -627,20 +633,26 @@ class LentSession implements RunningSession {
   /** The backend is the session's now: what waited for it goes (unless the session ended meanwhile; on a replica, once it said it may serve). */
   private begin(backend: Backend, lender: Lender, onReplica?: OnReplica) {
     this.acquiring = false
+    // (A read that waited already, without a backend, goes on counting from when it began to.)
+    const { replayWait } = this
+    this.replayWait = undefined
     if (this.ended) return lender.giveBack(backend)
     const handover = backend.user !== undefined && backend.user !== this.user
     if (handover) backend.resets++ // (DISCARD ALL drops its prepared statements)
     backend.user = this.user
     const lend = this.startLend(backend, lender, onReplica)
-    if (handover) {
+    // Ahead of the session's messages, in their group: the reset, and on a standby a token's claims (each lend: the session may have reset them).
+    const claims = onReplica && this.o.claims !== undefined ? replicaClaimsMessages(this.o.claims, this.o.replicas!.claimsKey.key!) : undefined
+    if (handover || claims) {
       lend.handover = { sent: [], bytes: 0, synced: false }
-      lend.relay.handOver((ok) => this.handedOver(lend, ok))
+      const lead = handover ? (claims ? Buffer.concat([handoverReset(), claims]) : handoverReset()) : claims!
+      lend.relay.lead(lead, (handover ? HANDOVER_ENDS : 0) + (claims ? REPLICA_CLAIMS_ENDS : 0), (ok) => this.handedOver(lend, ok, handover, !!claims))
     }
     if (onReplica) {
       // Behind what the session has seen, as far as is known: its messages wait for the replica to replay it.
       const need = this.need()
-      if (need === undefined || onReplica.replica.replayed < need) onReplica.gatedSince = performance.now()
-      this.checkReplica(lend)
+      if (need === undefined || onReplica.replica.replayed < need) (onReplica.gatedSince = replayWait?.since ?? performance.now()), (onReplica.behind = !!replayWait)
+      this.checkReplica(lend, replayWait?.tries)
       if (onReplica.gatedSince !== undefined) return
     }
     this.send(this.unqueue(), true)
@@ -651,11 +663,12 @@ class LentSession implements RunningSession {
    * refused it (and skipped what came behind, up to a Sync), and the backend, which no reset cleans,
    * is closed and the session's messages go to another, unseen.
    */
-  private handedOver(lend: Lend, ok: boolean) {
+  private handedOver(lend: Lend, ok: boolean, reset: boolean, claims: boolean) {
     const sent = lend.handover!.sent
     lend.handover = undefined
-    this.o.lender.events.handedOver(ok ? 'reset' : 'refused')
+    if (reset) this.o.lender.events.handedOver(ok ? 'reset' : 'refused')
     if (this.lend !== lend) return
+    if (!ok && claims) this.replicaRefused = true // (the standby refused its claims: it reads where they are set, on the primary)
     if (!ok) return this.elsewhere(lend, sent)
     if (this.waiting.length && lend.onReplica?.gatedSince === undefined) this.send(this.unqueue(), true) // (a replica's, once caught up)
   }
@@ -674,10 +687,11 @@ class LentSession implements RunningSession {
    * Asks the replica how far it has replayed, ahead of the session's messages (no round trip of its
    * own, unless they wait for it): its answer decides whether what runs there may stand.
    */
-  private checkReplica(lend: Lend) {
+  private checkReplica(lend: Lend, tries = 0) {
     const on = lend.onReplica!
     const { set } = this.o.replicas!
     let answer = ''
+    set.events.checked()
     this.verifying++
     if (lend.handover) lend.handover.synced = true // (its Sync ends the group the reset leads)
     lend.relay.ownQuery({
@@ -703,11 +717,27 @@ class LentSession implements RunningSession {
           return this.release(lend)
         }
         // Behind: its messages wait (if they were sent, what they read is not what the session may see).
-        if (on.gatedSince === undefined || performance.now() - on.gatedSince >= set.o.waitMs) return this.move(lend, 'position')
-        on.behind = true
-        setTimeout(() => this.lend === lend && !this.ended && this.checkReplica(lend), Math.min(RECHECK_MS, set.o.waitMs))
+        const left = on.gatedSince === undefined ? 0 : on.gatedSince + set.o.waitMs - performance.now()
+        if (left <= 0) return this.move(lend, 'position')
+        this.awaitReplay(lend, on.gatedSince!, tries, left)
       },
     })
+  }
+
+  /**
+   * The replica has not replayed what the session's read must see: its backend goes back (readers
+   * sharing the key are not queued behind this one), and the read asks again after a while (recheckIn),
+   * until --replica-wait has passed since it began.
+   */
+  private awaitReplay(lend: Lend, since: number, tries: number, left: number) {
+    this.detach(lend)
+    lend.lender.giveBack(lend.backend) // (it ran the proxy's check only)
+    this.acquiring = true // (what the client sends meanwhile waits with it)
+    this.replayWait = { since, tries: tries + 1 }
+    this.replayTimer = setTimeout(() => {
+      this.acquiring = false
+      if (!this.ended) this.acquire()
+    }, recheckIn(tries, left))
   }
 
   /**
@@ -876,6 +906,12 @@ class LentSession implements RunningSession {
     const plain = (e.plain && !lend.relay.unusual) || !!lend.onReplica
     lend.effects = NOTHING
     lend.relay.unusual = false
+    if (e.unseen && lend.onReplica) {
+      // (No session keeps a standby's backend: one left with what no reset takes is closed, and the session reads on.)
+      this.detach(lend)
+      lend.lender.endSession(lend.backend, this.ending(lend, false))
+      return void (this.waiting.length && !this.acquiring && this.acquire())
+    }
     if (e.unseen) (this.pinnedForGood = true), this.pin('unseen')
     if (this.pinnedForGood || (this.pinned && plain)) return this.mayLeave(false)
     if (plain) return this.lendOn(lend)
@@ -1038,6 +1074,7 @@ class LentSession implements RunningSession {
     if (this.ended) return
     this.ended = true
     clearTimeout(this.idleInTransaction)
+    clearTimeout(this.replayTimer)
     this.sendSignals(Infinity) // (the statements ran: Postgres would have signalled)
     this.unsignal()
     this.unpin()
@@ -1076,8 +1113,6 @@ function bindParameter(bind: Buffer, n: number): number | undefined {
 
 /** Answers a read on a replica holds back while it may still move to the primary; past this, it goes to the client and stays. */
 const HOLD_MAX = 64 << 10
-/** How often a read waiting for a replica to catch up asks it again (ms). */
-const RECHECK_MS = 5
 
 /** Whether answers hold a standby's refusal of a write (25006, read_only_sql_transaction). */
 function refusedAsWrite(bytes: Buffer): boolean {

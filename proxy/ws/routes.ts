@@ -18,7 +18,7 @@ import { UNUSED, type Backend, type BackendPool } from '../pool/backends'
 import { errorResponse, UpstreamError, type BackendKey } from '../wire/startup'
 import type { TokenLogins } from '../auth/token-login'
 import type { Identity } from '../auth/tokens'
-import { setClaims, type ClaimsError } from '../auth/claims'
+import { ReplicaKeyCache, setClaims, type ClaimsError } from '../auth/claims'
 import { FIRST_FLIGHT_BYTES, type BufferBudget } from './budget'
 import type { LoginGate, LoginTicket } from '../login/gate'
 import type { Cancels } from './cancels'
@@ -87,6 +87,8 @@ export class WebSocketRoutes {
   /** Of those, upgrades whose session may read from replicas: it takes and tells positions (SUBPROTOCOL_POSITIONS). */
   private readonly positioned = new WeakSet<http.IncomingMessage>()
   private closing = false
+  /** Each token role's and database's replica key for claims, once learnt (proxy/auth/claims.ts). */
+  private readonly claimsKeys = new Map<string, ReplicaKeyCache>()
 
   constructor(private readonly o: RouteOptions) {
     this.origins = new Set(o.allowedOrigins ?? [])
@@ -161,21 +163,25 @@ export class WebSocketRoutes {
   }
 
   /**
-   * Replicas for a session of the upstream's, by password (one by token stays on the primary: its
-   * claims go where it writes): the key's lender on each replica is made by the same login, there.
+   * Replicas for a session of the upstream's: the key's lender on each replica is made by the same
+   * login, there (a token's: its role's, with its claims set by the replica key, once it is learnt).
    */
-  private replicasFor(name: string, login: Login, identity: Identity | undefined): SessionReplicas | undefined {
+  private replicasFor(name: string, login: Login, byToken: boolean): SessionReplicas | undefined {
     const { replicas, lenders, pool, upstreamTls } = this.o
-    if (!replicas || !lenders || identity || name !== formatHostPort(this.o.upstreams.upstream) || login.first.kind !== 'startup') return undefined
+    if (!replicas || !lenders || name !== formatHostPort(this.o.upstreams.upstream) || login.first.kind !== 'startup') return undefined
     const { tls, first, password } = login
     if (serializableLogin(first.packet)) return undefined // (a standby runs no serializable transaction)
     const keys = new Map<string, string>() // (made once a session: every read asks)
+    const role = `${first.user}\0${first.database}`
+    let claimsKey = this.claimsKeys.get(role)
+    if (!claimsKey) this.claimsKeys.set(role, (claimsKey = new ReplicaKeyCache()))
     return {
       set: replicas,
       readOnly: readOnlyLogin(first.packet),
+      claimsKey,
       async lender(replica) {
         let key = keys.get(replica.name)
-        if (key === undefined) keys.set(replica.name, (key = pool.key(replica.name, tls, first.packet, password, false)))
+        if (key === undefined) keys.set(replica.name, (key = pool.key(replica.name, tls, first.packet, password, byToken)))
         const there = () => loginAs(replica.target, upstreamTls, login)
         const got = await lenders.lenderFor(key, () => pool.open(key, there), there)
         if (got instanceof Lender) return got
@@ -222,6 +228,8 @@ export class WebSocketRoutes {
     let lent: { lender: Lender; told: BackendKey } | undefined
     /** A login by token: who it proves (its claims go to Postgres before anything of the session's runs). */
     let identity: Identity | undefined
+    /** A token's login, as the proxy makes it: its role, the role's password. */
+    let asRole: Login | undefined
     // Nothing connects to Postgres before the login is in, and admitted.
     const newUpstream = () => (up = new Upstream(target, this.o.upstreamTls))
     const connect = async (login: boolean) => {
@@ -269,7 +277,7 @@ export class WebSocketRoutes {
       // The 101 response and Postgres's answer (sent as the session starts) leave in one write.
       socket.cork()
       if (backend || lent) this.cancelsInBand.add(req)
-      const replicas = lent && this.replicasFor(name, login!, identity)
+      const replicas = lent && this.replicasFor(name, asRole ?? login!, identity !== undefined)
       if (replicas) this.positioned.add(req)
       this.wss.handleUpgrade(req, socket, head, (session) => {
         ws = session
@@ -333,6 +341,7 @@ export class WebSocketRoutes {
     tokens.login(login as Login & { first: { kind: 'startup' } }, target).then(
       (byToken) => {
         identity = byToken.identity
+        asRole = byToken.login
         passwordsAllowed = true // (the role's password comes from the proxy's passfile)
         start(byToken.login)
       },
