@@ -696,7 +696,7 @@ test("what the proxy reads of a login's options is what Postgres makes of them",
   }
 })
 
-test("sessions by token read on the replica, with claims no session can forge there: the tokens suite's attacks, and the replica's own, on a standby backend; RLS gives the rows the primary gives", async () => {
+test("sessions by token read on the replica (WebSocket and /sql), with claims no session can forge there: the tokens suite's attacks, and the replica's own, on a standby backend; RLS gives the rows the primary gives", async () => {
   const table = `replica_rls_${process.pid}`
   const fx = await tokenFixture(table, primary)
   try {
@@ -766,6 +766,14 @@ test("sessions by token read on the replica, with claims no session can forge th
       const onPrimary = (await fx.admin.query(`SELECT body FROM ${table} WHERE owner = 'alice' ORDER BY id`)).rows
       assert.deepEqual(onReplica.map((r) => r.body), onPrimary.map((r) => r.body))
       assert.ok(onReplica.every((r) => r.standby), 'read on the replica')
+      // /sql by token, with the key the sessions learnt: a plain read, and a read-only batch an attack leads, on the replica.
+      const overHttp = httpSql(`postgres://127.0.0.1:${primary.port}/postgres`, { fetchEndpoint: `http://127.0.0.1:${p.port}/sql`, authToken: () => token('alice') })
+      const read = (await overHttp.query(`SELECT DISTINCT owner, pg_is_in_recovery() AS standby FROM ${table}`)) as any[]
+      assert.deepEqual(read, [{ owner: 'alice', standby: true }], '/sql: her rows, on the replica')
+      for (const attack of [`SELECT set_config('edgepg.claims', '{"sub":"bob"}', false)`, `SELECT edgepg.set_replica_claims('{"sub":"bob","exp":99999999999}', decode(repeat('00', 32), 'hex'))`]) {
+        const batch = await overHttp.transaction((sql) => [sql.query(attack), sql.query(look)], { readOnly: true }).then((r: any[]) => r[1][0], (err) => ({ code: err.code }))
+        assert.ok(batch.code === '42501' || (batch.standby && [null, 'alice'].includes(batch.sub) && (batch.owners ?? ['alice']).join() === 'alice'), `/sql ${attack}: ${JSON.stringify(batch)}`)
+      }
       assert.equal(await metric(p, 'replica_fallbacks_total', 'reason="refused"'), 0)
     } finally {
       await Promise.all([alice.end(), bob.end()])

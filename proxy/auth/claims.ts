@@ -90,15 +90,19 @@ export async function setClaims(upstream: Upstream, claims: string, send: Send =
  * set claims on: its own key says the proxy asks. Undefined if Postgres refused (a database set up
  * before replicas took claims: setup-auth again) or the connection closed.
  */
-export async function replicaKey(upstream: Upstream): Promise<Buffer | undefined> {
+export async function replicaKey(upstream: Upstream, ask: Ask = asked(upstream)): Promise<Buffer | undefined> {
   const k = keyed.get(upstream)
   if (!k) return undefined
   const n = ++k.n
   const mac = createHmac('sha256', k.key).update(`${n}:replica-key`).digest()
-  const answer = await exchange(upstream, Buffer.concat([statement(REPLICA_KEY, [String(n), hex(mac)]), serialize.close({ type: 'S', name: '' }), SYNC]))
+  const answer = await ask(Buffer.concat([statement(REPLICA_KEY, [String(n), hex(mac)]), serialize.close({ type: 'S', name: '' }), SYNC]))
   if (answer?.error) k.n-- // (its transaction rolled back: n was not used)
   return answer?.first && /^([0-9a-f]{2}){32,}$/.test(answer.first) ? Buffer.from(answer.first, 'hex') : undefined
 }
+
+/** Sends the proxy's own messages and resolves with Postgres's error, if it gave one, and the first row's first value (undefined: the connection closed). */
+export type Ask = (bytes: Buffer) => Promise<{ error?: { code: string; message: string }; first?: string } | undefined>
+const asked = (upstream: Upstream): Ask => (bytes) => exchange(upstream, bytes)
 
 /**
  * The messages that set `claims` on a standby's backend, vouched for by a ticket under the replica
@@ -123,11 +127,11 @@ export class ReplicaKeyCache {
   private refusedAt = -Infinity
 
   /** Asks it on `upstream` (see replicaKey) unless it is known, being asked, or was refused within the minute. */
-  async learn(upstream: Upstream): Promise<void> {
+  async learn(upstream: Upstream, ask?: Ask): Promise<void> {
     if (this.key || this.asking || performance.now() - this.refusedAt < REASK_MS) return
     this.asking = true
     try {
-      this.key = await replicaKey(upstream)
+      this.key = await replicaKey(upstream, ask)
     } catch {} // (the connection broke: asked again by the next)
     finally {
       this.asking = false

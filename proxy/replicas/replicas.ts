@@ -6,6 +6,7 @@
  * longer recovers (promoted) is passed over for a while; reads then go to the primary.
  */
 import { serialize } from 'pg-protocol'
+import { ReplicaKeyCache } from '../auth/claims'
 import { lsn } from './positions'
 import { parseHostPort, type HostPort } from '../upstream/address'
 import { parseStartupParams } from '../wire/startup'
@@ -74,6 +75,7 @@ export class Replicas {
   /** The primary's system identifier, once a position asked of it said it. */
   database?: string
   private turn = 0
+  private readonly claimsKeys = new Map<string, ReplicaKeyCache>()
 
   constructor(readonly o: ReplicaOptions, readonly events: ReplicaEvents) {
     this.list = o.addresses.map((a) => new Replica(a))
@@ -90,6 +92,14 @@ export class Replicas {
       else return (this.turn = (this.turn + i + 1) % this.list.length), replica
     }
     return why
+  }
+
+  /** The replica key for token sessions' claims of `role` on `database` (proxy/auth/claims.ts), as far as it is learnt: WebSocket sessions and /sql share it. */
+  claimsKey(role: string, database: string): ReplicaKeyCache {
+    const name = `${role}\0${database}`
+    let cache = this.claimsKeys.get(name)
+    if (!cache) this.claimsKeys.set(name, (cache = new ReplicaKeyCache()))
+    return cache
   }
 
   down(replica: Replica, why: string) {

@@ -8,6 +8,7 @@
  * replica to catch up.
  */
 import type { DatabaseError } from 'pg-protocol'
+import { ClaimsError } from '../auth/claims'
 import { later } from '../../src/positions'
 import { lsnText, positionOf } from './positions'
 import type { HostPort } from '../upstream/address'
@@ -42,10 +43,13 @@ export async function runRouted(
   const need = () => (set.database ? positionOf(after, set.database) : names ? undefined : 0n)
   const readings = asked.texts.map(read)
   const reads = readings.every((r) => !r.writes && r.plain && !r.unseen && !r.control && !r.signals)
-  const to = credentials.claims !== undefined ? 'primary' : asked.readOnly && asked.batch ? 'replica' : set.o.autocommit && reads ? 'autocommit' : 'primary'
+  // (A token's claims go to a standby vouched for by the replica key, once a request or session of the role has learnt it on the primary.)
+  const { conn, claims } = credentials
+  const claimsKey = claims === undefined ? undefined : set.claimsKey(conn.user!, conn.database || conn.user!)
+  const to = claimsKey && !claimsKey.key ? 'primary' : asked.readOnly && asked.batch ? 'replica' : set.o.autocommit && reads ? 'autocommit' : 'primary'
   if (to !== 'primary') {
     const replica = set.choose()
-    const answer = typeof replica === 'string' ? replica : await tryReplica(set, replica, leases, credentials, ctl, need, run, to === 'autocommit')
+    const answer = typeof replica === 'string' ? replica : await tryReplica(set, replica, leases, credentials, ctl, need, run, to === 'autocommit', claimsKey?.key)
     if (typeof answer !== 'string') return set.events.routed('replica'), answer
     set.events.fellBack(answer)
   }
@@ -58,7 +62,7 @@ export async function runRouted(
     const response = await running
     await asking
     return withPosition(response, set, set.primaryAnswer(answer))
-  })
+  }, { learn: claimsKey })
 }
 
 /**
@@ -66,13 +70,14 @@ export async function runRouted(
  * backend held (asking again after recheckIn) for up to --replica-wait. Or why it runs on the primary
  * instead (`autocommit`: a read the standby may refuse as a write, 25006).
  */
-async function tryReplica(set: Replicas, replica: Replica, leases: Leases, credentials: Credentials, ctl: Control, need: () => bigint | undefined, run: (lease: Lease) => Promise<Response>, autocommit: boolean): Promise<Response | Fallback> {
+async function tryReplica(set: Replicas, replica: Replica, leases: Leases, credentials: Credentials, ctl: Control, need: () => bigint | undefined, run: (lease: Lease) => Promise<Response>, autocommit: boolean, replicaKey?: Buffer): Promise<Response | Fallback> {
   const since = performance.now()
   for (let tries = 0; ; tries++) {
     let leased = false
     try {
-      return await leases.with(replica.target, credentials, ctl, (lease) => ((leased = true), onReplica(set, replica, lease, need, run, tries ? since : 0)))
+      return await leases.with(replica.target, credentials, ctl, (lease) => ((leased = true), onReplica(set, replica, lease, need, run, tries ? since : 0)), { replicaKey })
     } catch (err) {
+      if (err instanceof ClaimsError) return 'refused' // (the standby refused the token's claims: the request reads where they are set)
       const left = since + set.o.waitMs - performance.now()
       if (err instanceof NotYet && left > 0 && !ctl.aborted) {
         await new Promise((resolve) => setTimeout(resolve, recheckIn(tries, left)))

@@ -13,7 +13,7 @@ import { Upstream, type UpstreamTls } from '../upstream/connection'
 import { loginAs, type LoginOutcome } from '../login/in-upgrade'
 import { LoginWatch, parseStartupPacket, UpstreamError, type BackendKey } from '../wire/startup'
 import { Statements } from './statements'
-import { ClaimsError, setClaims } from '../auth/claims'
+import { ClaimsError, REPLICA_CLAIMS_ENDS, replicaClaimsMessages, setClaims, type ReplicaKeyCache } from '../auth/claims'
 import { HttpError, parseConnectionString, type ConnInfo } from './request'
 
 export interface LeaseOptions {
@@ -139,7 +139,7 @@ export class Leases {
    * backend back after. A warm backend that died while idle answers nothing, not even the ping that
    * goes out with the first statement: then nothing ran, and `use` runs again on another.
    */
-  async with<T>(target: HostPort, credentials: Credentials, ctl: Control, use: (lease: Lease) => Promise<T>): Promise<T> {
+  async with<T>(target: HostPort, credentials: Credentials, ctl: Control, use: (lease: Lease) => Promise<T>, claimsAt: ClaimsAt = {}): Promise<T> {
     const name = formatHostPort(target)
     const { keys, conn, startup } = credentials
     const key = keys.get(name) ?? keys.set(name, this.o.backends.key(name, undefined, startup, conn.password, credentials.claims !== undefined)).get(name)!
@@ -152,11 +152,16 @@ export class Leases {
           if (ctl.aborted) throw new HttpError(499, 'client went away')
           // Whatever the backend's last user left is reset at the head of the first write, in its Sync group.
           if (lease.handover) lease.statements.handOver()
-          if (credentials.claims !== undefined) await this.setClaims(lease, ctl, credentials.claims)
+          const { claims } = credentials
+          // A token's claims: on a standby, in the write and group of the request's statements; on the primary, first.
+          if (claims !== undefined && claimsAt.replicaKey) lease.statements.lead(replicaClaimsMessages(claims, claimsAt.replicaKey), REPLICA_CLAIMS_ENDS)
+          else if (claims !== undefined) await this.setClaims(lease, ctl, claims, claimsAt.learn)
           return await use(lease)
         } catch (err) {
+          const { refused } = lease.statements
+          if (refused && claimsAt.replicaKey && refused.code === '42501') throw new ClaimsError(`edgepg-proxy: the standby refused the claims: ${refused.message}`, refused.code) // (no other backend would take them)
           // (Nothing ran: a warm backend that died while idle, or one whose reset Postgres refused.)
-          const ranNothing = lease.statements.refused || (lease.unpinged && lease.statements.broken && lease.statements.answered === 0)
+          const ranNothing = refused || (lease.unpinged && lease.statements.broken && lease.statements.answered === 0)
           if (!ranNothing || ctl.aborted) throw err
           ctl.tainted = false
         } finally {
@@ -169,15 +174,20 @@ export class Leases {
     }
   }
 
-  /** The token's claims on the lease's backend before anything else runs there (it is pinged too, then). */
-  private async setClaims(lease: Lease, ctl: Control, claims: string) {
+  /** The token's claims on the lease's backend before anything else runs there (it is pinged too, then); and the replica key, if it is to be learnt. */
+  private async setClaims(lease: Lease, ctl: Control, claims: string, learn?: ReplicaKeyCache) {
     const { statements } = lease
-    const send = (bytes: Buffer) => statements.own(bytes).then(() => undefined, (err: DatabaseError) => {
+    const failed = (err: DatabaseError) => {
       if (statements.broken) throw err // (a warm backend that died while idle: tried again on another, see with())
       return { code: err.code ?? '', message: err.message }
-    })
+    }
+    const send = (bytes: Buffer) => statements.own(bytes).then(() => undefined, failed)
     try {
       await setClaims(lease.upstream, claims, send)
+      if (learn && !learn.key) {
+        let first: string | undefined
+        await learn.learn(lease.upstream, (bytes) => statements.own(bytes, (row) => void (first ??= row[0] ?? undefined)).then(() => ({ first }), (err) => ({ error: failed(err) })))
+      }
     } catch (err) {
       if (err instanceof ClaimsError) {
         ctl.tainted = true
@@ -319,6 +329,12 @@ export class Leases {
  */
 const afterReset = (statements: Statements, reset: Promise<boolean>) =>
   (statements.status === 'I' ? reset : reset.then(() => undefined)).finally(() => statements.detach())
+
+/** Where a token's claims go on a lease: on a standby, vouched for by the replica key; on the primary, with the replica key learnt there if need be. */
+export interface ClaimsAt {
+  replicaKey?: Buffer
+  learn?: ReplicaKeyCache
+}
 
 /** The login a default pg Client makes with these credentials. */
 const loginOf = ({ conn, startup }: Credentials) => ({ bytes: startup.length, first: parseStartupPacket(startup), password: conn.password, rest: Buffer.alloc(0) })

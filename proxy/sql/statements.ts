@@ -103,18 +103,25 @@ export class Statements {
     return this.send(SYNC)
   }
 
-  /** Messages of the proxy's own, ending in one Sync: answered as one statement. */
-  own(bytes: Buffer): Promise<Outcome> {
-    return this.send(bytes)
+  /** Messages of the proxy's own, ending in one Sync: answered as one statement (each row's values to `onRow`). */
+  own(bytes: Buffer, onRow?: RowHandler): Promise<Outcome> {
+    return this.send(bytes, onRow)
   }
 
   /**
-   * The backend changed hands: its reset (proxy/isolation/verify.ts handoverReset) goes at the head of the
-   * next write, in one Sync group with what is sent behind it, which Postgres skips if it refuses the reset.
+   * Messages of the proxy's own go next, in one Sync group with what is sent behind them, which
+   * Postgres skips if it refuses them (`refused` then says why): `ends` of their answers end in a
+   * CommandComplete or a ReadyForQuery. As the reset of a backend that changed hands
+   * (proxy/isolation/verify.ts handoverReset), or a token's claims on a standby.
    */
+  lead(bytes: Buffer, ends: number) {
+    this.handingOver += ends
+    if (this.out.push(bytes) === 1) queueMicrotask(this.flush)
+  }
+
+  /** The backend changed hands: its reset leads (see lead). */
   handOver() {
-    this.handingOver = HANDOVER_ENDS
-    if (this.out.push(handoverReset()) === 1) queueMicrotask(this.flush)
+    this.lead(handoverReset(), HANDOVER_ENDS)
   }
 
   /** The stream goes back to its owner: nothing of it is read here any more. */

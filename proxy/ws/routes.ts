@@ -18,7 +18,7 @@ import { UNUSED, type Backend, type BackendPool } from '../pool/backends'
 import { errorResponse, UpstreamError, type BackendKey } from '../wire/startup'
 import type { TokenLogins } from '../auth/token-login'
 import type { Identity } from '../auth/tokens'
-import { ReplicaKeyCache, setClaims, type ClaimsError } from '../auth/claims'
+import { setClaims, type ClaimsError } from '../auth/claims'
 import { FIRST_FLIGHT_BYTES, type BufferBudget } from './budget'
 import type { LoginGate, LoginTicket } from '../login/gate'
 import type { Cancels } from './cancels'
@@ -87,8 +87,6 @@ export class WebSocketRoutes {
   /** Of those, upgrades whose session may read from replicas: it takes and tells positions (SUBPROTOCOL_POSITIONS). */
   private readonly positioned = new WeakSet<http.IncomingMessage>()
   private closing = false
-  /** Each token role's and database's replica key for claims, once learnt (proxy/auth/claims.ts). */
-  private readonly claimsKeys = new Map<string, ReplicaKeyCache>()
 
   constructor(private readonly o: RouteOptions) {
     this.origins = new Set(o.allowedOrigins ?? [])
@@ -172,13 +170,10 @@ export class WebSocketRoutes {
     const { tls, first, password } = login
     if (serializableLogin(first.packet)) return undefined // (a standby runs no serializable transaction)
     const keys = new Map<string, string>() // (made once a session: every read asks)
-    const role = `${first.user}\0${first.database}`
-    let claimsKey = this.claimsKeys.get(role)
-    if (!claimsKey) this.claimsKeys.set(role, (claimsKey = new ReplicaKeyCache()))
     return {
       set: replicas,
       readOnly: readOnlyLogin(first.packet),
-      claimsKey,
+      claimsKey: replicas.claimsKey(first.user, first.database || first.user),
       async lender(replica) {
         let key = keys.get(replica.name)
         if (key === undefined) keys.set(replica.name, (key = pool.key(replica.name, tls, first.packet, password, byToken)))
