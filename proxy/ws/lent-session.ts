@@ -405,7 +405,8 @@ class LentSession implements RunningSession {
    * Where messages that start a transaction go: a replica for one begun read-only (or any, in a
    * session whose transactions all are), and for an autocommit read that leaves nothing behind
    * (`autocommit`: one the standby may refuse as a write, 25006, and is then sent to the primary);
-   * else the primary. Named statements and sessions by token stay on the primary.
+   * else the primary. Named statements stay on the primary, and a session by token's reads until the
+   * replica key for its claims is learnt (see acquireOn).
    */
   private routeOf(msgs: Buffer[]): 'primary' | 'replica' | 'autocommit' {
     const replicas = this.o.replicas
