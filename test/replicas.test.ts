@@ -159,8 +159,8 @@ test("a read moved off the replica leaves its backend there only once Postgres h
   }
 })
 
-test("a read whose code leaves state on a replica's backend (a view calling a function that PREPAREs, sets search_path): reset before another session runs there; the session reads on", async () => {
-  await admin.query(`CREATE FUNCTION replica_prepare() RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN EXECUTE 'PREPARE replica_left AS SELECT 1'; PERFORM set_config('search_path', 'pg_temp, public', false); RETURN pg_is_in_recovery(); END $$`)
+test("a read whose code leaves state on a replica's backend (a view calling a function that PREPAREs, sets search_path, seeds random()): reset before another session runs there; the session reads on", async () => {
+  await admin.query(`CREATE FUNCTION replica_prepare() RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN EXECUTE 'PREPARE replica_left AS SELECT 1'; PERFORM set_config('search_path', 'pg_temp, public', false); PERFORM setseed(0.42); RETURN pg_is_in_recovery(); END $$`)
   await admin.query('CREATE VIEW replica_preparing AS SELECT replica_prepare() AS prepared_on_standby')
   await standby.caughtUp()
   try {
@@ -172,6 +172,11 @@ test("a read whose code leaves state on a replica's backend (a view calling a fu
     assert.equal(fresh.standby, true)
     assert.deepEqual((await c.query('SELECT prepared_on_standby FROM replica_preparing')).rows, [{ prepared_on_standby: true }], 'it ran on the replica')
     assert.deepEqual((await d.query(look)).rows[0], fresh, "d on the same replica backend: nothing of c's")
+    await admin.query('SELECT setseed(0.42)')
+    const seeded = (await admin.query('SELECT random() AS r')).rows[0].r
+    const drawn = (await d.query('SELECT random() AS r, pg_backend_pid() AS pid, pg_is_in_recovery() AS standby')).rows[0]
+    assert.deepEqual([drawn.pid, drawn.standby], [fresh.pid, true])
+    assert.notEqual(drawn.r, seeded, "d draws from a fresh seed, not the one c's read left")
     assert.equal(await where(c), 'replica', 'c reads on')
     await Promise.all([c.end(), d.end()])
   } finally {
