@@ -132,10 +132,11 @@ export class ReplicaKeyCache {
     this.asking = true
     try {
       this.key = await replicaKey(upstream, ask)
-    } catch {} // (the connection broke: asked again by the next)
-    finally {
-      this.asking = false
       if (!this.key) this.refusedAt = performance.now()
+    } catch {
+      // (The connection broke: the next to need it asks.)
+    } finally {
+      this.asking = false
     }
   }
 }
