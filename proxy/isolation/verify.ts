@@ -30,7 +30,9 @@ const TRANSACTION_SCOPED = `'{transaction_isolation,transaction_read_only,transa
  * relay's Close) finds none.
  */
 export function handoverReset(): Buffer {
-  return Buffer.concat([DISCARD, reseed()])
+  const reset = Buffer.from(HANDOVER) // (one copy: a handover comes with most statements of a busy key)
+  reset.writeDoubleBE(seed(), DISCARD.length + SEED_AT)
+  return reset
 }
 /** What a handover's reset answers with, each ending one of its parts: DISCARD ALL's CommandComplete, the call's ReadyForQuery (or the first refused, an error). */
 export const HANDOVER_ENDS = 2
@@ -55,6 +57,7 @@ export function reseed(): Buffer {
  */
 const RESEED = Buffer.from('46' + '0000001c' + '0000063f' + '0001' + '0001' + '0001' + '00000008' + '0000000000000000' + '0000', 'hex')
 const SEED_AT = 19
+const HANDOVER = Buffer.concat([DISCARD, RESEED])
 
 /** A double in [0, 1) of 53 random bits, drawn in batches. */
 const drawn = new Uint32Array(1024)

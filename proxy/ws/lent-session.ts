@@ -646,8 +646,9 @@ class LentSession implements RunningSession {
     const claims = onReplica && this.o.claims !== undefined ? replicaClaimsMessages(this.o.claims, this.o.replicas!.claimsKey.key!) : undefined
     if (handover || claims) {
       lend.handover = { sent: [], bytes: 0, synced: false }
-      const lead = handover ? (claims ? Buffer.concat([handoverReset(), claims]) : handoverReset()) : claims!
-      lend.relay.lead(lead, (handover ? HANDOVER_ENDS : 0) + (claims ? REPLICA_CLAIMS_ENDS : 0), (ok) => this.handedOver(lend, ok, handover, !!claims))
+      const reset = handover ? handoverReset() : undefined
+      const lead = reset && claims ? Buffer.concat([reset, claims]) : (reset ?? claims!)
+      lend.relay.lead(lead, (reset ? HANDOVER_ENDS : 0) + (claims ? REPLICA_CLAIMS_ENDS : 0), (ok) => this.handedOver(lend, ok, handover, !!claims))
     }
     if (onReplica) {
       // Behind what the session has seen, as far as is known: its messages wait for the replica to replay it.
