@@ -103,7 +103,11 @@ export class IdleWatch {
 
   /** Nothing under way in either direction: it may watch another backend's (reset), as a new watch would. */
   get quiet(): boolean {
-    return !this.unanswered && !this.awaitingSync && !this.statusNext && !this.client.midMessage && !this.backend.midMessage && !this.terminated
+    return !this.unanswered && !this.awaitingSync && !this.statusNext && !this.client.midMessage && !this.backendMidMessage && !this.terminated
+  }
+
+  private get backendMidMessage(): boolean {
+    return this.backend.midMessage || !!this.framer?.holding
   }
 
   reset() {
@@ -131,6 +135,31 @@ export class IdleWatch {
     return cut < 0 ? chunk : chunk.subarray(0, cut)
   }
 
+  /** A whole client message, framed already (a lend's): as fromClient, without the walk. Never a Terminate. */
+  sent(msg: Buffer) {
+    const type = msg[0]
+    if ((type === QUERY || type === PARSE) && !this.customSetting) this.customSetting = setsCustomSetting(msg.toString('latin1', 5))
+    if (ANSWERED.has(type)) {
+      this.unanswered++
+      this.awaitingSync = false
+    } else if (TYPES_AWAITING_SYNC.has(type)) this.awaitingSync = true
+  }
+
+  /**
+   * Whole messages Postgres sent, framed already and tallied by whoever framed them (a lend's relay):
+   * as fromBackend, without the walk (`last`: the last one's type, 0 for none).
+   */
+  received(readies: number, last: number, status: number) {
+    if (!last) return
+    this.last = last
+    this.unanswered -= readies
+    this.readies += readies
+    if (readies) this.lastStatus = status
+  }
+
+  /** Whoever frames Postgres's messages for this watch (see received): it may hold part of one. */
+  framer?: { readonly holding: boolean }
+
   fromBackend(chunk: Buffer) {
     if (this.statusNext && chunk.length) {
       this.lastStatus = chunk[0]
@@ -146,6 +175,12 @@ export class IdleWatch {
     })
   }
 
+  /** Everything sent is answered and nothing waits for a Sync: the status Postgres gave last (I, T or E); else undefined (`ending` with nothing pending, made for each statement without an object). */
+  get settled(): number | undefined {
+    if (this.unanswered || this.awaitingSync || this.client.midMessage || this.statusNext) return undefined
+    return this.lastStatus ?? TxStatus.Idle
+  }
+
   /**
    * How the session leaves its backend: undefined while it is busy (a statement running, a message
    * half sent, extended-protocol messages waiting for their Sync); else the ReadyForQuery still to
@@ -155,7 +190,7 @@ export class IdleWatch {
    */
   get ending(): Ending | undefined {
     if (this.awaitingSync || this.client.midMessage || this.statusNext) return undefined
-    if (this.unanswered > 1 || (this.unanswered === 1 && (this.backend.midMessage || !STATEMENT_ENDS.has(this.last)))) return undefined
+    if (this.unanswered > 1 || (this.unanswered === 1 && (this.backendMidMessage || !STATEMENT_ENDS.has(this.last)))) return undefined
     return { pending: this.unanswered, status: this.lastStatus ?? TxStatus.Idle, reusable: !this.split && !this.customSetting }
   }
 }

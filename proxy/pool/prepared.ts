@@ -205,8 +205,19 @@ export class StatementRelay {
     this.forward((this.client ??= new Framer()).push(chunk))
   }
 
+  /** What the last fromBackend passed to the client: its ReadyForQuery messages, the last one's status, and the last message's type (0: none). */
+  passedReadies = 0
+  passedStatus = 0
+  passedLast = 0
+
+  /** Part of a message of Postgres's is held until the rest comes. */
+  get holding(): boolean {
+    return this.server.holding > 0
+  }
+
   /** Backend → client: Postgres's answers, but those to the proxy's own messages. */
   fromBackend(chunk: Buffer): Buffer {
+    this.passedReadies = this.passedLast = 0
     this.server.each(chunk, this.answer)
     this.endRun()
     const runs = this.runs
@@ -265,7 +276,7 @@ export class StatementRelay {
       const ahead = this.awaited[0]?.ahead
       while (this.awaited.length && this.awaited[0].kind !== 'sync') this.awaited.shift()!.skipped?.()
       if (ahead) return // (the Query behind says what is wrong, in its own words)
-      if (bytes.subarray(start, end).includes(TYPE_CHANGED)) return this.pass(TYPE_CHANGED_ERROR, 0, TYPE_CHANGED_ERROR.length)
+      if (bytes.subarray(start, end).includes(TYPE_CHANGED)) return (this.passedLast = type), this.pass(TYPE_CHANGED_ERROR, 0, TYPE_CHANGED_ERROR.length)
     } else if (type === ServerMessage.ReadyForQuery) {
       // It answers a Sync (or Query): what is awaited ahead of that, Postgres skipped after an error
       // (sent into the group once the error was in: a Close behind a failed portal).
@@ -283,6 +294,8 @@ export class StatementRelay {
       this.undo(tag)
       if (!plainTag(tag)) this.unusual = true
     } else if (type === ServerMessage.FunctionCallResponse) this.unusual = true
+    if (type === ServerMessage.ReadyForQuery) this.passedReadies++, (this.passedStatus = bytes[start + 5])
+    this.passedLast = type
     this.pass(bytes, start, end)
   }
 

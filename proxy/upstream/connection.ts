@@ -62,6 +62,8 @@ export class Upstream {
   error?: NodeJS.ErrnoException
   /** The socket written to has drained (backpressure). */
   onDrain?: () => void
+  /** The TCP socket has closed: for whoever holds the connection now (a field, not a listener added and removed with each holder). */
+  onClose?: () => void
   private onData: (chunk: Buffer) => void = (chunk) => this.queue.push(chunk)
   private readonly fromTcp = (chunk: Buffer) => this.onData(chunk)
   private readonly tcp: Socket
@@ -78,6 +80,7 @@ export class Upstream {
       this.gone = this.closed = true
       const refused = !this.connected && this.error
       this.queue.fail(new Error(refused ? `upstream ${this.name} unreachable: ${refused.code ?? refused.message}` : 'upstream closed'))
+      this.onClose?.()
     })
   }
 

@@ -366,8 +366,7 @@ class LentSession implements RunningSession {
    * over (its verification may still be under way): they are routed afresh, when it is given back.
    */
   private waitsOnReplica(lend: Lend): boolean {
-    const ending = lend.watch.ending
-    return !!lend.onReplica && (lend.onReplica.gatedSince !== undefined || (ending?.pending === 0 && ending.status === TxStatus.Idle))
+    return !!lend.onReplica && (lend.onReplica.gatedSince !== undefined || lend.watch.settled === TxStatus.Idle)
   }
 
   /** `after <positions>` (SUBPROTOCOL_POSITIONS_FRAMED): what the client has seen, which its reads must not go behind. */
@@ -465,7 +464,7 @@ class LentSession implements RunningSession {
     if (status === undefined) return // (the last ReadyForQuery's status comes in the next chunk)
     lend.positionAfter = false
     lend.positionDue--
-    if (status === TxStatus.Idle && lend.watch.ending) lend.relay.ownQuery(this.positionBehind(lend))
+    if (lend.watch.settled === TxStatus.Idle) lend.relay.ownQuery(this.positionBehind(lend))
     else if (!lend.positionDue && lend.tail) this.deliver(lend, lend.tail), (lend.tail = undefined)
   }
 
@@ -496,13 +495,16 @@ class LentSession implements RunningSession {
     // (this one, perhaps), once Postgres has run the statement and its answer is on its way to the
     // client (Postgres signals while it runs; acting as it passed by ended targets before it ran).
     let answered = this.readies + lend.watch.pending
-    const before = lend.watch.ending
     // (Where Postgres last said the session was, if it has answered all that went before.)
     const status = lend.watch.pending === 0 ? lend.watch.status : undefined
+    const settled = lend.watch.settled
     let read = NOTHING
+    let bytes = 0
     for (const m of msgs) {
       const r = this.effectsOf(m)
       read = merge(read, r)
+      lend.watch.sent(m)
+      bytes += m.length
       if (r.signals && m[0] !== ClientMessage.Parse) {
         for (const s of r.signals) {
           const pid = s.pid ?? (m[0] === ClientMessage.Bind ? bindParameter(m, s.param!) : undefined)
@@ -512,8 +514,6 @@ class LentSession implements RunningSession {
       }
       if (m[0] === ClientMessage.Query || m[0] === ClientMessage.Sync) answered++
     }
-    let bytes = 0
-    for (const m of msgs) lend.watch.fromClient(m), (bytes += m.length)
     const on = lend.onReplica
     if (on?.retryable) {
       on.sent.push(...(owned ? msgs : msgs.map(kept)))
@@ -523,7 +523,7 @@ class LentSession implements RunningSession {
     }
     const last = msgs[msgs.length - 1][0]
     const ends = last === ClientMessage.Sync || last === ClientMessage.Query
-    const idle = before?.pending === 0 && before.status === TxStatus.Idle
+    const idle = settled === TxStatus.Idle
     if (idle && !lend.onReplica) this.o.replicas?.set.events.routed('primary') // (a replica's, once its answer stands: see release)
     // Where reads may go to replicas, a group that may end a transaction on the primary (one that does
     // not open a block, where Postgres's last word was idle, or that closes the block) is followed by
@@ -748,8 +748,7 @@ class LentSession implements RunningSession {
    */
   private release(lend: Lend) {
     const on = lend.onReplica!
-    const ending = lend.watch.ending
-    const over = ending?.pending === 0 && ending.status === TxStatus.Idle && !on.gatedSince
+    const over = lend.watch.settled === TxStatus.Idle && !on.gatedSince
     if (!on.held || !on.checked || (on.retryable && !over && on.heldBytes <= HOLD_MAX)) return
     const held = on.held
     on.held = undefined
@@ -808,8 +807,9 @@ class LentSession implements RunningSession {
     const relay = spare ?? new StatementRelay(this.statements, statements, toBackend, this.o.lender.events.preparedAgain)
     relay.onParameter = this.parameter
     const lend: Lend = (this.lend = { backend, lender, onReplica, delivered: 0, positionDue: 0, relay, watch: watch ?? new IdleWatch(), effects: NOTHING })
+    lend.watch.framer = relay
     backend.upstream.onDrain = this.resumeClient
-    backend.upstream.on('close', this.onBackendClose)
+    backend.upstream.onClose = this.onBackendClose
     const early = backend.upstream.relay(this.fromBackend)
     backend.upstream.resume()
     if (early.length) this.fromBackend(early)
@@ -826,7 +826,7 @@ class LentSession implements RunningSession {
     const on = lend.onReplica
     // (A replica's lend whose transaction is over owes the client nothing: a FATAL now is the replica's going away.)
     if (on && !on.held && this.waitsOnReplica(lend)) return
-    lend.watch.fromBackend(visible)
+    lend.watch.received(lend.relay.passedReadies, lend.relay.passedLast, lend.relay.passedStatus)
     if (on?.moving) return void (lend.watch.pending === 0 && this.moved(lend))
     if (on?.held) {
       if (visible.length) on.held.push(visible), (on.heldBytes += visible.length)
@@ -847,9 +847,9 @@ class LentSession implements RunningSession {
     // A parked backend speaks only to say it is going away (a FATAL): it stays with this session
     // (which ends as it closes), and no other may take it meanwhile.
     if (this.parked && lend.watch.last === ServerMessage.ErrorResponse) return lend.lender.unpark(lend.backend), void (this.parked = false)
-    const ending = lend.watch.ending
-    if (this.lend !== lend || !ending || ending.pending !== 0 || (this.waiting.length && !lend.onReplica)) return
-    if (ending.status === TxStatus.Idle) this.transactionEnded(lend)
+    const settled = lend.watch.settled
+    if (this.lend !== lend || settled === undefined || (this.waiting.length && !lend.onReplica)) return
+    if (settled === TxStatus.Idle) this.transactionEnded(lend)
     else this.idleInside()
   }
 
@@ -947,8 +947,7 @@ class LentSession implements RunningSession {
 
   /** An answer of the proxy's own is in: the transaction, if it is over, is decided now. */
   private afterOwn(lend: Lend) {
-    const ending = lend.watch.ending
-    if (!this.verifying && ending && ending.pending === 0 && ending.status === TxStatus.Idle && (!this.waiting.length || lend.onReplica)) this.transactionEnded(lend)
+    if (!this.verifying && lend.watch.settled === TxStatus.Idle && (!this.waiting.length || lend.onReplica)) this.transactionEnded(lend)
   }
 
   /** It keeps its backend for state it made (`final`: no more waiting for a pinned session that may leave). */
@@ -1030,7 +1029,7 @@ class LentSession implements RunningSession {
     this.verifying = 0 // (theirs are the backend's: answered there, or lost with it)
     this.mayLeave(false)
     lend.backend.upstream.onDrain = undefined
-    lend.backend.upstream.off('close', this.onBackendClose)
+    lend.backend.upstream.onClose = undefined
     this.lend = undefined
   }
 

@@ -21,8 +21,8 @@ export interface ChildProxyOptions {
   env?: Record<string, string>
   /** edgepg-proxy flags, after --upstream and --listen. */
   flags?: string[]
-  /** Run the built CLI (dist/cli.mjs, as the package ships it) rather than the TypeScript under tsx: for benchmarks. */
-  built?: boolean
+  /** Run the built CLI (dist/cli.mjs, as the package ships it, or the one named: another build to compare) rather than the TypeScript under tsx: for benchmarks. */
+  built?: boolean | string
   /** Sees each line the child writes to stderr first; returning true keeps it out of the error text. */
   onStderrLine?: (line: string) => boolean
 }
@@ -51,7 +51,8 @@ process.on('exit', () => {
 
 export async function startChildProxy(upstream: string, options: ChildProxyOptions = {}): Promise<ChildProxy> {
   const listen = `127.0.0.1:${await freePort()}`
-  const entry = options.built ? ['dist/cli.mjs'] : ['--import', 'tsx', 'proxy/cli.ts']
+  const { built } = options
+  const entry = built ? [typeof built === 'string' ? built : 'dist/cli.mjs'] : ['--import', 'tsx', 'proxy/cli.ts']
   const child = spawn(process.execPath, [...(options.nodeArgs ?? []), ...entry, '--upstream', upstream, '--listen', listen, ...(options.flags ?? [])], {
     cwd: ROOT,
     env: { ...process.env, EDGEPG_WORKERS: '1', ...options.env }, // (one process, unless asked: the tests measure one)
