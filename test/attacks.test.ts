@@ -19,6 +19,7 @@ import { test, describe, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import net from 'node:net'
 import { WebSocket } from 'ws'
+import pg from 'pg'
 import { startProxy, pgConfig, within, eventually, edgeClient } from './support/helpers'
 import { startChildProxy, startGcProxy, type GcProxy, type MemoryUsage } from './support/child-proxy'
 import { int32, message, passwordMessage, queryMessage, startupMessage } from './support/protocol'
@@ -688,4 +689,97 @@ test('/sql bodies count against --max-client-buffer: one that does not fit gets 
   } finally {
     await p.close()
   }
+})
+
+// ── keys that crowd the pool ─────────────────────────────────────────────────────────────────
+
+describe('a client that varies its startup parameters (a pool key each)', { concurrency: false }, () => {
+  /** A WebSocket from the attacker's address. */
+  class FromAttacker extends WebSocket {
+    constructor(url: string, protocols?: string | string[]) {
+      super(url, protocols, { localAddress: '127.0.0.2' })
+    }
+  }
+  const IDLE_MS = 200
+  const keysProxy = (pool: object) => startProxy({ pool: { mode: 'transaction', idleTimeoutMs: IDLE_MS, timeoutMs: 2000, ...pool } })
+  /** `n` logins from 127.0.0.2, each with an application_name of its own, each running SELECT 1 and leaving (five at a time). */
+  async function varyKeys(port: number, n: number) {
+    for (let i = 0; i < n; i += 5) {
+      await Promise.all(Array.from({ length: Math.min(5, n - i) }, async (_, j) => {
+        const c = edgeClient(port, 'scram_user', { webSocketConstructor: FromAttacker as any, application_name: `crowd-${i + j}` } as any)
+        await c.connect()
+        await c.query('SELECT 1')
+        await c.end()
+      }))
+    }
+  }
+  const crowd = async () => {
+    const c = new pg.Client(pgConfig('scram_user'))
+    await c.connect()
+    try {
+      return Number((await c.query(`SELECT count(*) AS n FROM pg_stat_activity WHERE application_name LIKE 'crowd-%'`)).rows[0].n)
+    } finally {
+      await c.end()
+    }
+  }
+
+  const keptNames = async () => {
+    const c = new pg.Client(pgConfig('scram_user'))
+    await c.connect()
+    try {
+      return (await c.query(`SELECT application_name AS a FROM pg_stat_activity WHERE application_name LIKE 'crowd-%'`)).rows.map((r) => r.a as string)
+    } finally {
+      await c.end()
+    }
+  }
+
+  test('keys one client keeps warm past the idle timeout: at most its share (--max-backends-per-client), those it used last', async () => {
+    const p = await keysProxy({ maxPerClient: 3 })
+    try {
+      await varyKeys(p.port, 12)
+      await eventually(async () => (await crowd()) <= 3, 'the client to keep at most 3 keys warm', 5000, 100)
+      await new Promise((r) => setTimeout(r, IDLE_MS * 3)) // (the share is kept, not emptied)
+      const kept = await keptNames()
+      assert.equal(kept.length, 3, `kept: ${kept}`)
+      // The last five logins ran after the others: the two of the last round, and one of the round before.
+      assert.ok(kept.includes('crowd-10') && kept.includes('crowd-11') && kept.every((a) => Number(a.slice(6)) >= 5), `kept: ${kept}`)
+    } finally {
+      await p.close()
+    }
+  })
+
+  test("kept keys fill the pool (--pool-max-backends): they give way, the least recently used first, to another user's concurrency and logins", async () => {
+    const MAX = 16
+    const p = await keysProxy({ maxBackends: MAX, maxPerClient: 20 })
+    const errors: string[] = []
+    const victim = (app = 'victim') => edgeClient(p.port, 'md5_user', { application_name: app } as any)
+    try {
+      const first = victim()
+      await first.connect()
+      await first.query('SELECT 1') // (its key's lender, with one backend)
+      await first.end()
+      await varyKeys(p.port, MAX)
+      await eventually(async () => (await crowd()) >= MAX - 1, 'the crowd to keep its backends', 5000, 100)
+      await new Promise((r) => setTimeout(r, IDLE_MS * 2)) // (past the idle timeout: kept warm)
+      assert.ok((await crowd()) >= MAX - 1, 'the crowd keeps the pool full')
+      // Twelve sessions of another user at once, each 0.3 s (one backend in turn would take 3.6 s: past --pool-timeout); then a login of a key of its own.
+      await Promise.all(Array.from({ length: 12 }, async () => {
+        const c = victim()
+        await c.connect()
+        await c.query('SELECT pg_sleep(0.3)').catch((err: Error & { code?: string }) => errors.push(`${err.code}: ${err.message}`))
+        await c.end()
+      }))
+      const other = victim('victim-2')
+      await other.connect()
+      assert.equal((await other.query('SELECT 2 AS n')).rows[0].n, 2)
+      await other.end()
+      assert.deepEqual(errors, [])
+      const kept = await crowd()
+      assert.ok(kept <= MAX - 12, `the crowd still keeps ${kept} of ${MAX}`)
+      const pooled = Number((await p.metrics!.registry.metrics()).match(/^edgepg_proxy_pool_backends (\d+)/m)![1])
+      assert.ok(pooled <= MAX, `the pool owns ${pooled} backends, over --pool-max-backends ${MAX}`)
+    } finally {
+      await p.close()
+    }
+  })
 })

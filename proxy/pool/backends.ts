@@ -56,7 +56,7 @@ export interface PoolOptions {
   timeoutMs?: number
   /** Transaction mode: named statements each backend keeps for the sessions it serves. Default 100. */
   statements?: number
-  /** Transaction mode: backends one client (a token's subject, else its address) holds while another client waits. Default a quarter of `size`. */
+  /** Transaction mode: backends one client (a token's subject, else its address) holds while another client waits, and keys it keeps warm. Default a quarter of `size`. */
   maxPerClient?: number
   /** Transaction mode: sessions kept on their backend for state they hold, at once. Default a quarter of `size`. */
   maxPinned?: number
@@ -97,6 +97,12 @@ export class Backend {
    */
   user?: object
   idleTimer?: NodeJS.Timeout
+  /** When a session last took it or left it (ms): a full pool closes the idle one used longest ago first. */
+  lastUsed = Date.now()
+  /** The client (a token's subject, else an address) it was last lent to, where known: its keys kept warm count against that client's share. */
+  client?: string
+  /** Kept past the idle timeout, its key's last (keepWarmMs). */
+  kept = false
 
   constructor(readonly upstream: Upstream, readonly poolKey: string, answer: Buffer[]) {
     this.answer = answer.map((m) => Buffer.from(m))
@@ -138,10 +144,14 @@ export class BackendPool {
     return secret
   }
   private readonly maxIdlePerKey: number
-  private readonly maxBackends: number
+  readonly maxBackends: number
   private readonly idleTimeoutMs: number
   private readonly maxLifetimeMs: number
   private readonly keepWarmMs: number
+  /** Keys one client may keep warm (maxPerClient): more, and its least recently used goes. */
+  private readonly keptPerClient: number
+  /** Logins under way that the pool will adopt (see reserve). */
+  private reserved = 0
   /** When each key last served a login or a lend. */
   private readonly lastUsed = new Map<string, number>()
   /** How to log in another backend of a key, to replace its last before it ages out; and who hears of it. */
@@ -155,6 +165,7 @@ export class BackendPool {
     this.idleTimeoutMs = options.idleTimeoutMs ?? 60_000
     this.maxLifetimeMs = options.maxLifetimeMs ?? 30 * 60_000
     this.keepWarmMs = options.keepWarmMs ?? 0
+    this.keptPerClient = options.maxPerClient ?? Math.ceil((options.size ?? 20) / 4)
   }
 
   /** How a key's backends are logged in: keepWarmMs replaces its last one this way before it ages out, then tells `renewed`. */
@@ -206,7 +217,8 @@ export class BackendPool {
         this.discard(backend)
         continue
       }
-      this.lastUsed.set(key, Date.now())
+      this.lastUsed.set(key, (backend.lastUsed = Date.now()))
+      backend.kept = false
       this.onEvent('hit')
       return backend
     }
@@ -228,9 +240,42 @@ export class BackendPool {
   ): Promise<{ upstream: Upstream; backend?: Backend; outcome: LoginOutcome; warm?: boolean }> {
     const warm = key ? await this.take(key, session) : undefined
     if (warm) return { upstream: warm.upstream, backend: warm, outcome: { kind: 'ready', answer: this.lend(warm, session) }, warm: true }
-    const { upstream, outcome } = await login()
-    const backend = key && outcome.kind === 'ready' ? this.adopt(key, upstream, outcome.answer) : undefined
-    return { upstream, backend, outcome: backend ? { kind: 'ready', answer: this.lend(backend, session) } : outcome }
+    const reserved = key !== undefined && this.reserve()
+    try {
+      const { upstream, outcome } = await login()
+      const backend = key && outcome.kind === 'ready' ? this.adopt(key, upstream, outcome.answer) : undefined
+      return { upstream, backend, outcome: backend ? { kind: 'ready', answer: this.lend(backend, session) } : outcome }
+    } finally {
+      if (reserved) this.unreserve()
+    }
+  }
+
+  /**
+   * Room for a login the pool will adopt, made before it reaches Postgres: where the pool is full,
+   * the idle backend used longest ago (whatever its key) is closed for it. False when every backend
+   * is lent. Whoever reserves gives the place up (unreserve) once its login is adopted or has failed.
+   */
+  reserve(): boolean {
+    while (this.owned.size + this.reserved >= this.maxBackends) if (!this.closeOldest()) return false
+    this.reserved++
+    return true
+  }
+
+  unreserve() {
+    this.reserved--
+  }
+
+  /** Every backend the pool may own is lent, or being logged in. */
+  get full(): boolean {
+    return this.owned.size + this.reserved >= this.maxBackends && !this.size.idle
+  }
+
+  /** Closes the idle backend used longest ago, of those `which` picks (all): false if there is none. */
+  private closeOldest(which: (backend: Backend) => boolean = () => true): boolean {
+    let oldest: Backend | undefined
+    for (const list of this.idle.values()) for (const backend of list) if (which(backend) && (!oldest || backend.lastUsed < oldest.lastUsed)) oldest = backend
+    if (oldest) this.evict(oldest)
+    return !!oldest
   }
 
   /**
@@ -239,7 +284,8 @@ export class BackendPool {
    */
   adopt(key: string, upstream: Upstream, answer: Buffer): Backend | undefined {
     const answered = messages(answer)
-    if (!this.enabled || this.closed || this.owned.size >= this.maxBackends || !answered.some((m) => m[0] === ServerMessage.BackendKeyData)) return undefined
+    if (!this.enabled || this.closed || !answered.some((m) => m[0] === ServerMessage.BackendKeyData)) return undefined
+    if (this.owned.size >= this.maxBackends && !this.closeOldest()) return undefined
     const backend = new Backend(upstream, key, answered)
     this.owned.set(`${upstream.name} ${backend.key.pid}`, backend)
     this.lastUsed.set(key, Date.now())
@@ -269,6 +315,7 @@ export class BackendPool {
    */
   giveBack(backend: Backend, ending: Ending | undefined, reset?: Promise<boolean | undefined>) {
     backend.lentSecret = undefined
+    backend.lastUsed = Date.now()
     if (!ending) return this.discard(backend, true)
     const list = this.idle.get(backend.poolKey) ?? []
     if (!ending.reusable || this.closed || this.expired(backend) || backend.upstream.gone || list.length >= this.maxIdlePerKey) return this.discard(backend)
@@ -330,6 +377,7 @@ export class BackendPool {
       if (this.idleCount(key) === 1 && now - used >= this.keepWarmMs) this.renewers.delete(key), this.lastUsed.delete(key) // (a key gone quiet)
       return this.evict(backend)
     }
+    if (!backend.kept && ((backend.kept = true), !this.keptWithinShare(backend))) return
     const ageLeft = backend.born + this.maxLifetimeMs - now
     const renew = this.renewers.get(key)
     if (renew && ageLeft <= this.renewAhead) return void this.renew(key, renew.login).then(
@@ -338,6 +386,20 @@ export class BackendPool {
     )
     if (ageLeft <= 0) return this.evict(backend)
     this.idleFor(backend, used + this.keepWarmMs - now)
+  }
+
+  /**
+   * One client keeps at most keptPerClient keys warm (a client that varies its startup parameters
+   * makes a key of each): past that, the one it used longest ago is closed. False if that was `backend`.
+   */
+  private keptWithinShare(backend: Backend): boolean {
+    const { client } = backend
+    if (client === undefined) return true
+    const theirs = (b: Backend) => b.kept && b.client === client
+    let n = 0
+    for (const list of this.idle.values()) for (const b of list) if (theirs(b)) n++
+    for (; n > this.keptPerClient; n--) this.closeOldest(theirs)
+    return !!this.idle.get(backend.poolKey)?.includes(backend)
   }
 
   /** A fresh backend for `key`, logged in ahead of need and kept idle. */

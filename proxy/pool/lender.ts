@@ -177,9 +177,12 @@ export class Lender {
       this.unqueue(this.waiting[0])
       this.events.timedOut()
       const { perClient } = this.shares
-      reject(new PoolTimeout(this.mayTake(client) || this.busy >= this.size
-        ? `no backend for this user and database within ${this.timeoutMs} ms: all ${this.size} are busy (raise --pool-size, or --pool-timeout)`
-        : `no backend for this user and database within ${this.timeoutMs} ms: this client holds ${perClient} of its ${this.size} backends already, as many as one client may (--max-backends-per-client)`))
+      const within = `no backend for this user and database within ${this.timeoutMs} ms`
+      reject(new PoolTimeout(!this.mayTake(client) && this.busy < this.size
+        ? `${within}: this client holds ${perClient} of its ${this.size} backends already, as many as one client may (--max-backends-per-client)`
+        : this.busy < this.size && this.pool.full
+          ? `${within}: ${this.busy} of its ${this.size} are busy, and the proxy's ${this.pool.maxBackends} backends over all users are lent (raise --pool-max-backends, if Postgres has room)`
+          : `${within}: all ${this.size} are busy (raise --pool-size, or --pool-timeout)`))
     }
     if (this.waiting.length) this.timer = setTimeout(this.expire, this.waiting[0].deadline - now)
   }
@@ -336,6 +339,7 @@ export class Lender {
 
   private holdFor(backend: Backend, holder: Holder | undefined): Backend {
     this.holders.set(backend, holder)
+    if (holder) backend.client = holder.client
     return backend
   }
 
@@ -372,7 +376,7 @@ export class Lender {
       const warm = await this.pool.take(this.key, false).finally(() => this.opening--)
       if (warm) return this.lend(warm)
     }
-    if (this.lent.size + this.opening + this.pool.idleCount(this.key) >= this.size) return this.reclaim()
+    if (this.lent.size + this.opening + this.pool.idleCount(this.key) >= this.size || !this.pool.reserve()) return this.reclaim()
     this.opening++
     try {
       const { upstream, outcome } = await this.login()
@@ -388,6 +392,7 @@ export class Lender {
       return backend && this.lend(backend)
     } finally {
       this.opening--
+      this.pool.unreserve()
     }
   }
 
