@@ -12,7 +12,7 @@ import type { Client } from '../src/index'
 import { NOTHING } from '../proxy/isolation/reader'
 import pg from 'pg'
 import { startProxy, edgeClient, eventually, pgConfig, scratchTable, testPostgres, within } from './support/helpers'
-import { startDelayRelay, startHoldingRelay } from './support/delay-relay'
+import { isAccount, startDelayRelay, startHoldingRelay } from './support/delay-relay'
 
 let scratch: Awaited<ReturnType<typeof scratchTable>>
 before(async () => (scratch = await scratchTable('isolation', 'note text')))
@@ -48,8 +48,6 @@ const LOOK = `SELECT current_setting('statement_timeout') AS st, current_setting
 // Each of these has a command tag other than plain reads' and writes': with a reader that calls
 // everything plain, only the tags and the backend's own account stand between it and the next session.
 const forms = [
-  'SET statement_timeout = 4321',
-  'SET search_path = pg_temp, public',
   'SET ROLE trust_user',
   'CREATE TEMP TABLE left_behind (x int)',
   'CREATE TEMP VIEW left_view AS SELECT 1 AS x',
@@ -57,6 +55,26 @@ const forms = [
   'DECLARE left_c CURSOR WITH HOLD FOR SELECT 1',
   'LISTEN left_channel',
 ]
+
+test("a reader that calls everything plain is caught by the backend: settings follow their session (the next session on the backend finds none of them), the rest pin it", async () => {
+  const p = await proxy(() => NOTHING)
+  try {
+    const probe = await session(p)
+    const fresh = (await probe.query(LOOK)).rows[0]
+    const a = await session(p)
+    await a.query('SET statement_timeout = 4321')
+    await a.query("SELECT set_config('search_path', 'pg_temp, public', false)")
+    for (let round = 0; round < 3; round++) {
+      assert.deepEqual((await within(3000, 'the probe', probe.query(LOOK))).rows[0], fresh, 'the backend is lent on, without the settings')
+      const mine = (await a.query(LOOK)).rows[0]
+      assert.deepEqual([mine.st, mine.sp], ['4321ms', 'pg_temp, public'], 'the session keeps its settings, backend after backend')
+    }
+    assert.equal(await counter(p, 'pinned_sessions_total'), 0)
+    await Promise.all([a.end(), probe.end()])
+  } finally {
+    await p.close()
+  }
+})
 
 test('a reader that calls everything plain is caught by the backend: each form pins its session, and the next session finds a clean backend', async () => {
   const p = await proxy(() => NOTHING)
@@ -236,8 +254,8 @@ test("the reset rides in the next session's first write: a backend that changes 
 
 test("a session's next read, while the account of what it keeps is unanswered, does not lose the setting and lock it keeps", async () => {
   const pg = testPostgres()
-  // Postgres's answers to the account (its row names 'statements') reach the proxy 300 ms late.
-  const relay = await startHoldingRelay({ host: pg.host, port: pg.port }, (type, body) => (type === 'D' && body.includes('statements') ? 300 : 0))
+  // Postgres's answers to the account reach the proxy 300 ms late.
+  const relay = await startHoldingRelay({ host: pg.host, port: pg.port }, (type, body) => (isAccount(type, body) ? 300 : 0))
   const p = await startProxy({ upstream: `127.0.0.1:${relay.port}`, pool: { mode: 'transaction', size: 1, timeoutMs: 400 } })
   try {
     const a = await session(p)

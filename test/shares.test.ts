@@ -10,7 +10,7 @@ import { WebSocket } from 'ws'
 import type { Client } from '../src/index'
 import type { PoolOptions } from '../proxy/pool/backends'
 import { startProxy, edgeClient, scratchTable, eventually, within, testPostgres } from './support/helpers'
-import { startHoldingRelay } from './support/delay-relay'
+import { isAccount, startHoldingRelay } from './support/delay-relay'
 
 let scratch: Awaited<ReturnType<typeof scratchTable>>
 before(async () => (scratch = await scratchTable('shares', 'x int')))
@@ -67,16 +67,16 @@ test('past --max-pinned-sessions, a session that keeps state is closed with 5340
   const p = await proxy({ size: 2, maxPinned: 1, maxPerClient: 2 })
   const [a, b, c] = await Promise.all([session(p), session(p), session(p)])
   try {
-    await a.query('SET statement_timeout = 1111') // pinned: one of two backends
+    await a.query('CREATE TEMP TABLE pin_a (x int)') // pinned: one of two backends
     const pidB = (await b.query('SELECT pg_backend_pid() AS pid')).rows[0].pid
-    await b.query('SET statement_timeout = 2222') // the transaction has run; keeping its state would pin past the cap
+    await b.query('CREATE TEMP TABLE pin_b (x int)') // the transaction has run; keeping its state would pin past the cap
     await eventually(async () => b.errors.length > 0, 'b to be told')
     assert.equal((b.errors[0] as Error & { code?: string }).code, '53400')
     assert.match(b.errors[0].message, /--max-pinned-sessions/)
-    // The backend b left is cleaned: c runs on it, without b's setting, at once.
-    const seen = (await within(3000, 'c', c.query("SELECT pg_backend_pid() AS pid, current_setting('statement_timeout') AS st"))).rows[0]
-    assert.deepEqual(seen, { pid: pidB, st: '0' })
-    assert.deepEqual((await a.query("SELECT current_setting('statement_timeout') AS st")).rows, [{ st: '1111ms' }], 'a keeps its state')
+    // The backend b left is cleaned: c runs on it, without b's table, at once.
+    const seen = (await within(3000, 'c', c.query("SELECT pg_backend_pid() AS pid, to_regclass('pg_temp.pin_b')::text AS t"))).rows[0]
+    assert.deepEqual(seen, { pid: pidB, t: null })
+    assert.deepEqual((await a.query("SELECT to_regclass('pg_temp.pin_a')::text AS t")).rows, [{ t: 'pin_a' }], 'a keeps its state')
   } finally {
     await Promise.all([a, b, c].map((x) => x.end().catch(() => {})))
     await p.close()
@@ -96,7 +96,7 @@ for (const held of ['account', 'unlock'] as const) {
     let armed = false
     let wasHeld = false
     const holds = (type: string, body: Buffer) =>
-      armed && (held === 'unlock' ? type === 'T' && body.includes('released_4747') : type === 'D' && body.includes('statements') && !body.includes('lock')) ? ((armed = false), (wasHeld = true), 300) : 0
+      armed && (held === 'unlock' ? type === 'T' && body.includes('released_4747') : isAccount(type, body) && !body.includes('lock')) ? ((armed = false), (wasHeld = true), 300) : 0
     const relay = await startHoldingRelay(testPostgres(), holds)
     const p = await startProxy({ upstream: `127.0.0.1:${relay.port}`, pool: { mode: 'transaction', size: 3, timeoutMs: 3000, maxPinned: 1, maxPerClient: 3 } })
     const [a, b] = await Promise.all([session(p), session(p)])

@@ -88,7 +88,6 @@ interface Form {
 }
 
 const forms: Form[] = [
-  { name: 'SET', make: ['SET statement_timeout = 1234'], look: "SELECT current_setting('statement_timeout') AS v", made: '1234ms' },
   { name: 'set_config(…, false) inside a SELECT', make: ["SELECT set_config('app.user_id', '42', false)"], look: "SELECT current_setting('app.user_id', true) AS v", made: '42' },
   { name: 'SET ROLE', make: ['SET ROLE trust_user'], look: 'SELECT current_user AS v', made: 'trust_user' },
   { name: 'a temp table made in a DO block', make: ['DO $$ BEGIN CREATE TEMP TABLE hidden (x int); END $$'], look: "SELECT to_regclass('pg_temp.hidden')::text AS v", made: 'hidden' },
@@ -140,6 +139,38 @@ test('DDL does not pin: the backend says what it left (nothing), and reads go on
     await Promise.all([ddl, ...readers].map((c) => c.end()))
     await p.close()
     await scratch.tcp.query('DROP TABLE IF EXISTS txpool_ddl')
+  }
+})
+
+test('settings follow their session: set again on each backend it borrows (no pin); the other sessions there see none of them; RESET and code count, by Postgres\'s account', async () => {
+  const p = await txProxy(2, 3000)
+  const LOOK = "SELECT current_setting('application_name') AS app, current_setting('search_path') AS path, current_setting('statement_timeout') AS st, current_setting('DateStyle') AS ds"
+  await scratch.tcp.query(`CREATE OR REPLACE FUNCTION ${scratch.name}_tz() RETURNS void LANGUAGE sql AS $$ SELECT set_config('DateStyle', 'SQL, DMY', false) $$`)
+  const sessions = await Promise.all(Array.from({ length: 12 }, () => session(p.port)))
+  const probe = await session(p.port)
+  try {
+    const fresh = (await probe.query(LOOK)).rows[0]
+    await Promise.all(sessions.map(async (c, i) => {
+      await c.query(`SET application_name = 'app ${i}'`)
+      await c.query(`SET search_path = "schema ${i}", public`)
+      await c.query(`SELECT set_config('statement_timeout', '${1000 + i}', false)`)
+      if (i % 2) await c.query(`SELECT ${scratch.name}_tz()`) // (made by the database's code)
+    }))
+    await sessions[0].query('RESET statement_timeout')
+    for (let round = 0; round < 20; round++) {
+      await Promise.all(sessions.map(async (c, i) => {
+        const seen = (await c.query(LOOK)).rows[0]
+        const want = { app: `app ${i}`, path: `"schema ${i}", public`, st: i === 0 ? fresh.st : `${1000 + i}ms`, ds: i % 2 ? 'SQL, DMY' : fresh.ds }
+        assert.deepEqual(seen, want, `session ${i}, round ${round}`)
+      }))
+      assert.deepEqual((await probe.query(LOOK)).rows[0], fresh, `round ${round}: another session sees none of them`)
+    }
+    assert.equal(await pinned(p), 0, 'no session is pinned')
+    assert.ok((await metric(p, 'handovers_total')) > 12, 'the sessions shared the backends')
+  } finally {
+    await Promise.all([...sessions, probe].map((c) => c.end()))
+    await p.close()
+    await scratch.tcp.query(`DROP FUNCTION ${scratch.name}_tz()`)
   }
 })
 

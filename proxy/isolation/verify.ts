@@ -10,10 +10,14 @@
 import { randomFillSync } from 'node:crypto'
 import { serialize } from 'pg-protocol'
 
-/** What a verification found: state by kind (`statements`: protocol-level prepared statements, which the proxy keeps itself). */
+/**
+ * What a verification found: state by kind; protocol-level prepared statements, which the proxy
+ * keeps itself (`statements`); and the settings made for the session (name → value), which follow it.
+ */
 export interface Found {
   left: string[]
   statements: number
+  settings: Record<string, string>
 }
 
 const EQ = 'OPERATOR(pg_catalog.=)'
@@ -68,25 +72,30 @@ function seed(): number {
 }
 
 /**
- * What a session left on its backend, as one row: temporary objects of any kind, cursors (WITH
- * HOLD), SQL prepared statements, LISTEN channels, advisory locks, settings made for the session, a
- * role other than the login's, and the count of protocol-level prepared statements (the proxy's to
- * match). Asked after a transaction that did more than plain reads and writes (by the parser and
- * Postgres's command tags), to keep the backend with its session while it holds any: a simple Query,
- * planned afresh (about 1 ms of Postgres's time: npm run bench -- isolation), so that no session can
- * answer it in Postgres's place. (Like any Query, it drops the session's unnamed statement.)
+ * What a session left on its backend, as one row of JSON: temporary objects of any kind, cursors
+ * (WITH HOLD), SQL prepared statements, LISTEN channels, advisory locks, custom settings (`app.x`: a
+ * placeholder stays behind), a role other than the login's; the count of protocol-level prepared
+ * statements (the proxy's to match); and the settings made for the session, with their values (the
+ * proxy sets them again on each backend the session borrows: see carrySettings). Asked after a
+ * transaction that did more than plain reads and writes (by the parser and Postgres's command tags),
+ * to keep the backend with its session while it holds anything else: a simple Query, planned afresh
+ * (about 1 ms of Postgres's time: npm run bench -- isolation), so that no session can answer it in
+ * Postgres's place. (Like any Query, it drops the session's unnamed statement.)
  */
 export function verificationSql(user: string): string {
   const is = (kind: string, test: string) => `CASE WHEN ${test} THEN '${kind}' END`
-  return `SELECT pg_catalog.concat_ws(' ',
+  const custom = `pg_catalog.strpos(name, '.') OPERATOR(pg_catalog.>) 0`
+  const session = `source ${EQ} 'session' AND NOT name ${EQ} ANY (${TRANSACTION_SCOPED})`
+  return `SELECT pg_catalog.json_build_array(pg_catalog.concat_ws(' ',
   ${is('temporary', `pg_catalog.pg_my_temp_schema() OPERATOR(pg_catalog.<>) 0 AND EXISTS (SELECT FROM pg_catalog.pg_depend WHERE refclassid ${EQ} 2615 AND refobjid ${EQ} pg_catalog.pg_my_temp_schema())`)},
   ${is('cursor', 'EXISTS (SELECT FROM pg_catalog.pg_cursors WHERE is_holdable)')},
   ${is('prepare', 'EXISTS (SELECT FROM pg_catalog.pg_prepared_statements WHERE from_sql)')},
   ${is('listen', 'EXISTS (SELECT FROM pg_catalog.pg_listening_channels())')},
   ${is('lock', `EXISTS (SELECT FROM pg_catalog.pg_locks WHERE locktype ${EQ} 'advisory' AND pid ${EQ} pg_catalog.pg_backend_pid())`)},
-  ${is('setting', `EXISTS (SELECT FROM pg_catalog.pg_settings WHERE source ${EQ} 'session' AND NOT name ${EQ} ANY (${TRANSACTION_SCOPED}))`)},
-  ${is('role', `NOT (current_user ${EQ} ${literal(user)} AND session_user ${EQ} ${literal(user)})`)},
-  'statements', (SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE NOT from_sql))`
+  ${is('setting', `EXISTS (SELECT FROM pg_catalog.pg_settings WHERE ${session} AND ${custom})`)},
+  ${is('role', `NOT (current_user ${EQ} ${literal(user)} AND session_user ${EQ} ${literal(user)})`)}),
+  (SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE NOT from_sql),
+  (SELECT pg_catalog.json_object_agg(name, setting) FROM pg_catalog.pg_settings WHERE ${session} AND NOT ${custom} AND NOT name ${EQ} ANY ('{role,session_authorization}'::pg_catalog.text[])))`
 }
 
 /** The verification as a simple Query (see verificationSql). */
@@ -94,12 +103,44 @@ export const verification = (user: string): Buffer => serialize.query(verificati
 
 /** A verification's answer, from the first column of its rows; undefined: it failed, or never came. */
 export function found(rows: string[]): Found | undefined {
-  const words = rows[0]?.split(' ')
-  if (rows.length !== 1 || !words || words.length < 2 || words[words.length - 2] !== 'statements') return undefined
-  const statements = Number(words.pop())
-  words.pop()
-  return { left: words, statements }
+  if (rows.length !== 1) return undefined
+  try {
+    const [words, statements, settings] = JSON.parse(rows[0]) as [string, number, Record<string, string> | null]
+    return { left: words ? words.split(' ') : [], statements, settings: settings ?? {} }
+  } catch {
+    return undefined
+  }
 }
+
+/**
+ * The session's settings set again on a backend it borrows, ahead of its messages: a FunctionCall of
+ * pg_catalog.set_config(text, text, boolean) by its OID, 2078 (a built-in's), per setting, name and
+ * value as text arguments (nothing read as SQL). Each runs in a transaction of its own, answered with
+ * a ReadyForQuery (`ends`): a statement here would leave the implicit transaction of extended messages
+ * open through the session's simple Query behind it. Skipped, as the rest, once DISCARD ALL is refused.
+ */
+export function carrySettings(settings: Record<string, string>): Carried | undefined {
+  const names = Object.keys(settings)
+  if (!names.length) return undefined
+  return { names, bytes: Buffer.concat(names.map((name) => setConfig(name, settings[name]))), ends: names.length }
+}
+export type Carried = { names: string[]; bytes: Buffer; ends: number }
+
+function setConfig(name: string, value: string): Buffer {
+  const args = [name, value, 'false'].map((a) => Buffer.from(a, 'utf8'))
+  const length = 4 + 4 + 2 + 2 + 2 + args.reduce((n, a) => n + 4 + a.length, 0) + 2
+  const call = Buffer.alloc(1 + length)
+  let at = call.writeUInt8(0x46, 0) // 'F'
+  at = call.writeInt32BE(length, at)
+  at = call.writeInt32BE(SET_CONFIG_OID, at)
+  at = call.writeInt16BE(1, at) // one format code for all arguments: text
+  at = call.writeInt16BE(0, at)
+  at = call.writeInt16BE(args.length, at)
+  for (const a of args) (at = call.writeInt32BE(a.length, at)), (at += a.copy(call, at))
+  call.writeInt16BE(0, at) // the result as text
+  return call
+}
+const SET_CONFIG_OID = 2078
 
 /** A string literal Postgres reads the same with standard_conforming_strings on or off (a backslash reads as itself only with it on: then no match, which is safe). */
 function literal(text: string): string {

@@ -3,12 +3,13 @@
  * first message after ReadyForQuery(I) to the next ReadyForQuery(I), and none in between.
  *
  * A backend that changes hands is reset (DISCARD ALL) at the head of its next session's first write,
- * whatever either session's SQL looked like (proxy/isolation/verify.ts HANDOVER); one that goes back
- * to the session that used it last is not. A transaction that did more than plain reads and writes
- * (by Postgres's parser and its command tags, proxy/isolation/reader.ts) is followed by the backend's
- * own account of what is left, and where anything is, the session keeps that backend ("pinned")
- * until a later account finds it clean. Named prepared statements follow it from backend to backend
- * (proxy/pool/prepared.ts).
+ * whatever either session's SQL looked like (proxy/isolation/verify.ts HANDOVER), and the session's
+ * settings are set again behind it; one that goes back to the session that used it last is not. A
+ * transaction that did more than plain reads and writes (by Postgres's parser and its command tags,
+ * proxy/isolation/reader.ts) is followed by the backend's own account of what is left, and where
+ * anything is that cannot move, the session keeps that backend ("pinned") until a later account
+ * finds it clean. Its settings (by Postgres's reports and account) and its named prepared statements
+ * (proxy/pool/prepared.ts) follow it from backend to backend.
  */
 import type { WebSocket, RawData } from 'ws'
 import type { Backend } from '../pool/backends'
@@ -17,13 +18,14 @@ import type { Holder } from '../pool/holders'
 import { IdleWatch, type Ending } from '../pool/idle-watch'
 import { BackendStatements, StatementRelay, type Own, type SessionStatements } from '../pool/prepared'
 import { merge, NOTHING, type Reading } from '../isolation/reader'
-import type { SignalKind, Signals } from './signals'
-import { found, handoverReset, HANDOVER_ENDS } from '../isolation/verify'
+import type { Signals } from './signals'
+import { carrySettings, found, handoverReset, HANDOVER_ENDS, type Carried } from '../isolation/verify'
 import { Framer, kept, messages, MessageTooLarge } from '../wire/bytes'
 import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse, type BackendKey } from '../wire/startup'
 import type { BufferBudget, SessionMemory } from './budget'
 import { cancelNamed } from './cancels'
+import { DueSignals } from './due-signals'
 import { REPLICA_CLAIMS_ENDS, replicaClaimsMessages, setClaims, type ClaimsError, type ReplicaKeyCache } from '../auth/claims'
 import { closeWebSocket, type OutcomeKind, type RunningSession, type SessionLog } from './session'
 import { downForAll, recheckIn, type Fallback, type Replica, type Replicas } from '../replicas/replicas'
@@ -180,8 +182,8 @@ class LentSession implements RunningSession {
   private readonly unfollow: () => void
   private readonly unsignal: () => void
   private idleInTransaction?: NodeJS.Timeout
-  /** Signals for sessions (pg_terminate_backend…), each sent once the client has read `after` ReadyForQuery. */
-  private signalsDue: Array<{ after: number; kind: SignalKind; pid: number }> = []
+  /** Signals for sessions (pg_terminate_backend…) its statements ask for (proxy/ws/due-signals.ts). */
+  private readonly signalsDue: DueSignals
   /** Nothing runs and the client sends nothing, inside a transaction. */
   private idleInTx = false
   /** Who the session is to the per-client share of backends. */
@@ -204,6 +206,13 @@ class LentSession implements RunningSession {
   private readonly user = {}
   /** The values of the settings Postgres reports, as the client was last told them. */
   private readonly params = new Map<string, string>()
+  /** The settings the session made (by Postgres's last account of them: see verification), and the messages that make them again on another backend (false: none; undefined: to be made). */
+  private settings: Record<string, string> = {}
+  private carried?: Carried | false
+  /** The values of the settings Postgres reports, as the login's answer gave them. */
+  private readonly loginParams: Map<string, string>
+  /** Leads carrying the settings refused in a row. */
+  private carryRefused = 0
 
   constructor(private readonly ws: WebSocket, private readonly o: LentSessionOptions) {
     this.bytesIn = o.loginBytes
@@ -215,6 +224,7 @@ class LentSession implements RunningSession {
       this.finish() // (what it held goes with it)
     })
     this.memory?.loggedIn()
+    this.signalsDue = new DueSignals(o.signals, o.lender.role)
     this.unsignal = o.signals.attach(o.pid, {
       role: o.lender.role,
       // Its statement running now, if any (as a CancelRequest for its processID would).
@@ -224,6 +234,7 @@ class LentSession implements RunningSession {
     // (A lend not parked may be running something: a portal's Execute awaits no Sync. Postgres ignores a cancel while idle.)
     this.unfollow = o.follow(() => (this.lend && !this.parked ? this.lend.backend.key : undefined))
     for (const m of messages(o.answer)) if (m[0] === ServerMessage.ParameterStatus) this.parameter(m)
+    this.loginParams = new Map(this.params)
     this.toClient(o.answer)
     ws.on('message', this.onClientMessage)
     ws.on('close', () => {
@@ -325,7 +336,24 @@ class LentSession implements RunningSession {
     const value = msg.toString('utf8', nameEnd + 1, msg.length - 1)
     if (this.params.get(name) === value) return false
     this.params.set(name, value)
+    if (CARRIED_REPORTS.has(name)) this.carried = undefined // (made again when next needed: see carriedSettings)
     return true
+  }
+
+  /**
+   * The session's settings, as messages that make them again on another backend (undefined: none):
+   * those Postgres reports (ParameterStatus, as the client was told them) where they differ from the
+   * login's, and the others as its last account of the session's state listed them (see verification).
+   */
+  private carriedSettings(): Carried | undefined {
+    if (this.carried !== undefined) return this.carried || undefined
+    const settings = { ...this.settings }
+    for (const name of CARRIED_REPORTS) {
+      const value = this.params.get(name)
+      if (value !== undefined && value !== this.loginParams.get(name)) settings[name.toLowerCase()] = value
+      else delete settings[name.toLowerCase()]
+    }
+    return (this.carried = carrySettings(settings) ?? false) || undefined
   }
 
   private queue(msgs: Buffer[]) {
@@ -505,13 +533,7 @@ class LentSession implements RunningSession {
       read = merge(read, r)
       lend.watch.sent(m)
       bytes += m.length
-      if (r.signals && m[0] !== ClientMessage.Parse) {
-        for (const s of r.signals) {
-          const pid = s.pid ?? (m[0] === ClientMessage.Bind ? bindParameter(m, s.param!) : undefined)
-          if (pid !== undefined) this.signalsDue.push({ after: answered + 1, kind: s.kind, pid })
-          if (this.signalsDue.length > SIGNALS_DUE_MAX) this.sendSignals(1) // (pipelined without end: the oldest now)
-        }
-      }
+      if (r.signals) this.signalsDue.add(m, r, answered + 1)
       if (m[0] === ClientMessage.Query || m[0] === ClientMessage.Sync) answered++
     }
     const on = lend.onReplica
@@ -538,14 +560,6 @@ class LentSession implements RunningSession {
     lend.effects = merge(lend.effects, read)
     if (!lend.relay.forward(msgs, false, behind) && behind.length) this.verifying--, lend.positionDue-- // (it did not go)
     this.mayLeave(true) // (if pinned: what it runs may release what it keeps)
-  }
-
-  /** The signals whose statements the client has its answer to, or the first `n` (the session ended: all). */
-  private sendSignals(n = 0) {
-    if (!this.signalsDue.length) return
-    let due = 0
-    while (due < this.signalsDue.length && (due < n || this.signalsDue[due].after <= this.readies)) due++
-    for (const s of this.signalsDue.splice(0, due)) this.o.signals.send(s.kind, s.pid, this.o.lender.role)
   }
 
   /** What running `msg` may leave behind. */
@@ -640,15 +654,18 @@ class LentSession implements RunningSession {
     if (this.ended) return lender.giveBack(backend)
     const handover = backend.user !== undefined && backend.user !== this.user
     if (handover) backend.resets++ // (DISCARD ALL drops its prepared statements)
+    // (A backend the session did not use last lacks its settings: a reset one too.)
+    const carried = backend.user !== this.user ? this.carriedSettings() : undefined
     backend.user = this.user
     const lend = this.startLend(backend, lender, onReplica)
-    // Ahead of the session's messages, in their group: the reset, and on a standby a token's claims (each lend: the session may have reset them).
+    // Ahead of the session's messages, in their group: the reset, the session's settings, and on a standby a token's claims (each lend: the session may have reset them).
     const claims = onReplica && this.o.claims !== undefined ? replicaClaimsMessages(this.o.claims, this.o.replicas!.claimsKey.key!) : undefined
-    if (handover || claims) {
+    if (handover || carried || claims) {
       lend.handover = { sent: [], bytes: 0, synced: false }
       const reset = handover ? handoverReset() : undefined
-      const lead = reset && claims ? Buffer.concat([reset, claims]) : (reset ?? claims!)
-      lend.relay.lead(lead, (reset ? HANDOVER_ENDS : 0) + (claims ? REPLICA_CLAIMS_ENDS : 0), (ok) => this.handedOver(lend, ok, handover, !!claims))
+      const parts = [reset, carried?.bytes, claims].filter((b) => b !== undefined)
+      const ends = (reset ? HANDOVER_ENDS : 0) + (carried?.ends ?? 0) + (claims ? REPLICA_CLAIMS_ENDS : 0)
+      lend.relay.lead(parts.length === 1 ? parts[0] : Buffer.concat(parts), ends, (ok) => this.handedOver(lend, ok, handover, !!claims, !!carried))
     }
     if (onReplica) {
       // Behind what the session has seen, as far as is known: its messages wait for the replica to replay it.
@@ -665,12 +682,19 @@ class LentSession implements RunningSession {
    * refused it (and skipped what came behind, up to a Sync), and the backend, which no reset cleans,
    * is closed and the session's messages go to another, unseen.
    */
-  private handedOver(lend: Lend, ok: boolean, reset: boolean, claims: boolean) {
+  private handedOver(lend: Lend, ok: boolean, reset: boolean, claims: boolean, carried: boolean) {
     const sent = lend.handover!.sent
     lend.handover = undefined
     if (reset) this.o.lender.events.handedOver(ok ? 'reset' : 'refused')
     if (this.lend !== lend) return
-    if (!ok && claims) this.replicaRefused = true // (the standby refused its claims: it reads where they are set, on the primary)
+    // (A standby that refused the session's claims or settings: it reads where they are set, on the primary.)
+    if (!ok && (claims || (carried && lend.onReplica))) this.replicaRefused = true
+    this.carryRefused = ok || !carried || lend.onReplica ? 0 : this.carryRefused + 1
+    if (this.carryRefused > 1) {
+      // (Refused twice running, on two backends: Postgres will not take the session's settings any more, a privilege revoked say.)
+      const names = this.carriedSettings()?.names.join(', ')
+      return this.evict('upstream_error', '55000', `edgepg-proxy: the session's settings (${names}) could not be set again on another backend, as transaction pooling does for each transaction: the session is closed`)
+    }
     if (!ok) return this.elsewhere(lend, sent)
     if (this.waiting.length && lend.onReplica?.gatedSince === undefined) this.send(this.unqueue(), true) // (a replica's, once caught up)
   }
@@ -679,7 +703,7 @@ class LentSession implements RunningSession {
   private elsewhere(lend: Lend, sent: Buffer[]) {
     this.detach(lend)
     lend.lender.lost(lend.backend) // (closed)
-    this.signalsDue = this.signalsDue.filter((s) => s.after <= this.readies) // (their statements are sent again)
+    this.signalsDue.forgetAfter(this.readies) // (their statements are sent again)
     this.waiting = [...sent, ...this.waiting]
     this.queued += sent.reduce((n, m) => n + m.length + QUEUED_COST, 0)
     if (!this.acquiring) this.acquire()
@@ -843,7 +867,7 @@ class LentSession implements RunningSession {
       if (lend.tail) this.deliver(lend, lend.tail), (lend.tail = undefined)
       this.deliver(lend, visible)
     }
-    this.sendSignals()
+    this.signalsDue.send(this.readies)
     // A parked backend speaks only to say it is going away (a FATAL): it stays with this session
     // (which ends as it closes), and no other may take it meanwhile.
     if (this.parked && lend.watch.last === ServerMessage.ErrorResponse) return lend.lender.unpark(lend.backend), void (this.parked = false)
@@ -935,6 +959,7 @@ class LentSession implements RunningSession {
       if (this.lend === lend) {
         // (Asked inside a transaction, the answer says nothing of what the transaction will leave.)
         const f = status === TxStatus.Idle ? found(rows) : undefined
+        if (f) (this.settings = f.settings), (this.carried = undefined)
         const statements = statementsOn(lend.backend, this.o.statementsPerBackend).held.size
         const left = f ? (f.left[0] ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
         if (left) this.pin(left)
@@ -1076,7 +1101,7 @@ class LentSession implements RunningSession {
     this.ended = true
     clearTimeout(this.idleInTransaction)
     clearTimeout(this.replayTimer)
-    this.sendSignals(Infinity) // (the statements ran: Postgres would have signalled)
+    this.signalsDue.send(this.readies, Infinity) // (the statements ran: Postgres would have signalled)
     this.unsignal()
     this.unpin()
     this.waiting = []
@@ -1096,21 +1121,11 @@ class LentSession implements RunningSession {
   }
 }
 
-/** A Bind's parameter `n` (1-based) as an integer, text or binary; undefined if it is none. */
-function bindParameter(bind: Buffer, n: number): number | undefined {
-  let at = bind.indexOf(0, bind.indexOf(0, 5) + 1) + 1
-  const formats = bind.readInt16BE(at)
-  const format = formats === 0 ? 0 : bind.readInt16BE(at + 2 + 2 * (formats === 1 ? 0 : n - 1))
-  at += 2 + 2 * formats
-  if (n > bind.readInt16BE(at)) return undefined
-  at += 2
-  for (let i = 1; i < n; i++) at += 4 + Math.max(0, bind.readInt32BE(at))
-  const length = bind.readInt32BE(at)
-  const value = bind.subarray(at + 4, at + 4 + Math.max(0, length))
-  if (length < 0) return undefined
-  if (format === 0) return /^\s*[+-]?\d+\s*$/.test(value.toString('latin1')) ? Number(value.toString('latin1')) : undefined
-  return length === 4 ? value.readInt32BE(0) : length === 8 ? Number(value.readBigInt64BE(0)) : undefined
-}
+/**
+ * Settings Postgres reports (ParameterStatus) that a session may set: learnt from the reports as they
+ * pass, whatever set them (the others Postgres reports it does not let a session set).
+ */
+const CARRIED_REPORTS = new Set(['application_name', 'client_encoding', 'DateStyle', 'default_transaction_read_only', 'IntervalStyle', 'search_path', 'standard_conforming_strings', 'TimeZone'])
 
 /** Answers a read on a replica holds back while it may still move to the primary; past this, it goes to the client and stays. */
 const HOLD_MAX = 64 << 10
@@ -1122,8 +1137,5 @@ function refusedAsWrite(bytes: Buffer): boolean {
   }
   return false
 }
-
-/** Signals a session keeps for statements not yet answered: a client may pipeline without end. */
-const SIGNALS_DUE_MAX = 64
 
 const READY_IDLE = Buffer.from([ServerMessage.ReadyForQuery, 0, 0, 0, 5, TxStatus.Idle])

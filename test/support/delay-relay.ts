@@ -47,6 +47,9 @@ export async function startDelayRelay(target: { host: string; port: number }, on
   }
 }
 
+/** Whether Postgres's message is the row of the proxy's account of what a session left (proxy/isolation/verify.ts: `["<kinds>", <statements>, <settings>]`). */
+export const isAccount = (type: string, body: Buffer) => type === 'D' && /^\["[a-z ]*", \d+, /.test(body.toString('latin1', 6))
+
 /**
  * A TCP relay in front of Postgres that passes everything at once, but holds Postgres's messages
  * that `holds` gives a time to: each such one, and all after it on the connection, reach the client
