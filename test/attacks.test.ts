@@ -21,6 +21,7 @@ import net from 'node:net'
 import { WebSocket } from 'ws'
 import pg from 'pg'
 import { startProxy, pgConfig, within, eventually, edgeClient } from './support/helpers'
+import { Client } from '../src/index'
 import { startChildProxy, startGcProxy, type GcProxy, type MemoryUsage } from './support/child-proxy'
 import { int32, message, passwordMessage, queryMessage, startupMessage } from './support/protocol'
 import { LOGIN_PREFIX, SUBPROTOCOL } from '../src/config'
@@ -744,6 +745,32 @@ describe('a client that varies its startup parameters (a pool key each)', { conc
       // The last five logins ran after the others: the two of the last round, and one of the round before.
       assert.ok(kept.includes('crowd-10') && kept.includes('crowd-11') && kept.every((a) => Number(a.slice(6)) >= 5), `kept: ${kept}`)
     } finally {
+      await p.close()
+    }
+  })
+
+  test('while every backend of the pool is lent, a client gets at most its share of connections of its own to Postgres (--max-backends-per-client); another client gets its own', async () => {
+    const p = await keysProxy({ maxBackends: 3, maxPerClient: 2 })
+    const clients: Client[] = []
+    const open = async (app: string, from: 'attacker' | 'other' = 'attacker') => {
+      const c = edgeClient(p.port, 'scram_user', { application_name: app, ...(from === 'attacker' && { webSocketConstructor: FromAttacker as any }) } as any)
+      clients.push(c)
+      return c.connect().then(() => c, (err: Error & { code?: string }) => err)
+    }
+    try {
+      // Three keys' sessions hold the pool's three backends (a statement running on each).
+      const busy = await Promise.all(['crowd-busy-0', 'crowd-busy-1', 'crowd-busy-2'].map((app) => open(app)))
+      const running = busy.map((c) => (c as Client).query('SELECT pg_sleep(1.5)').then(() => 'ran', (err: Error) => err.message))
+      await eventually(async () => (await crowd()) === 3 && (await keptNames()).length === 3, 'the three to run', 5000, 50)
+      const outside = [await open('crowd-out-0'), await open('crowd-out-1'), await open('crowd-out-2')]
+      assert.ok(outside[0] instanceof Client && outside[1] instanceof Client, `${outside.slice(0, 2)}`)
+      const refused = outside[2] as Error & { code?: string }
+      assert.equal(refused.code, '53300', String(refused))
+      assert.match(refused.message, /--max-backends-per-client/)
+      assert.ok((await open('crowd-other', 'other')) instanceof Client, 'another client connects')
+      assert.deepEqual(await Promise.all(running), ['ran', 'ran', 'ran'])
+    } finally {
+      await Promise.all(clients.map((c) => c.end().catch(() => {})))
       await p.close()
     }
   })

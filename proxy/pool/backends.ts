@@ -148,8 +148,8 @@ export class BackendPool {
   private readonly idleTimeoutMs: number
   private readonly maxLifetimeMs: number
   private readonly keepWarmMs: number
-  /** Keys one client may keep warm (maxPerClient): more, and its least recently used goes. */
-  private readonly keptPerClient: number
+  /** Keys one client may keep warm, and connections it may have to Postgres outside the pool while it is full (maxPerClient). */
+  readonly perClient: number
   /** Logins under way that the pool will adopt (see reserve). */
   private reserved = 0
   /** When each key last served a login or a lend. */
@@ -165,7 +165,7 @@ export class BackendPool {
     this.idleTimeoutMs = options.idleTimeoutMs ?? 60_000
     this.maxLifetimeMs = options.maxLifetimeMs ?? 30 * 60_000
     this.keepWarmMs = options.keepWarmMs ?? 0
-    this.keptPerClient = options.maxPerClient ?? Math.ceil((options.size ?? 20) / 4)
+    this.perClient = options.maxPerClient ?? Math.ceil((options.size ?? 20) / 4)
   }
 
   /** How a key's backends are logged in: keepWarmMs replaces its last one this way before it ages out, then tells `renewed`. */
@@ -389,7 +389,7 @@ export class BackendPool {
   }
 
   /**
-   * One client keeps at most keptPerClient keys warm (a client that varies its startup parameters
+   * One client keeps at most perClient keys warm (a client that varies its startup parameters
    * makes a key of each): past that, the one it used longest ago is closed. False if that was `backend`.
    */
   private keptWithinShare(backend: Backend): boolean {
@@ -398,7 +398,7 @@ export class BackendPool {
     const theirs = (b: Backend) => b.kept && b.client === client
     let n = 0
     for (const list of this.idle.values()) for (const b of list) if (theirs(b)) n++
-    for (; n > this.keptPerClient; n--) this.closeOldest(theirs)
+    for (; n > this.perClient; n--) this.closeOldest(theirs)
     return !!this.idle.get(backend.poolKey)?.includes(backend)
   }
 

@@ -86,6 +86,8 @@ export class WebSocketRoutes {
   private readonly cancelsInBand = new WeakSet<http.IncomingMessage>()
   /** Of those, upgrades whose session may read from replicas: it takes and tells positions (SUBPROTOCOL_POSITIONS). */
   private readonly positioned = new WeakSet<http.IncomingMessage>()
+  /** Sessions on a connection of their own to Postgres, made while the pool was full, by client (a token's subject, else an address). */
+  private readonly outside = new Map<string, number>()
   private closing = false
 
   constructor(private readonly o: RouteOptions) {
@@ -204,6 +206,7 @@ export class WebSocketRoutes {
   private accept(req: http.IncomingMessage, socket: Duplex, head: Buffer, target: HostPort, peer: string, release: () => void) {
     if (socket.destroyed) return release()
     const { pool, metrics, offload } = this.o
+    const { outside } = this
     this.upgrading.add(socket)
     let passwordsAllowed = 'encrypted' in req.socket || isLoopback(peer) || this.o.allowInsecurePasswords === true
     // The login leaves the headers here: ws negotiates the rest, and nothing logs it.
@@ -253,9 +256,17 @@ export class WebSocketRoutes {
     }
     /** No session after all: the backend goes back idle (its login just finished), or the connection is closed. */
     const drop = () => (backend ? pool.giveBack(backend, UNUSED) : up?.close())
+    /** The client a connection outside the pool counts against, while it is open. */
+    let outsider: string | undefined
+    const leaveOutside = () => {
+      if (outsider === undefined) return
+      const n = outside.get(outsider)! - 1
+      n ? outside.set(outsider, n) : outside.delete(outsider)
+      outsider = undefined
+    }
     socket.once('close', () => {
       if (this.upgrading.delete(socket)) release()
-      if (!ws) drop()
+      if (!ws) drop(), leaveOutside()
       loginGone()
     })
     let expiry: (() => void) | undefined
@@ -281,6 +292,7 @@ export class WebSocketRoutes {
         const idle = timer(this.o.idleTimeoutMs ?? 900_000, () => this.sessions.get(session)?.close('timeout', 1001, 'edgepg-proxy: idle timeout'))
         session.once('close', () => {
           this.sessions.delete(session)
+          leaveOutside()
           release()
           loginGone()
           idle.stop()
@@ -361,12 +373,20 @@ export class WebSocketRoutes {
       }
       const known = poolKey && lenders?.get(poolKey)
       if (known) return welcome(known)
+      // Transaction pooling: while the pool is full (every backend lent), a new key's login gets a connection of
+      // its own; one client has at most its share of those (a client varying its startup parameters makes a key of each).
+      const client = identity ? `token ${subjectOf(identity.claims)}` : limitKey(peer)
+      const outsideNow = outside.get(client) ?? 0
+      if (poolKey && lenders && pool.full && outsideNow >= pool.perClient) {
+        return upgrade(refusal('53300', `edgepg-proxy: every one of the pool's ${pool.maxBackends} backends is lent (--pool-max-backends), and this client already has ${outsideNow} connections to Postgres outside it, as many as one client may (--max-backends-per-client); try again shortly`))
+      }
       const opening = poolKey && lenders ? lenders.lenderFor(poolKey, () => pool.open(poolKey, fresh), relogin(target, upstreamTls, login)) : pool.open(poolKey, fresh)
       opening.then((opened) => {
         if (opened instanceof Lender) return welcome(opened)
         up = opened.upstream
         backend = opened.backend
         if (ws) return drop() // (a session already open was refused: the login timed out)
+        if (poolKey && lenders && !backend && opened.outcome.kind === 'ready') outside.set((outsider = client), (outside.get(client) ?? 0) + 1)
         if (!identity || opened.outcome.kind !== 'ready') return upgrade(opened.outcome)
         // Session mode: the backend is the session's from here on; its claims first.
         const answer = opened.outcome
