@@ -760,7 +760,7 @@ describe('a client that varies its startup parameters (a pool key each)', { conc
     try {
       // Three keys' sessions hold the pool's three backends (a statement running on each).
       const busy = await Promise.all(['crowd-busy-0', 'crowd-busy-1', 'crowd-busy-2'].map((app) => open(app)))
-      const running = busy.map((c) => (c as Client).query('SELECT pg_sleep(1.5)').then(() => 'ran', (err: Error) => err.message))
+      const running = busy.map((c) => (c as Client).query('SELECT pg_sleep(3)').then(() => 'ran', (err: Error) => err.message))
       await eventually(async () => (await crowd()) === 3 && (await keptNames()).length === 3, 'the three to run', 5000, 50)
       const outside = [await open('crowd-out-0'), await open('crowd-out-1'), await open('crowd-out-2')]
       assert.ok(outside[0] instanceof Client && outside[1] instanceof Client, `${outside.slice(0, 2)}`)
