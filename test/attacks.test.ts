@@ -146,10 +146,18 @@ function unfinishedFrame(ws: WebSocket, stop: Promise<void>): Promise<number> {
     void closed.then(() => (ended = true))
     void stop.then(() => (ended = true))
     for (let left = FRAME_BYTES - 1; left > 0 && !ended; left -= chunk.length) {
-      if (!socket.write(left < chunk.length ? chunk.subarray(0, left) : chunk)) await new Promise((r) => socket.once('drain', r).once('close', r))
+      if (!socket.write(left < chunk.length ? chunk.subarray(0, left) : chunk)) await drainedOrClosed(socket)
     }
   })()
   return Promise.race([closed, stop.then(() => (ws.terminate(), closed))])
+}
+
+/** The socket drained or closed (the other listener taken off: a write loop would pile them up). */
+function drainedOrClosed(socket: net.Socket): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => (socket.off('drain', done).off('close', done), resolve())
+    socket.once('drain', done).once('close', done)
+  })
 }
 
 /**
