@@ -61,8 +61,10 @@ export class LoginRefused extends Error {
 interface Waiter {
   resolve(backend: Backend): void
   reject(err: Error): void
-  /** When it has waited --pool-timeout (performance.now()). */
+  /** When it asked, and when it has waited --pool-timeout (performance.now()). */
+  started: number
   deadline: number
+  holder?: Holder
   client?: string
 }
 
@@ -150,14 +152,20 @@ export class Lender {
   /** As acquire, with callbacks (`got` may be called synchronously, from another session's giveBack): no promise on a path every statement of a session takes. */
   request(got: (backend: Backend) => void, failed: (err: Error) => void, waits?: (leave: (reason: Error) => void) => void, holder?: Holder) {
     const started = performance.now()
-    const lent = (backend: Backend) => (this.events.lent((performance.now() - started) / 1000), got(this.holdFor(backend, holder)))
-    if (this.waiting.length) return this.line(lent, failed, started, waits, holder?.client)
-    this.take().then((backend) => (backend ? lent(backend) : this.line(lent, failed, started, waits, holder?.client)), failed)
+    const waiter: Waiter = { resolve: got, reject: failed, started, deadline: started + this.timeoutMs, holder, client: holder?.client }
+    if (this.waiting.length) return this.line(waiter, waits)
+    this.take().then((backend) => (backend ? this.hand(waiter, backend) : this.line(waiter, waits)), failed)
+  }
+
+  /** `backend` is `waiter`'s. */
+  private hand(waiter: Waiter, backend: Backend) {
+    this.events.lent((performance.now() - waiter.started) / 1000)
+    waiter.resolve(this.holdFor(backend, waiter.holder))
   }
 
   /** Into the line for the next backend given back. */
-  private line(resolve: (backend: Backend) => void, reject: (err: Error) => void, started: number, waits: ((leave: (reason: Error) => void) => void) | undefined, client: string | undefined) {
-    const waiter: Waiter = { resolve, reject, client, deadline: started + this.timeoutMs }
+  private line(waiter: Waiter, waits: ((leave: (reason: Error) => void) => void) | undefined) {
+    const { client, reject } = waiter
     waits?.((reason) => this.unqueue(waiter) && reject(reason))
     this.waiting.push(waiter)
     this.waitingBy.set(client, (this.waitingBy.get(client) ?? 0) + 1)
@@ -235,7 +243,7 @@ export class Lender {
     const next = this.nextWaiter()
     if (next && !backend.upstream.gone) {
       // Straight to the next in line: clean, and still lent.
-      return next.resolve(backend)
+      return this.hand(next, backend)
     }
     this.lent.delete(backend)
     this.pool.giveBack(backend, CLEAN)
@@ -362,7 +370,7 @@ export class Lender {
         if (!backend) return
         const waiter = this.nextWaiter()
         if (!waiter) return this.giveBack(backend)
-        waiter.resolve(backend)
+        this.hand(waiter, backend)
       },
       (err: Error) => {
         this.nextWaiter()?.reject(err)

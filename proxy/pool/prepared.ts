@@ -65,6 +65,8 @@ interface Awaited {
   left?: number
   /** For a simple Query: the statements its DEALLOCATEs name, in order. */
   deallocates?: string[]
+  /** A lead's: whether Postgres ran it all (see lead). */
+  answered?: (ok: boolean) => void
 }
 
 /** Messages of the proxy's own, ending in their one ReadyForQuery: see StatementRelay.ownQuery. */
@@ -152,7 +154,7 @@ export class StatementRelay {
    */
   lead(bytes: Buffer, ends: number, answered: (ok: boolean) => void) {
     this.ahead = bytes
-    this.awaited.push({ kind: 'handover', own: true, left: ends, done: () => answered(true), skipped: () => answered(false) })
+    this.awaited.push({ kind: 'handover', own: true, left: ends, answered })
   }
 
   private write(parts: Buffer[]) {
@@ -196,7 +198,7 @@ export class StatementRelay {
     this.backend = backend
     this.toBackend = toBackend
     this.checked = undefined
-    this.unnamed = { statement: false, portal: false }
+    this.unnamed.statement = this.unnamed.portal = false
     this.unusual = false
   }
 
@@ -252,8 +254,8 @@ export class StatementRelay {
     const type = bytes[start]
     const own = this.awaited[0]
     if (own?.kind === 'handover') {
-      if (type === ServerMessage.ErrorResponse) this.awaited.shift(), own.skipped!()
-      else if ((type === ServerMessage.CommandComplete || type === ServerMessage.ReadyForQuery) && !--own.left!) this.awaited.shift(), own.done!()
+      if (type === ServerMessage.ErrorResponse) this.awaited.shift(), own.answered!(false)
+      else if ((type === ServerMessage.CommandComplete || type === ServerMessage.ReadyForQuery) && !--own.left!) this.awaited.shift(), own.answered!(true)
       return
     }
     if (own?.kind === 'describe' && (type === ServerMessage.ParameterDescription || type === ServerMessage.RowDescription || type === ServerMessage.NoData)) {
@@ -305,11 +307,12 @@ export class StatementRelay {
    * `behind`: messages of the proxy's own to send in the same write, right behind them (as ownQuery),
    * if none of them waits here for Postgres first; whether they went.
    */
-  forward(msgs: Buffer[], skipped = false, behind: Own[] = []): boolean {
+  forward(msgs: Buffer[], skipped = false, behind?: Own[]): boolean {
     if (this.held) return this.held.push(...msgs), false
     const out: Buffer[] = []
     const { session, backend } = this
-    for (const [i, msg] of msgs.entries()) {
+    for (let i = 0; i < msgs.length; i++) {
+      const msg = msgs[i]
       const type = msg[0]
       if (skipped) {
         out.push(msg)
@@ -317,7 +320,7 @@ export class StatementRelay {
         continue
       }
       if (type === ClientMessage.Parse) {
-        const name = cString(msg.subarray(5))
+        const name = msg[5] === 0 ? '' : cString(msg.subarray(5))
         // (an unnamed statement lasts until the next Parse: nothing to keep)
         if (name) this.reconcile(name, out, false)
         else this.unnamed.statement = true
@@ -334,8 +337,8 @@ export class StatementRelay {
         } else this.awaited.push(PARSED)
       } else if (type === ClientMessage.Bind) {
         const portalEnd = msg.indexOf(0, 5)
-        const portal = msg.toString('utf8', 5, portalEnd)
-        const name = cString(msg.subarray(portalEnd + 1))
+        const portal = portalEnd === 5 ? '' : msg.toString('utf8', 5, portalEnd)
+        const name = msg[portalEnd + 1] === 0 ? '' : cString(msg.subarray(portalEnd + 1))
         if (name && this.reconcile(name, out, portal === '')) {
           // Prepared again here: its result type is known once Postgres has described it.
           out.push(FLUSH)
@@ -383,8 +386,8 @@ export class StatementRelay {
       }
       out.push(msg)
     }
-    const rides = behind.length > 0 && !this.held
-    if (rides) for (const own of behind) out.push(own.query), this.awaits(own)
+    const rides = !!behind?.length && !this.held
+    if (rides) for (const own of behind!) out.push(own.query), this.awaits(own)
     if (out.length) this.write(out)
     return rides
   }

@@ -552,13 +552,13 @@ class LentSession implements RunningSession {
     // the position, in the same write. Where what went before is unanswered, or behind a COPY FROM
     // STDIN (which would take it for the copy's data), the position is asked once all is answered, if
     // the session is idle then (see fromBackend): never inside a block, where it would take the snapshot.
-    const behind: Own[] = []
+    let behind: Own[] | undefined
     if (this.o.replicas && !lend.onReplica && ends && read.block !== 'open') {
       if (read.copyIn || status === undefined) lend.positionAfter || ((lend.positionAfter = true), lend.positionDue++)
-      else if (read.block === 'closed' || status === TxStatus.Idle) behind.push(this.positionBehind(lend))
+      else if (read.block === 'closed' || status === TxStatus.Idle) (behind = [this.positionBehind(lend)])
     }
     lend.effects = merge(lend.effects, read)
-    if (!lend.relay.forward(msgs, false, behind) && behind.length) this.verifying--, lend.positionDue-- // (it did not go)
+    if (!lend.relay.forward(msgs, false, behind) && behind) this.verifying--, lend.positionDue-- // (it did not go)
     this.mayLeave(true) // (if pinned: what it runs may release what it keeps)
   }
 
@@ -566,11 +566,11 @@ class LentSession implements RunningSession {
   private effectsOf(msg: Buffer): Reading {
     const type = msg[0]
     const { read } = this.o.lender
-    if (type === ClientMessage.Query) return read(cString(msg.subarray(5)))
+    if (type === ClientMessage.Query) return read(textAt(msg, 5))
     if (type === ClientMessage.Parse) {
       // (The text follows the name's NUL, whatever bytes the name holds.)
       const nameEnd = msg.indexOf(0, 5)
-      const r = read(cString(msg.subarray(nameEnd + 1)))
+      const r = read(textAt(msg, nameEnd + 1))
       if (nameEnd === 5) this.unnamed = r
       return r
     }
@@ -578,7 +578,7 @@ class LentSession implements RunningSession {
       const portalEnd = msg.indexOf(0, 5)
       if (msg[portalEnd + 1] === 0) return this.unnamed
       const parse = this.statements.get(cString(msg.subarray(portalEnd + 1)))
-      return parse ? read(cString(parse.subarray(parse.indexOf(0, 5) + 1))) : NOTHING
+      return parse ? read(textAt(parse, parse.indexOf(0, 5) + 1)) : NOTHING
     }
     return INERT.has(type) ? NOTHING : UNREAD
   }
@@ -616,33 +616,48 @@ class LentSession implements RunningSession {
   private acquireOn(lender: Lender, onReplica?: OnReplica) {
     this.acquiring = true
     this.toPrimary = false
-    lender.request(
-      // (Not at once: it may be given from within another session's handling of its backend's answer.)
-      (backend) => soon(() => {
-        this.leaveLine = undefined
-        const { claims, replicas } = this.o
-        // (On a standby, a token's claims lead the lend's first group: see begin.)
-        if (claims === undefined || onReplica || this.ended) return this.begin(backend, lender, onReplica)
-        // A login by token: its claims on the backend first (proxy/auth/claims.ts), and, where reads may go to replicas, the key that vouches for them there.
-        setClaims(backend.upstream, claims).then(
-          () => replicas?.claimsKey.learn(backend.upstream).then(() => this.begin(backend, lender)) ?? this.begin(backend, lender),
-          (err: ClaimsError) => {
-            lender.lost(backend) // (closed: it serves no one)
-            this.refuseWaiting(err)
-          }
-        )
-      }),
-      (err: Error & { code?: string }) => soon(() => {
-        this.leaveLine = undefined
-        if (onReplica && !this.ended) {
-          // (Its backends all busy: this read only.)
-          return err instanceof PoolTimeout ? this.fellBack('down') : this.replicaFailed(onReplica.replica, err)
-        }
-        this.refuseWaiting(err, `edgepg-proxy: ${err.message}`)
-      }),
-      (leave) => (this.leaveLine = leave),
-      this.holder
+    this.askedOf = lender
+    this.askedFor = onReplica
+    lender.request(this.given, this.refused, this.inLine, this.holder)
+  }
+
+  /** Whose backend the session waits for (one request at a time: see acquiring), and for a replica's lend, what may still move it. */
+  private askedOf?: Lender
+  private askedFor?: OnReplica
+  /** The backend given, until the microtask that begins the lend. */
+  private givenBackend?: Backend
+  // (Not at once: a backend may be given from within another session's handling of its backend's answer.)
+  private readonly given = (backend: Backend) => void ((this.givenBackend = backend), soon(this.lent))
+  private readonly refused = (err: Error & { code?: string }) => soon(() => this.notLent(err))
+  private readonly inLine = (leave: (reason: Error) => void) => void (this.leaveLine = leave)
+
+  private readonly lent = () => {
+    const backend = this.givenBackend!
+    const lender = this.askedOf!
+    const onReplica = this.askedFor
+    this.givenBackend = undefined
+    this.leaveLine = undefined
+    const { claims, replicas } = this.o
+    // (On a standby, a token's claims lead the lend's first group: see begin.)
+    if (claims === undefined || onReplica || this.ended) return this.begin(backend, lender, onReplica)
+    // A login by token: its claims on the backend first (proxy/auth/claims.ts), and, where reads may go to replicas, the key that vouches for them there.
+    setClaims(backend.upstream, claims).then(
+      () => replicas?.claimsKey.learn(backend.upstream).then(() => this.begin(backend, lender)) ?? this.begin(backend, lender),
+      (err: ClaimsError) => {
+        lender.lost(backend) // (closed: it serves no one)
+        this.refuseWaiting(err)
+      }
     )
+  }
+
+  private notLent(err: Error & { code?: string }) {
+    this.leaveLine = undefined
+    const onReplica = this.askedFor
+    if (onReplica && !this.ended) {
+      // (Its backends all busy: this read only.)
+      return err instanceof PoolTimeout ? this.fellBack('down') : this.replicaFailed(onReplica.replica, err)
+    }
+    this.refuseWaiting(err, `edgepg-proxy: ${err.message}`)
   }
 
   /** The backend is the session's now: what waited for it goes (unless the session ended meanwhile; on a replica, once it said it may serve). */
@@ -1119,6 +1134,12 @@ class LentSession implements RunningSession {
     const ending = lend.watch.ending
     return ending && { ...ending, pending: ending.pending + lend.relay.ownReadiesDue, reusable: ending.reusable && reusable }
   }
+}
+
+/** The NUL-terminated text at `at` of `msg`: cString without a view of its own (one a statement). */
+function textAt(msg: Buffer, at: number): string {
+  const end = msg.indexOf(0, at)
+  return msg.toString('utf8', at, end < 0 ? msg.length : end)
 }
 
 /**
