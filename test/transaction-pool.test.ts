@@ -90,6 +90,8 @@ interface Form {
 const forms: Form[] = [
   { name: 'set_config(…, false) inside a SELECT', make: ["SELECT set_config('app.user_id', '42', false)"], look: "SELECT current_setting('app.user_id', true) AS v", made: '42' },
   { name: 'SET ROLE', make: ['SET ROLE trust_user'], look: 'SELECT current_user AS v', made: 'trust_user' },
+  // (Carried to each backend, a timeout that ends backends would end one per statement: it stays where it was set.)
+  { name: 'SET idle_session_timeout', make: ["SET idle_session_timeout = '1h'"], look: "SELECT current_setting('idle_session_timeout') AS v", made: '1h' },
   { name: 'a temp table made in a DO block', make: ['DO $$ BEGIN CREATE TEMP TABLE hidden (x int); END $$'], look: "SELECT to_regclass('pg_temp.hidden')::text AS v", made: 'hidden' },
   { name: 'SQL PREPARE', make: ['PREPARE p AS SELECT 1'], look: "SELECT count(*)::int AS v FROM pg_prepared_statements WHERE name = 'p'", made: 1 },
   { name: 'a cursor WITH HOLD', make: ['DECLARE c CURSOR WITH HOLD FOR SELECT 1'], look: 'SELECT count(*)::int AS v FROM pg_cursors', made: 1 },

@@ -21,6 +21,8 @@ export interface Found {
 }
 
 const EQ = 'OPERATOR(pg_catalog.=)'
+/** Settings whose timeout ends the backend (FATAL) while it sits idle: a session that sets them keeps its backend rather than have them carried. */
+const ENDS_BACKEND = `'{idle_session_timeout,idle_in_transaction_session_timeout,transaction_timeout}'::pg_catalog.text[]`
 /** Settings SET TRANSACTION leaves marked as the session's, though every transaction starts them afresh from their defaults. */
 const TRANSACTION_SCOPED = `'{transaction_isolation,transaction_read_only,transaction_deferrable}'::pg_catalog.text[]`
 
@@ -74,7 +76,7 @@ function seed(): number {
 /**
  * What a session left on its backend, as one row of JSON: temporary objects of any kind, cursors
  * (WITH HOLD), SQL prepared statements, LISTEN channels, advisory locks, custom settings (`app.x`: a
- * placeholder stays behind), a role other than the login's; the count of protocol-level prepared
+ * placeholder stays behind) and the timeouts that end a backend, a role other than the login's; the count of protocol-level prepared
  * statements (the proxy's to match); and the settings made for the session, with their values (the
  * proxy sets them again on each backend the session borrows: see carrySettings). Asked after a
  * transaction that did more than plain reads and writes (by the parser and Postgres's command tags),
@@ -84,7 +86,8 @@ function seed(): number {
  */
 export function verificationSql(user: string): string {
   const is = (kind: string, test: string) => `CASE WHEN ${test} THEN '${kind}' END`
-  const custom = `pg_catalog.strpos(name, '.') OPERATOR(pg_catalog.>) 0`
+  // (Custom settings leave a placeholder; the timeouts that end a backend would, carried, end one per statement: both stay where they were made.)
+  const custom = `(pg_catalog.strpos(name, '.') OPERATOR(pg_catalog.>) 0 OR name ${EQ} ANY (${ENDS_BACKEND}))`
   const session = `source ${EQ} 'session' AND NOT name ${EQ} ANY (${TRANSACTION_SCOPED})`
   return `SELECT pg_catalog.json_build_array(pg_catalog.concat_ws(' ',
   ${is('temporary', `pg_catalog.pg_my_temp_schema() OPERATOR(pg_catalog.<>) 0 AND EXISTS (SELECT FROM pg_catalog.pg_depend WHERE refclassid ${EQ} 2615 AND refobjid ${EQ} pg_catalog.pg_my_temp_schema())`)},

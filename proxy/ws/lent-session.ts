@@ -20,7 +20,7 @@ import { BackendStatements, StatementRelay, type Own, type SessionStatements } f
 import { merge, NOTHING, type Reading } from '../isolation/reader'
 import type { Signals } from './signals'
 import { carrySettings, found, handoverReset, HANDOVER_ENDS, type Carried } from '../isolation/verify'
-import { Framer, kept, messages, MessageTooLarge } from '../wire/bytes'
+import { EMPTY, Framer, kept, messages, MessageTooLarge } from '../wire/bytes'
 import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse, type BackendKey } from '../wire/startup'
 import type { BufferBudget, SessionMemory } from './budget'
@@ -678,9 +678,9 @@ class LentSession implements RunningSession {
     if (handover || carried || claims) {
       lend.handover = { sent: [], bytes: 0, synced: false }
       const reset = handover ? handoverReset() : undefined
-      const parts = [reset, carried?.bytes, claims].filter((b) => b !== undefined)
       const ends = (reset ? HANDOVER_ENDS : 0) + (carried?.ends ?? 0) + (claims ? REPLICA_CLAIMS_ENDS : 0)
-      lend.relay.lead(parts.length === 1 ? parts[0] : Buffer.concat(parts), ends, (ok) => this.handedOver(lend, ok, handover, !!claims, !!carried))
+      const lead = carried || claims ? Buffer.concat([reset ?? EMPTY, carried?.bytes ?? EMPTY, claims ?? EMPTY]) : reset!
+      lend.relay.lead(lead, ends, (ok) => this.handedOver(lend, ok, handover, !!claims, !!carried))
     }
     if (onReplica) {
       // Behind what the session has seen, as far as is known: its messages wait for the replica to replay it.
