@@ -162,8 +162,10 @@ function drainedOrClosed(socket: net.Socket): Promise<void> {
 
 /**
  * What the proxy holds above `base` once an attack's sessions are gone, in MiB: RSS and Buffers
- * after a full GC, asked again for up to 20 s until both are down (a loaded machine's CI ran past 10 s once). V8 frees Buffers as it sweeps,
- * after the GC, and gives pages back to the system later still.
+ * after a full GC, asked again for up to 20 s until both are down (a loaded machine's CI ran past
+ * 10 s once). V8 frees Buffers as it sweeps, after the GC. What glibc gives back to the system of
+ * what was freed varies from run to run: the reads a message came in, small ones in its heap, are
+ * freed as V8 collects them, and a heap gives back only its top (README, "Facing the internet").
  */
 async function givenBack(child: GcProxy, base: MemoryUsage) {
   let now = await child.memoryAfterGc()
@@ -207,10 +209,11 @@ describe('memory', { concurrency: false }, () => {
 
   /**
    * Runs `attack`, sampling the proxy's RSS: its growth at the peak, and once the attack's sessions
-   * are gone and a GC has run (RSS, and what Buffers still hold), in MiB.
+   * are gone and a GC has run (RSS, and what Buffers still hold), in MiB above `before` (default:
+   * where it was when the attack began).
    */
-  async function rssGrowth(attack: () => Promise<void>) {
-    const before = await child.memoryAfterGc()
+  async function rssGrowth(attack: () => Promise<void>, before?: MemoryUsage) {
+    before ??= await child.memoryAfterGc()
     const ended = child.logs.length
     let peak = child.rss()
     const sampler = setInterval(() => (peak = Math.max(peak, child.rss())), 50)
@@ -236,30 +239,43 @@ describe('memory', { concurrency: false }, () => {
     assert.ok(growth.peak <= 64, `the proxy grew by ${growth.peak.toFixed(1)} MiB`)
   })
 
-  test(`the same from 20 logged-in sessions: what they hold stays within --max-client-buffer (${BUDGET / MiB} MiB), the largest past it closed with 1009; memory given back`, async () => {
-    let codes: number[] = []
-    const growth = await rssGrowth(() =>
-      servedThroughout(async () => {
-        const sockets = await Promise.all(Array.from({ length: 20 }, () => attacker(child.port, loginProtocols())))
-        let stop!: () => void
-        const stopped = new Promise<void>((r) => (stop = r))
-        let closed = 0
-        const frames = sockets.map((ws) => unfinishedFrame(ws, stopped).finally(() => closed++))
-        // All but those the budget has room for (two frames of 60 MiB) are closed; those are held until the attack stops.
-        await eventually(() => closed >= 20 - Math.floor(BUDGET / FRAME_BYTES), 'the sessions past the budget to be closed', 30_000)
-        await new Promise((r) => setTimeout(r, 500))
-        stop()
-        codes = await Promise.all(frames)
-      })
-    )
-    const shedCodes = codes.filter((c) => c === 1009).length
-    assert.ok(shedCodes >= 20 - Math.floor(BUDGET / FRAME_BYTES), `closed with 1009: ${shedCodes} of 20 (codes ${codes})`)
-    const metrics = await (await fetch(`http://127.0.0.1:${child.port}/metrics`)).text()
-    assert.match(metrics, new RegExp(`^edgepg_proxy_sessions_total\\{outcome_kind="over_budget"\\} ${shedCodes}$`, 'm'), 'counted in the metrics')
-    assert.match(metrics, /^edgepg_proxy_client_buffer_bytes 0$/m, 'nothing held once the sessions are gone')
-    assert.ok(growth.peak <= BUDGET / MiB + 64, `the proxy grew by ${growth.peak.toFixed(1)} MiB (budget ${BUDGET / MiB} MiB)`)
-    assert.ok(growth.buffers < 8, `nothing held once the sessions ended: Buffers ${growth.buffers.toFixed(1)} MiB above where they were`)
-    assert.ok(growth.after < 32, `given back once the sessions ended: RSS ${growth.after.toFixed(1)} MiB above where it was (${growth.heap})`)
+  test(`the same from 20 logged-in sessions, three times over: what they hold stays within --max-client-buffer (${BUDGET / MiB} MiB), the largest past it closed with 1009; memory given back, none kept from one attack to the next`, async (t) => {
+    const base = await child.memoryAfterGc()
+    const afters: number[] = []
+    let shedBefore = 0
+    for (let round = 1; round <= 3; round++) {
+      let codes: number[] = []
+      const growth = await rssGrowth(
+        () =>
+          servedThroughout(async () => {
+            const sockets = await Promise.all(Array.from({ length: 20 }, () => attacker(child.port, loginProtocols())))
+            let stop!: () => void
+            const stopped = new Promise<void>((r) => (stop = r))
+            let closed = 0
+            const frames = sockets.map((ws) => unfinishedFrame(ws, stopped).finally(() => closed++))
+            // All but those the budget has room for (two frames of 60 MiB) are closed; those are held until the attack stops.
+            await eventually(() => closed >= 20 - Math.floor(BUDGET / FRAME_BYTES), 'the sessions past the budget to be closed', 30_000)
+            await new Promise((r) => setTimeout(r, 500))
+            stop()
+            codes = await Promise.all(frames)
+          }),
+        base
+      )
+      const shedCodes = codes.filter((c) => c === 1009).length
+      assert.ok(shedCodes >= 20 - Math.floor(BUDGET / FRAME_BYTES), `round ${round}: closed with 1009: ${shedCodes} of 20 (codes ${codes})`)
+      const metrics = await (await fetch(`http://127.0.0.1:${child.port}/metrics`)).text()
+      const shed = Number(/^edgepg_proxy_sessions_total\{outcome_kind="over_budget"\} (\d+)$/m.exec(metrics)?.[1])
+      assert.equal(shed - shedBefore, shedCodes, `round ${round}: counted in the metrics`)
+      shedBefore = shed
+      assert.match(metrics, /^edgepg_proxy_client_buffer_bytes 0$/m, 'nothing held once the sessions are gone')
+      assert.ok(growth.peak <= BUDGET / MiB + 64, `round ${round}: the proxy grew by ${growth.peak.toFixed(1)} MiB (budget ${BUDGET / MiB} MiB)`)
+      assert.ok(growth.buffers < 8, `round ${round}: nothing held once the sessions ended: Buffers ${growth.buffers.toFixed(1)} MiB above where they were`)
+      afters.push(growth.after)
+    }
+    // Freed, what glibc keeps it reuses: each attack's 128 MiB come back no higher than the first's left RSS (held anew each round, they would add up to 384 MiB).
+    const most = Math.max(...afters)
+    t.diagnostic(`RSS once each attack's sessions had gone: ${afters.map((a) => a.toFixed(1)).join(', ')} MiB above where it was`)
+    assert.ok(most < BUDGET / MiB, `given back once the sessions ended: RSS ${afters.map((a) => a.toFixed(1)).join(', ')} MiB above where it was before the first attack`)
   })
 })
 
@@ -403,7 +419,8 @@ describe("a logged-in client's memory and CPU (transaction pooling)", { concurre
       assert.ok(shed >= 16 - Math.floor((BUDGET - 40 * MiB) / (32 * MiB)), `closed over the budget: ${shed} of 16 (codes ${codes})`)
       assert.ok(growth.peak <= BUDGET / MiB + 64, `the proxy grew by ${growth.peak.toFixed(1)} MiB (budget ${BUDGET / MiB} MiB)`)
       assert.ok(growth.buffers < 8, `Buffers ${growth.buffers.toFixed(1)} MiB above where they were once the sessions had gone`)
-      assert.ok(growth.after < 32, `RSS ${growth.after.toFixed(1)} MiB above where it was once the sessions had gone (${growth.heap})`)
+      // (What glibc keeps of the reads the messages came in varies: at most half of what was held stays.)
+      assert.ok(growth.after < BUDGET / MiB / 2, `RSS ${growth.after.toFixed(1)} MiB above where it was once the sessions had gone (${growth.heap})`)
     } finally {
       t.diagnostic(`RSS peak ${((peak - before.rss) / MiB).toFixed(1)} MiB above where it was`)
       await child.stop()

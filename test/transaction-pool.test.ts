@@ -10,7 +10,7 @@ import net from 'node:net'
 import assert from 'node:assert/strict'
 import { Client } from '../src/index'
 import { startProxy, edgeClient, edgeConfig, eventually, within, scratchTable, testPostgres } from './support/helpers'
-import { PASSWORD } from './support/stack'
+import { PASSWORD, type Role } from './support/stack'
 import { startDelayRelay } from './support/delay-relay'
 
 const PG = testPostgres()
@@ -23,8 +23,8 @@ const APP = 'edgepg-txpool'
 /** A transaction-mode proxy with `size` backends per key, all of which one client may hold (every session here comes from 127.0.0.1: test/shares.test.ts covers the cap). */
 const txProxy = (size: number, timeoutMs = 400) => startProxy({ pool: { mode: 'transaction', size, timeoutMs, maxPerClient: size } })
 
-async function session(port: number): Promise<Client> {
-  const client = edgeClient(port, 'scram_user', { application_name: APP })
+async function session(port: number, user: Role = 'scram_user'): Promise<Client> {
+  const client = edgeClient(port, user, { application_name: APP })
   client.on('error', () => {})
   await client.connect()
   return client
@@ -85,15 +85,17 @@ interface Form {
   look: string
   /** What `look` shows to the session that made it. */
   made: unknown
+  /** The role both sessions log in as (default scram_user). */
+  login?: Role
 }
 
 const forms: Form[] = [
   { name: 'set_config(…, false) inside a SELECT', make: ["SELECT set_config('app.user_id', '42', false)"], look: "SELECT current_setting('app.user_id', true) AS v", made: '42' },
-  { name: 'SET ROLE', make: ['SET ROLE trust_user'], look: 'SELECT current_user AS v', made: 'trust_user' },
   // (Carried to each backend, a timeout that ends backends would end one per statement: it stays where it was set.)
   { name: 'SET idle_session_timeout', make: ["SET idle_session_timeout = '1h'"], look: "SELECT current_setting('idle_session_timeout') AS v", made: '1h' },
   { name: 'a temp table made in a DO block', make: ['DO $$ BEGIN CREATE TEMP TABLE hidden (x int); END $$'], look: "SELECT to_regclass('pg_temp.hidden')::text AS v", made: 'hidden' },
-  { name: 'SQL PREPARE', make: ['PREPARE p AS SELECT 1'], look: "SELECT count(*)::int AS v FROM pg_prepared_statements WHERE name = 'p'", made: 1 },
+  { name: 'SET SESSION AUTHORIZATION', make: ['SET SESSION AUTHORIZATION scram_user'], look: 'SELECT session_user::text AS v', made: 'scram_user', login: 'trust_user' as const },
+  { name: 'more SQL prepared statements than follow a session', make: [Array.from({ length: 101 }, (_, i) => `PREPARE many_${i} AS SELECT ${i}`).join('; ')], look: "SELECT count(*)::int AS v FROM pg_prepared_statements WHERE name LIKE 'many%'", made: 101 },
   { name: 'a cursor WITH HOLD', make: ['DECLARE c CURSOR WITH HOLD FOR SELECT 1'], look: 'SELECT count(*)::int AS v FROM pg_cursors', made: 1 },
   { name: 'LISTEN', make: ['LISTEN chan'], look: 'SELECT count(*)::int AS v FROM pg_listening_channels()', made: 1 },
   { name: 'a session advisory lock', make: ['SELECT pg_advisory_lock(4343)'], look: "SELECT count(*)::int AS v FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()", made: 1 },
@@ -103,9 +105,9 @@ const forms: Form[] = [
 for (const form of forms) {
   test(`isolation: ${form.name} is the session's alone, and it keeps it`, async () => {
     const p = await txProxy(1)
-    const [a, b] = [await session(p.port), await session(p.port)]
+    const [a, b] = [await session(p.port, form.login), await session(p.port, form.login)]
     try {
-      const fresh = (await scratch.tcp.query(form.look)).rows[0].v // (what a backend of its own says)
+      const fresh = (await b.query(form.look)).rows[0].v // (what a backend of its own says)
       for (const sql of form.make) await a.query(sql)
       // The other session cannot have the backend while it may hold a's state: it waits, then 53300.
       const other = await b.query(form.look).then(
@@ -144,9 +146,9 @@ test('DDL does not pin: the backend says what it left (nothing), and reads go on
   }
 })
 
-test('settings follow their session: set again on each backend it borrows (no pin); the other sessions there see none of them; RESET and code count, by Postgres\'s account', async () => {
+test("settings, role and SQL prepared statements follow their session: made again on each backend it borrows (no pin), over 100 transactions each; the other sessions there see none of them; RESET, DEALLOCATE and code count, by Postgres's account", async () => {
   const p = await txProxy(2, 3000)
-  const LOOK = "SELECT current_setting('application_name') AS app, current_setting('search_path') AS path, current_setting('statement_timeout') AS st, current_setting('DateStyle') AS ds"
+  const LOOK = "SELECT current_setting('application_name') AS app, current_setting('search_path') AS path, current_setting('statement_timeout') AS st, current_setting('DateStyle') AS ds, current_user::text AS who, (SELECT string_agg(name, ',' ORDER BY name) FROM pg_prepared_statements) AS prepared"
   await scratch.tcp.query(`CREATE OR REPLACE FUNCTION ${scratch.name}_tz() RETURNS void LANGUAGE sql AS $$ SELECT set_config('DateStyle', 'SQL, DMY', false) $$`)
   const sessions = await Promise.all(Array.from({ length: 12 }, () => session(p.port)))
   const probe = await session(p.port)
@@ -157,13 +159,20 @@ test('settings follow their session: set again on each backend it borrows (no pi
       await c.query(`SET search_path = "schema ${i}", public`)
       await c.query(`SELECT set_config('statement_timeout', '${1000 + i}', false)`)
       if (i % 2) await c.query(`SELECT ${scratch.name}_tz()`) // (made by the database's code)
+      if (i % 3 === 0) await c.query('SET ROLE trust_user')
+      // (Two in one query string with another statement: each made again alone.)
+      await c.query(`SELECT 1; PREPARE plus_${i} (int) AS SELECT $1 + ${i} AS v; PREPARE "Named ${i}" AS SELECT 'é ${i}' AS v`)
     }))
     await sessions[0].query('RESET statement_timeout')
-    for (let round = 0; round < 20; round++) {
+    await sessions[1].query('DEALLOCATE "Named 1"')
+    for (let round = 0; round < 100; round++) {
       await Promise.all(sessions.map(async (c, i) => {
         const seen = (await c.query(LOOK)).rows[0]
-        const want = { app: `app ${i}`, path: `"schema ${i}", public`, st: i === 0 ? fresh.st : `${1000 + i}ms`, ds: i % 2 ? 'SQL, DMY' : fresh.ds }
+        const prepared = i === 1 ? `plus_${i}` : `Named ${i},plus_${i}`
+        const want = { app: `app ${i}`, path: `"schema ${i}", public`, st: i === 0 ? fresh.st : `${1000 + i}ms`, ds: i % 2 ? 'SQL, DMY' : fresh.ds, who: i % 3 === 0 ? 'trust_user' : 'scram_user', prepared }
         assert.deepEqual(seen, want, `session ${i}, round ${round}`)
+        assert.deepEqual((await c.query(`EXECUTE plus_${i}(${round})`)).rows, [{ v: round + i }], `session ${i}, round ${round}`)
+        if (i !== 1) assert.deepEqual((await c.query(`EXECUTE "Named ${i}"`)).rows, [{ v: `é ${i}` }])
       }))
       assert.deepEqual((await probe.query(LOOK)).rows[0], fresh, `round ${round}: another session sees none of them`)
     }
@@ -173,6 +182,37 @@ test('settings follow their session: set again on each backend it borrows (no pi
     await Promise.all([...sessions, probe].map((c) => c.end()))
     await p.close()
     await scratch.tcp.query(`DROP FUNCTION ${scratch.name}_tz()`)
+  }
+})
+
+test("a session's role Postgres will no longer set (its membership revoked): what it sends behind is never run, on any backend; the session is closed with 55000, saying why", async () => {
+  const [login, role] = [`txpool_carrier_${process.pid}`, `txpool_carried_${process.pid}`]
+  await scratch.tcp.query(`CREATE ROLE ${login} LOGIN PASSWORD '${PASSWORD}'; CREATE ROLE ${role}; GRANT ${role} TO ${login}; GRANT INSERT ON ${scratch.name} TO ${role}`)
+  const p = await txProxy(1, 3000)
+  const as = async () => {
+    const c = new Client({ ...edgeConfig(p.port, 'scram_user', { application_name: APP }), user: login, password: PASSWORD })
+    c.on('error', () => {})
+    await c.connect()
+    return c
+  }
+  const [a, b] = [await as(), await as()]
+  try {
+    await a.query(`SET ROLE ${role}`)
+    await a.query(`INSERT INTO ${scratch.name} VALUES ('carried, as ' || current_user)`)
+    await b.query('SELECT 1') // (the backend changes hands: a's role is set again for its next statement)
+    await scratch.tcp.query(`REVOKE ${role} FROM ${login}`)
+    await b.query('SELECT 1')
+    const err = await a.query(`INSERT INTO ${scratch.name} VALUES ('never')`).then(() => assert.fail('its role could not be set'), (e) => e)
+    assert.equal(err.code, '55000')
+    assert.match(err.message, /session's settings and prepared statements \(role\) could not be made again on another backend/)
+    const rows = (await scratch.tcp.query(`SELECT name FROM ${scratch.name} WHERE name LIKE 'carried%' OR name = 'never'`)).rows
+    assert.deepEqual(rows, [{ name: `carried, as ${role}` }], 'the statement behind the refused role ran nowhere')
+    assert.equal((await b.query('SELECT current_user::text AS who')).rows[0].who, login, 'the other session goes on')
+  } finally {
+    await Promise.all([a.end().catch(() => {}), b.end()])
+    await p.close()
+    await scratch.tcp.query(`DELETE FROM ${scratch.name} WHERE name LIKE 'carried%'; REVOKE ALL ON ${scratch.name} FROM ${role}`)
+    await eventually(async () => (await scratch.tcp.query(`DROP ROLE IF EXISTS ${role}; DROP ROLE IF EXISTS ${login}`).then(() => true, () => false)), 'the roles dropped')
   }
 })
 

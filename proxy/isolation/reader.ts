@@ -130,6 +130,29 @@ export function read(sql: string): Reading {
 
 type Node = Record<string, unknown>
 
+/**
+ * The PREPARE that made statement `name`, cut by Postgres's grammar from `text`, the query string
+ * Postgres records for it (which may hold other statements: only this one is made again). Undefined
+ * where `text` holds no one PREPARE of that name (none, several, or text that does not parse).
+ */
+export function prepareIn(text: string, name: string): string | undefined {
+  if (!loaded) return undefined
+  let tree: { stmts?: Array<{ stmt?: { PrepareStmt?: { name?: string } }; stmt_location?: number; stmt_len?: number }> }
+  try {
+    tree = parseSync(text) as typeof tree
+  } catch {
+    return undefined
+  }
+  const bytes = Buffer.from(text) // (the parser's locations count bytes)
+  let cut: string | undefined
+  for (const { stmt, stmt_location: at = 0, stmt_len: len } of tree.stmts ?? []) {
+    if (stmt?.PrepareStmt?.name !== name) continue
+    if (cut !== undefined) return undefined
+    cut = bytes.toString('utf8', at, len ? at + len : bytes.length)
+  }
+  return cut
+}
+
 function readNow(sql: string): Reading {
   if (!loaded) return UNPARSED
   let tree: { stmts?: Array<{ stmt?: Node }> }

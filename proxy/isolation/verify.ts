@@ -11,14 +11,21 @@ import { randomFillSync } from 'node:crypto'
 import { serialize } from 'pg-protocol'
 
 /**
- * What a verification found: state by kind; protocol-level prepared statements, which the proxy
- * keeps itself (`statements`); and the settings made for the session (name → value), which follow it.
+ * What a verification found: state by kind that pins; protocol-level prepared statements, which the
+ * proxy keeps itself (`statements`); and what follows the session (see carry): its settings (name →
+ * value), the role it set, and its SQL prepared statements (name → the query string that made it).
  */
 export interface Found {
   left: string[]
   statements: number
   settings: Record<string, string>
+  role?: string
+  prepared: [name: string, text: string][]
 }
+
+/** SQL prepared statements a session may have follow it, and the text of the query strings that made them; past either, they pin. */
+export const CARRIED_STATEMENTS = 100
+export const CARRIED_TEXT_BYTES = 64 << 10
 
 const EQ = 'OPERATOR(pg_catalog.=)'
 /** Settings whose timeout ends the backend (FATAL) while it sits idle: a session that sets them keeps its backend rather than have them carried. */
@@ -74,11 +81,13 @@ function seed(): number {
 }
 
 /**
- * What a session left on its backend, as one row of JSON: temporary objects of any kind, cursors
- * (WITH HOLD), SQL prepared statements, LISTEN channels, advisory locks, custom settings (`app.x`: a
- * placeholder stays behind) and the timeouts that end a backend, a role other than the login's; the count of protocol-level prepared
- * statements (the proxy's to match); and the settings made for the session, with their values (the
- * proxy sets them again on each backend the session borrows: see carrySettings). Asked after a
+ * What a session left on its backend, as one row of JSON: what pins it (temporary objects of any
+ * kind, cursors WITH HOLD, LISTEN channels, advisory locks, custom settings (`app.x`: a placeholder
+ * stays behind) and the timeouts that end a backend, a session authorization other than the
+ * login's, more SQL prepared statements than follow a session); the count of protocol-level prepared
+ * statements (the proxy's to match); and what follows the session to each backend it borrows (see
+ * carry): the settings made for it with their values, the role it set, its SQL prepared statements
+ * with the query strings that made them (false: past what follows a session). Asked after a
  * transaction that did more than plain reads and writes (by the parser and Postgres's command tags),
  * to keep the backend with its session while it holds anything else: a simple Query, planned afresh
  * (about 1 ms of Postgres's time: npm run bench -- isolation), so that no session can answer it in
@@ -92,13 +101,15 @@ export function verificationSql(user: string): string {
   return `SELECT pg_catalog.json_build_array(pg_catalog.concat_ws(' ',
   ${is('temporary', `pg_catalog.pg_my_temp_schema() OPERATOR(pg_catalog.<>) 0 AND EXISTS (SELECT FROM pg_catalog.pg_depend WHERE refclassid ${EQ} 2615 AND refobjid ${EQ} pg_catalog.pg_my_temp_schema())`)},
   ${is('cursor', 'EXISTS (SELECT FROM pg_catalog.pg_cursors WHERE is_holdable)')},
-  ${is('prepare', 'EXISTS (SELECT FROM pg_catalog.pg_prepared_statements WHERE from_sql)')},
   ${is('listen', 'EXISTS (SELECT FROM pg_catalog.pg_listening_channels())')},
   ${is('lock', `EXISTS (SELECT FROM pg_catalog.pg_locks WHERE locktype ${EQ} 'advisory' AND pid ${EQ} pg_catalog.pg_backend_pid())`)},
   ${is('setting', `EXISTS (SELECT FROM pg_catalog.pg_settings WHERE ${session} AND ${custom})`)},
-  ${is('role', `NOT (current_user ${EQ} ${literal(user)} AND session_user ${EQ} ${literal(user)})`)}),
+  ${is('role', `NOT session_user ${EQ} ${literal(user)}`)}),
   (SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE NOT from_sql),
-  (SELECT pg_catalog.json_object_agg(name, setting) FROM pg_catalog.pg_settings WHERE ${session} AND NOT ${custom} AND NOT name ${EQ} ANY ('{role,session_authorization}'::pg_catalog.text[])))`
+  (SELECT pg_catalog.json_object_agg(name, setting) FROM pg_catalog.pg_settings WHERE ${session} AND NOT ${custom}),
+  CASE WHEN NOT current_user ${EQ} ${literal(user)} THEN pg_catalog.current_setting('role') END,
+  (SELECT CASE WHEN pg_catalog.count(*) OPERATOR(pg_catalog.>) ${CARRIED_STATEMENTS} OR pg_catalog.sum(pg_catalog.octet_length(statement)) OPERATOR(pg_catalog.>) ${CARRIED_TEXT_BYTES} THEN 'false'::pg_catalog.json
+    ELSE pg_catalog.json_agg(pg_catalog.json_build_array(name, statement) ORDER BY prepare_time) END FROM pg_catalog.pg_prepared_statements WHERE from_sql))`
 }
 
 /** The verification as a simple Query (see verificationSql). */
@@ -108,42 +119,42 @@ export const verification = (user: string): Buffer => serialize.query(verificati
 export function found(rows: string[]): Found | undefined {
   if (rows.length !== 1) return undefined
   try {
-    const [words, statements, settings] = JSON.parse(rows[0]) as [string, number, Record<string, string> | null]
-    return { left: words ? words.split(' ') : [], statements, settings: settings ?? {} }
+    const [words, statements, settings, role, prepared] = JSON.parse(rows[0]) as [string, number, Record<string, string> | null, string | null, [string, string][] | false | null]
+    const left = words ? words.split(' ') : []
+    if (prepared === false) left.push('prepare')
+    return { left, statements, settings: settings ?? {}, ...(role !== null && { role }), prepared: prepared || [] }
   } catch {
     return undefined
   }
 }
 
 /**
- * The session's settings set again on a backend it borrows, ahead of its messages: a FunctionCall of
- * pg_catalog.set_config(text, text, boolean) by its OID, 2078 (a built-in's), per setting, name and
- * value as text arguments (nothing read as SQL). Each runs in a transaction of its own, answered with
- * a ReadyForQuery (`ends`): a statement here would leave the implicit transaction of extended messages
- * open through the session's simple Query behind it. Skipped, as the rest, once DISCARD ALL is refused.
+ * A session's state made again on a backend it borrows, ahead of its messages, in their Sync group:
+ * its settings, then its role, by pg_catalog.set_config, names and values passed as one JSON
+ * parameter (nothing read as SQL); then its SQL prepared statements, each by the PREPARE that made
+ * it. In a transaction block of its own, as extended messages: what Postgres refuses makes it skip
+ * the rest of the group, the session's messages with it, which then go to another backend; and the
+ * block's COMMIT leaves no transaction open under what follows (a statement outside a block would
+ * leave the implicit one of extended messages open through the session's). Each part answers with
+ * a CommandComplete (`ends`).
  */
-export function carrySettings(settings: Record<string, string>): Carried | undefined {
+export function carry(settings: Record<string, string>, role: string | undefined, prepares: string[]): Carried | undefined {
   const names = Object.keys(settings)
-  if (!names.length) return undefined
-  return { names, bytes: Buffer.concat(names.map((name) => setConfig(name, settings[name]))), ends: names.length }
+  if (role !== undefined) (settings = { ...settings, role }), names.push('role')
+  if (!names.length && !prepares.length) return undefined
+  const parts = [BEGIN]
+  if (names.length) parts.push(extended(SET_CONFIG, [JSON.stringify(settings)]))
+  for (const text of prepares) parts.push(extended(text, []))
+  parts.push(COMMIT)
+  return { names: [...names, ...(prepares.length ? [`${prepares.length} prepared statement${prepares.length > 1 ? 's' : ''}`] : [])], bytes: Buffer.concat(parts), ends: parts.length }
 }
 export type Carried = { names: string[]; bytes: Buffer; ends: number }
 
-function setConfig(name: string, value: string): Buffer {
-  const args = [name, value, 'false'].map((a) => Buffer.from(a, 'utf8'))
-  const length = 4 + 4 + 2 + 2 + 2 + args.reduce((n, a) => n + 4 + a.length, 0) + 2
-  const call = Buffer.alloc(1 + length)
-  let at = call.writeUInt8(0x46, 0) // 'F'
-  at = call.writeInt32BE(length, at)
-  at = call.writeInt32BE(SET_CONFIG_OID, at)
-  at = call.writeInt16BE(1, at) // one format code for all arguments: text
-  at = call.writeInt16BE(0, at)
-  at = call.writeInt16BE(args.length, at)
-  for (const a of args) (at = call.writeInt32BE(a.length, at)), (at += a.copy(call, at))
-  call.writeInt16BE(0, at) // the result as text
-  return call
-}
-const SET_CONFIG_OID = 2078
+const extended = (text: string, values: string[]) => Buffer.concat([serialize.parse({ text }), serialize.bind({ values }), serialize.execute({})])
+const BEGIN = extended('BEGIN', [])
+const COMMIT = extended('COMMIT', [])
+/** In the order given (role last: the settings are the login's to make, as the session made them before SET ROLE, as a rule). */
+const SET_CONFIG = 'SELECT pg_catalog.set_config(s.key, s.value, false) FROM pg_catalog.json_each_text($1::pg_catalog.json) WITH ORDINALITY AS s(key, value, n) ORDER BY s.n'
 
 /** A string literal Postgres reads the same with standard_conforming_strings on or off (a backslash reads as itself only with it on: then no match, which is safe). */
 function literal(text: string): string {

@@ -19,7 +19,8 @@ import { IdleWatch, type Ending } from '../pool/idle-watch'
 import { BackendStatements, StatementRelay, type Own, type SessionStatements } from '../pool/prepared'
 import { merge, NOTHING, type Reading } from '../isolation/reader'
 import type { Signals } from './signals'
-import { carrySettings, found, handoverReset, HANDOVER_ENDS, type Carried } from '../isolation/verify'
+import { found, handoverReset, HANDOVER_ENDS } from '../isolation/verify'
+import { SessionState } from '../pool/session-state'
 import { EMPTY, Framer, kept, messages, MessageTooLarge } from '../wire/bytes'
 import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse, type BackendKey } from '../wire/startup'
@@ -204,14 +205,9 @@ class LentSession implements RunningSession {
   private replayTimer?: NodeJS.Timeout
   /** Who it is to a backend's Backend.user (not the session itself: a backend outlives it). */
   private readonly user = {}
-  /** The values of the settings Postgres reports, as the client was last told them. */
-  private readonly params = new Map<string, string>()
-  /** The settings the session made (by Postgres's last account of them: see verification), and the messages that make them again on another backend (false: none; undefined: to be made). */
-  private settings: Record<string, string> = {}
-  private carried?: Carried | false
-  /** The values of the settings Postgres reports, as the login's answer gave them. */
-  private readonly loginParams: Map<string, string>
-  /** Leads carrying the settings refused in a row. */
+  /** What follows the session from backend to backend: its settings and SQL prepared statements. */
+  private readonly state = new SessionState()
+  /** Leads carrying the session's state refused in a row. */
   private carryRefused = 0
 
   constructor(private readonly ws: WebSocket, private readonly o: LentSessionOptions) {
@@ -234,7 +230,7 @@ class LentSession implements RunningSession {
     // (A lend not parked may be running something: a portal's Execute awaits no Sync. Postgres ignores a cancel while idle.)
     this.unfollow = o.follow(() => (this.lend && !this.parked ? this.lend.backend.key : undefined))
     for (const m of messages(o.answer)) if (m[0] === ServerMessage.ParameterStatus) this.parameter(m)
-    this.loginParams = new Map(this.params)
+    this.state.loggedIn()
     this.toClient(o.answer)
     ws.on('message', this.onClientMessage)
     ws.on('close', () => {
@@ -332,28 +328,7 @@ class LentSession implements RunningSession {
    */
   private readonly parameter = (msg: Buffer): boolean => {
     const nameEnd = msg.indexOf(0, 5)
-    const name = msg.toString('utf8', 5, nameEnd)
-    const value = msg.toString('utf8', nameEnd + 1, msg.length - 1)
-    if (this.params.get(name) === value) return false
-    this.params.set(name, value)
-    if (CARRIED_REPORTS.has(name)) this.carried = undefined // (made again when next needed: see carriedSettings)
-    return true
-  }
-
-  /**
-   * The session's settings, as messages that make them again on another backend (undefined: none):
-   * those Postgres reports (ParameterStatus, as the client was told them) where they differ from the
-   * login's, and the others as its last account of the session's state listed them (see verification).
-   */
-  private carriedSettings(): Carried | undefined {
-    if (this.carried !== undefined) return this.carried || undefined
-    const settings = { ...this.settings }
-    for (const name of CARRIED_REPORTS) {
-      const value = this.params.get(name)
-      if (value !== undefined && value !== this.loginParams.get(name)) settings[name.toLowerCase()] = value
-      else delete settings[name.toLowerCase()]
-    }
-    return (this.carried = carrySettings(settings) ?? false) || undefined
+    return this.state.report(msg.toString('utf8', 5, nameEnd), msg.toString('utf8', nameEnd + 1, msg.length - 1))
   }
 
   private queue(msgs: Buffer[]) {
@@ -670,7 +645,7 @@ class LentSession implements RunningSession {
     const handover = backend.user !== undefined && backend.user !== this.user
     if (handover) backend.resets++ // (DISCARD ALL drops its prepared statements)
     // (A backend the session did not use last lacks its settings: a reset one too.)
-    const carried = backend.user !== this.user ? this.carriedSettings() : undefined
+    const carried = backend.user !== this.user ? this.state.carried() : undefined
     backend.user = this.user
     const lend = this.startLend(backend, lender, onReplica)
     // Ahead of the session's messages, in their group: the reset, the session's settings, and on a standby a token's claims (each lend: the session may have reset them).
@@ -706,9 +681,9 @@ class LentSession implements RunningSession {
     if (!ok && (claims || (carried && lend.onReplica))) this.replicaRefused = true
     this.carryRefused = ok || !carried || lend.onReplica ? 0 : this.carryRefused + 1
     if (this.carryRefused > 1) {
-      // (Refused twice running, on two backends: Postgres will not take the session's settings any more, a privilege revoked say.)
-      const names = this.carriedSettings()?.names.join(', ')
-      return this.evict('upstream_error', '55000', `edgepg-proxy: the session's settings (${names}) could not be set again on another backend, as transaction pooling does for each transaction: the session is closed`)
+      // (Refused twice running, on two backends: Postgres will not take the session's state any more, a privilege revoked say.)
+      const names = this.state.carried()?.names.join(', ')
+      return this.evict('upstream_error', '55000', `edgepg-proxy: the session's settings and prepared statements (${names}) could not be made again on another backend, as transaction pooling does for each transaction: the session is closed`)
     }
     if (!ok) return this.elsewhere(lend, sent)
     if (this.waiting.length && lend.onReplica?.gatedSince === undefined) this.send(this.unqueue(), true) // (a replica's, once caught up)
@@ -974,9 +949,9 @@ class LentSession implements RunningSession {
       if (this.lend === lend) {
         // (Asked inside a transaction, the answer says nothing of what the transaction will leave.)
         const f = status === TxStatus.Idle ? found(rows) : undefined
-        if (f) (this.settings = f.settings), (this.carried = undefined)
+        const stays = f && this.state.learn(f)
         const statements = statementsOn(lend.backend, this.o.statementsPerBackend).held.size
-        const left = f ? (f.left[0] ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
+        const left = f ? (f.left[0] ?? stays ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
         if (left) this.pin(left)
         else this.unpin(), this.afterOwn(lend)
       }
@@ -1141,12 +1116,6 @@ function textAt(msg: Buffer, at: number): string {
   const end = msg.indexOf(0, at)
   return msg.toString('utf8', at, end < 0 ? msg.length : end)
 }
-
-/**
- * Settings Postgres reports (ParameterStatus) that a session may set: learnt from the reports as they
- * pass, whatever set them (the others Postgres reports it does not let a session set).
- */
-const CARRIED_REPORTS = new Set(['application_name', 'client_encoding', 'DateStyle', 'default_transaction_read_only', 'IntervalStyle', 'search_path', 'standard_conforming_strings', 'TimeZone'])
 
 /** Answers a read on a replica holds back while it may still move to the primary; past this, it goes to the client and stays. */
 const HOLD_MAX = 64 << 10

@@ -1,0 +1,77 @@
+/**
+ * What a session made that follows it from backend to backend (transaction pooling): its settings
+ * (SET, RESET, set_config(…, false), SET ROLE) and its SQL prepared statements. Learned only from
+ * what Postgres says: the values it reports (ParameterStatus), and its account of the session's
+ * state after a transaction that did more than plain reads and writes (proxy/isolation/verify.ts).
+ * Made again on each backend the session borrows, at the head of its next write (`carried`).
+ */
+import { carry, type Carried, type Found } from '../isolation/verify'
+import { prepareIn } from '../isolation/reader'
+
+/**
+ * Settings Postgres reports (ParameterStatus) that a session may set: learnt from the reports as they
+ * pass, whatever set them, and carried where they differ from the login's (the others Postgres
+ * reports it does not let a session set).
+ */
+const REPORTED = new Set(['application_name', 'client_encoding', 'DateStyle', 'default_transaction_read_only', 'IntervalStyle', 'search_path', 'standard_conforming_strings', 'TimeZone'])
+
+export class SessionState {
+  /** Each reported setting's value, as the client was told it; and at login. */
+  private readonly reported = new Map<string, string>()
+  private login?: Map<string, string>
+  /** By Postgres's last account: the settings made for the session, the role it set, its SQL prepared statements (name → the text that made it, and its PREPARE cut from that). */
+  private settings: Record<string, string> = {}
+  private role?: string
+  private prepared = new Map<string, { text: string; prepare: string }>()
+  /** The messages that make it all again (false: nothing to make; undefined: to be made). */
+  private made?: Carried | false
+
+  /** A ParameterStatus: whether it changes what the client was told. */
+  report(name: string, value: string): boolean {
+    if (this.reported.get(name) === value) return false
+    this.reported.set(name, value)
+    if (REPORTED.has(name)) this.made = undefined
+    return true
+  }
+
+  /** The login's reports are in: later ones are carried where they differ from these. */
+  loggedIn() {
+    this.login = new Map(this.reported)
+  }
+
+  /**
+   * Postgres's account of the session's state after a transaction: what of it cannot follow the
+   * session, if anything (then the session keeps its backend). A prepared statement follows only
+   * where its PREPARE can be cut from its text as Postgres read it: by text in UTF-8, with standard
+   * strings on (as the parser reads them).
+   */
+  learn(f: Found): string | undefined {
+    this.settings = f.settings
+    this.role = f.role
+    this.made = undefined
+    const prepared = new Map<string, { text: string; prepare: string }>()
+    let cannot: string | undefined
+    const readable = this.reported.get('client_encoding') === 'UTF8' && this.reported.get('standard_conforming_strings') !== 'off'
+    for (const [name, text] of f.prepared) {
+      const known = this.prepared.get(name)
+      const prepare = known?.text === text ? known.prepare : readable ? prepareIn(text, name) : undefined
+      if (prepare === undefined) cannot = 'prepare'
+      else prepared.set(name, { text, prepare })
+    }
+    this.prepared = prepared
+    return cannot
+  }
+
+  /** The messages that make the session's state again on another backend (undefined: it has none). */
+  carried(): Carried | undefined {
+    if (this.made !== undefined) return this.made || undefined
+    const settings = { ...this.settings }
+    for (const name of REPORTED) {
+      const value = this.reported.get(name)
+      if (value !== undefined && value !== this.login?.get(name)) settings[name.toLowerCase()] = value
+      else delete settings[name.toLowerCase()]
+    }
+    const prepares = [...this.prepared.values()].map((p) => p.prepare)
+    return (this.made = carry(settings, this.role, prepares) ?? false) || undefined
+  }
+}
