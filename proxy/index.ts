@@ -137,7 +137,7 @@ export function createProxy(options: ProxyOptions): Proxy {
   // times; in session mode those kept idle, and /sql's at once (so that none it gives back is closed).
   const size = options.pool?.size ?? 20
   const poolOptions = { keepWarmMs: 3_600_000, ...options.pool, maxIdlePerKey: options.pool?.maxIdlePerKey ?? size }
-  const pool = new BackendPool(poolOptions, (event) => metrics.poolEvent(event))
+  const pool = new BackendPool({ ...poolOptions, hmacKey: options.cluster?.poolSecret }, (event) => metrics.poolEvent(event))
   const budget = new BufferBudget(options.maxClientBufferBytes ?? 256 << 20, options.maxMessageBytes ?? 64 << 20)
   const metrics = createMetrics(() => ({ pool: pool.size, logins: logins.counts, buffered: budget.total, lending: lenders?.counts ?? { lent: 0, waiting: 0 }, keys: lenders?.keys ?? [] }), options.cluster?.metrics)
   const handshakeTimeoutMs = options.handshakeTimeoutMs ?? 10_000
@@ -174,7 +174,9 @@ export function createProxy(options: ProxyOptions): Proxy {
     handshakeTimeoutMs,
     idleInTransactionMs: options.pool?.idleInTransactionMs ?? 60_000,
     signals,
+    announce: options.cluster?.announce,
   })
+  if (options.cluster) options.cluster.onKey = (m) => routes.prelogin(m)
   let draining = false
   const health = healthHandler(upstream, { draining: () => draining })
   const sql =

@@ -86,6 +86,35 @@ test('--workers 2: sessions and /sql on one port, one /metrics for the whole pro
   }
 })
 
+test("--workers 2, transaction pooling: a key's first login on one worker has the other log a backend of it in ahead of need; its logins on either worker then reach Postgres no more", async () => {
+  const p = await clusterProxy(['--pool-mode', 'transaction'])
+  const app = `${APP}-ahead`
+  const watcher = new pg.Client(pgConfig('trust_user'))
+  await watcher.connect()
+  const backends = async () => (await watcher.query('SELECT array_agg(pid ORDER BY pid) AS pids FROM pg_stat_activity WHERE application_name = $1', [app])).rows[0].pids ?? []
+  const once = async () => {
+    const c = new Client(edgeConfig(p.port, 'scram_user', { application_name: app }))
+    await c.connect()
+    const { pid } = (await c.query('SELECT pg_backend_pid() AS pid')).rows[0]
+    await c.end()
+    return pid as number
+  }
+  try {
+    const ended = p.logs.length
+    await once()
+    // Before any session of the key reaches the other worker, that worker has logged a backend in.
+    await eventually(async () => (await backends()).length === 2, 'a backend of the key logged in by the other worker', 5000)
+    const ahead: number[] = await backends()
+    const served = () => new Set(p.logs.slice(ended).map((l) => l.worker))
+    for (let i = 0; i < 40 && served().size < 2; i++) assert.ok(ahead.includes(await once()), 'a backend logged in ahead')
+    await eventually(() => served().size === 2, 'sessions on both workers')
+    assert.deepEqual(await backends(), ahead, 'no more logins at Postgres')
+  } finally {
+    await watcher.end()
+    await p.stop()
+  }
+})
+
 test('--workers 2: --max-sessions-per-ip counts the sessions of every worker', async () => {
   const p = await clusterProxy(['--max-sessions-per-ip', '3'])
   try {

@@ -2,10 +2,12 @@
  * `--workers n`: the primary process. It runs no proxy itself: it forks n workers that accept on one
  * port (node:cluster hands each connection to one), replaces one that dies, passes SIGTERM and
  * SIGHUP on to all, replaces them one at a time on SIGUSR2 (a handover), answers /metrics for the
- * whole proxy (prom-client's cluster aggregation), and keeps the counts of the limits a worker has
- * filled its share of (proxy/cluster/places.ts).
+ * whole proxy (prom-client's cluster aggregation), keeps the counts of the limits a worker has
+ * filled its share of (proxy/cluster/places.ts), and passes the keys a worker logs in on to the
+ * others, each keying its pool with the same secret.
  */
 import cluster, { type Worker } from 'node:cluster'
+import { randomBytes } from 'node:crypto'
 import { AggregatorRegistry } from 'prom-client'
 import { PlacesKeeper } from './places'
 import type { ToPrimary, ToWorker } from './worker'
@@ -28,12 +30,18 @@ export function runPrimary(o: PrimaryOptions) {
     if (worker) send(worker, m)
   })
 
+  const poolSecret = randomBytes(32).toString('base64')
+
   const fork = (index: number) => {
     const worker = cluster.fork({ EDGEPG_WORKER_INDEX: String(index) })
     live.set(index, worker)
     worker.on('message', (m: ToPrimary) => {
-      if (m?.edgepg === 'places') places.hear(index, m)
-      else if (m?.edgepg === 'signal') {
+      if (m?.edgepg === 'places') {
+        if (m.op === 'hello') send(worker, { edgepg: 'pool', secret: poolSecret })
+        places.hear(index, m)
+      } else if (m?.edgepg === 'key') {
+        for (const [other, w] of live) if (other !== index) send(w, m)
+      } else if (m?.edgepg === 'signal') {
         const to = live.get(m.to)
         if (to) send(to, m)
       }

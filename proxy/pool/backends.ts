@@ -64,6 +64,8 @@ export interface PoolOptions {
   idleInTransactionMs?: number
   /** Transaction mode: the first reading of what statements leave (default proxy/isolation/reader.ts; tests put a wrong one here). */
   reader?: (sql: string) => Reading
+  /** What a key's password is known by, an HMAC with this (default: random; with --workers, the same in each, proxy/cluster/worker.ts). */
+  hmacKey?: Buffer
 }
 
 export type PoolEvent = 'hit' | 'miss' | 'reset' | 'discard' | 'renew'
@@ -133,7 +135,7 @@ export class BackendPool {
   private readonly idle = new Map<string, Backend[]>()
   /** Backends owned, idle or lent, by upstream and process ID (for cancel requests). */
   private readonly owned = new Map<string, Backend>()
-  private readonly hmacKey = randomBytes(32)
+  private readonly hmacKey: Buffer
   /** Passwords' HMACs, kept (a cold session's login then costs no HMAC): a few distinct ones, bounded. */
   private readonly secrets = new Map<string, string>()
 
@@ -166,6 +168,7 @@ export class BackendPool {
     this.maxLifetimeMs = options.maxLifetimeMs ?? 30 * 60_000
     this.keepWarmMs = options.keepWarmMs ?? 0
     this.perClient = options.maxPerClient ?? Math.ceil((options.size ?? 20) / 4)
+    this.hmacKey = options.hmacKey ?? randomBytes(32)
   }
 
   /** How a key's backends are logged in: keepWarmMs replaces its last one this way before it ages out, then tells `renewed`. */

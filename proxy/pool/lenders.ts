@@ -53,9 +53,10 @@ export class Lenders {
   /**
    * The key's lender, or, when there is none yet, what `open` makes of the key's first login (a
    * warm backend or a fresh login, through the pool): the lender it makes, or the login's outcome
-   * when it gave no backend. `relogin` logs in more of the key's backends later.
+   * when it gave no backend. `relogin` logs in more of the key's backends later; `made` hears that
+   * this login made the key's lender.
    */
-  async lenderFor(key: string, open: () => Promise<Unlent>, relogin: Login): Promise<Lender | Unlent> {
+  async lenderFor(key: string, open: () => Promise<Unlent>, relogin: Login, made?: () => void): Promise<Lender | Unlent> {
     for (let first; !this.get(key) && (first = this.firstLogins.get(key)); ) await first
     const known = this.get(key)
     if (known) return known
@@ -69,6 +70,7 @@ export class Lenders {
     const lender = new Lender(this.pool, key, opened.backend, this.o.size, this.o.timeoutMs, relogin, this.events, this.o.reader, this.o.shares)
     this.forgetExpired()
     this.byKey.set(key, lender)
+    made?.()
     return lender
   }
 

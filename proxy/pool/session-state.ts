@@ -23,14 +23,15 @@ export class SessionState {
   private settings: Record<string, string> = {}
   private role?: string
   private prepared = new Map<string, { text: string; prepare: string }>()
-  /** The messages that make it all again (false: nothing to make; undefined: to be made). */
+  /** The messages that make it all again, and all but the prepared statements, for a standby (false: nothing to make; undefined: to be made). */
   private made?: Carried | false
+  private madeForReplica?: Carried | false
 
   /** A ParameterStatus: whether it changes what the client was told. */
   report(name: string, value: string): boolean {
     if (this.reported.get(name) === value) return false
     this.reported.set(name, value)
-    if (REPORTED.has(name)) this.made = undefined
+    if (REPORTED.has(name)) this.made = this.madeForReplica = undefined
     return true
   }
 
@@ -48,7 +49,7 @@ export class SessionState {
   learn(f: Found): string | undefined {
     this.settings = f.settings
     this.role = f.role
-    this.made = undefined
+    this.made = this.madeForReplica = undefined
     const prepared = new Map<string, { text: string; prepare: string }>()
     let cannot: string | undefined
     const readable = this.reported.get('client_encoding') === 'UTF8' && this.reported.get('standard_conforming_strings') !== 'off'
@@ -62,16 +63,22 @@ export class SessionState {
     return cannot
   }
 
-  /** The messages that make the session's state again on another backend (undefined: it has none). */
-  carried(): Carried | undefined {
-    if (this.made !== undefined) return this.made || undefined
+  /**
+   * The messages that make the session's state again on another backend (undefined: it has none).
+   * On a standby, no prepared statements: what runs them (EXECUTE) goes to the primary.
+   */
+  carried(onReplica = false): Carried | undefined {
+    const made = onReplica ? this.madeForReplica : this.made
+    if (made !== undefined) return made || undefined
     const settings = { ...this.settings }
     for (const name of REPORTED) {
       const value = this.reported.get(name)
       if (value !== undefined && value !== this.login?.get(name)) settings[name.toLowerCase()] = value
       else delete settings[name.toLowerCase()]
     }
-    const prepares = [...this.prepared.values()].map((p) => p.prepare)
-    return (this.made = carry(settings, this.role, prepares) ?? false) || undefined
+    const prepares = onReplica ? [] : [...this.prepared.values()].map((p) => p.prepare)
+    const carried = carry(settings, this.role, prepares) ?? false
+    onReplica ? (this.madeForReplica = carried) : (this.made = carried)
+    return carried || undefined
   }
 }

@@ -645,7 +645,7 @@ class LentSession implements RunningSession {
     const handover = backend.user !== undefined && backend.user !== this.user
     if (handover) backend.resets++ // (DISCARD ALL drops its prepared statements)
     // (A backend the session did not use last lacks its settings: a reset one too.)
-    const carried = backend.user !== this.user ? this.state.carried() : undefined
+    const carried = backend.user !== this.user ? this.state.carried(!!onReplica) : undefined
     backend.user = this.user
     const lend = this.startLend(backend, lender, onReplica)
     // Ahead of the session's messages, in their group: the reset, the session's settings, and on a standby a token's claims (each lend: the session may have reset them).

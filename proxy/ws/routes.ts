@@ -15,7 +15,7 @@ import { Upstream, type ClientTls, type UpstreamTls } from '../upstream/connecti
 import { loginAs, redactLogin, runLogin, takeLogin, type Login, type LoginOutcome } from '../login/in-upgrade'
 import { passwordsRefused } from '../login/in-band'
 import { UNUSED, type Backend, type BackendPool } from '../pool/backends'
-import { errorResponse, UpstreamError, type BackendKey } from '../wire/startup'
+import { errorResponse, parseStartupPacket, UpstreamError, type BackendKey } from '../wire/startup'
 import type { TokenLogins } from '../auth/token-login'
 import type { Identity } from '../auth/tokens'
 import { setClaims, type ClaimsError } from '../auth/claims'
@@ -29,6 +29,8 @@ import { readOnlyLogin, serializableLogin, type Replicas } from '../replicas/rep
 import type { SessionReplicas } from './lent-session'
 import { isLoopback, limitKey } from '../listen/client-address'
 import { giveAll, takeAll, type Places, type PlacesOf, type Wanted } from '../cluster/places'
+import type { KeyMessage } from '../cluster/worker'
+import { EMPTY } from '../wire/bytes'
 
 /** A token's subject (its claims' `sub`), or its claims whole where it names none. */
 function subjectOf(claims: string): string {
@@ -67,7 +69,12 @@ export interface RouteOptions {
   handshakeTimeoutMs: number
   idleTimeoutMs?: number
   log?: (entry: SessionLog) => void
+  /** With --workers: tells the other workers a key just logged in here (see prelogin). */
+  announce?: (m: KeyMessage) => void
 }
+
+/** Backends logged in ahead of need at once, for keys other workers announce (each a login at Postgres). */
+const PRELOGINS_MAX = 4
 
 /** Sent to clients whose session is cut by a shutdown. */
 const SHUTDOWN_REASON = 'edgepg-proxy is shutting down'
@@ -193,6 +200,33 @@ export class WebSocketRoutes {
    * Stops accepting, lets sessions end by themselves for up to `graceMs`, then closes the rest
    * with code 1001; those that do not answer the close promptly are cut.
    */
+  /** Prelogins under way (see prelogin). */
+  private prelogging = 0
+
+  /**
+   * A key another worker's session just logged in with (proxy/cluster/worker.ts): a backend of it is
+   * logged in here ahead of need, and its lender made, so that the key's first login on this worker
+   * is answered at once, as its later ones are. Only while the pool has room (a pool that fills
+   * closes an idle backend, the least recently used first, for the logins of sessions), and a few at once.
+   */
+  prelogin(m: KeyMessage) {
+    const { lenders, pool, upstreamTls } = this.o
+    if (!lenders || lenders.get(m.key) || pool.full || this.prelogging >= PRELOGINS_MAX || this.closing) return
+    let first
+    try {
+      first = parseStartupPacket(Buffer.from(m.packet, 'base64'))
+    } catch {
+      return
+    }
+    const login: Login = { bytes: 0, first, password: m.password, rest: EMPTY, tls: m.tls as ClientTls | undefined }
+    const there = relogin(m.target, upstreamTls, login)
+    this.prelogging++
+    lenders.lenderFor(m.key, () => pool.open(m.key, there), there).then(
+      (made) => made instanceof Lender || made.upstream?.close(),
+      () => {}
+    ).finally(() => this.prelogging--)
+  }
+
   async close(graceMs: number) {
     this.closing = true
     const deadline = Date.now() + graceMs
@@ -336,7 +370,7 @@ export class WebSocketRoutes {
       socket.uncork()
     }
 
-    const { lenders, upstreamTls, signals } = this.o
+    const { lenders, upstreamTls, signals, announce: announceKey } = this.o
     const keyOf = (login: Login) =>
       login.first.kind === 'startup' && pool.enabled ? pool.key(name, login.tls, login.first.packet, login.password, identity !== undefined) : undefined
     if (problem || !login) return upgrade(problem)
@@ -380,7 +414,9 @@ export class WebSocketRoutes {
       if (poolKey && lenders && pool.full && outsideNow >= pool.perClient) {
         return upgrade(refusal('53300', `edgepg-proxy: every one of the pool's ${pool.maxBackends} backends is lent (--pool-max-backends), and this client already has ${outsideNow} connections to Postgres outside it, as many as one client may (--max-backends-per-client); try again shortly`))
       }
-      const opening = poolKey && lenders ? lenders.lenderFor(poolKey, () => pool.open(poolKey, fresh), relogin(target, upstreamTls, login)) : pool.open(poolKey, fresh)
+      // (A key's first login here: the other workers log a backend of it in, so that its next login there is answered at once.)
+      const announce = () => announceKey?.({ edgepg: 'key', key: poolKey!, target, packet: login.first.packet.toString('base64'), password: login.password, tls: login.tls })
+      const opening = poolKey && lenders ? lenders.lenderFor(poolKey, () => pool.open(poolKey, fresh), relogin(target, upstreamTls, login), announce) : pool.open(poolKey, fresh)
       opening.then((opened) => {
         if (opened instanceof Lender) return welcome(opened)
         up = opened.upstream
