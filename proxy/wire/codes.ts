@@ -42,6 +42,9 @@ export const ServerMessage = {
   NotificationResponse: 0x41, // A
 } as const
 
+/** Messages that carry no statement of their own. */
+export const INERT = new Set<number>([ClientMessage.Describe, ClientMessage.Execute, ClientMessage.Sync, ClientMessage.Flush, ClientMessage.Close, ClientMessage.CopyData, ClientMessage.CopyDone, ClientMessage.CopyFail])
+
 /** What a Describe or Close names. */
 export const DescribeTarget = { Statement: 0x53, Portal: 0x50 } as const
 

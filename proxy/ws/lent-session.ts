@@ -22,7 +22,7 @@ import type { Signals } from './signals'
 import { found, handoverReset, HANDOVER_ENDS } from '../isolation/verify'
 import { SessionState } from '../pool/session-state'
 import { EMPTY, Framer, kept, messages, MessageTooLarge } from '../wire/bytes'
-import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
+import { ClientMessage, INERT, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse, type BackendKey } from '../wire/startup'
 import type { BufferBudget, SessionMemory } from './budget'
 import { cancelNamed } from './cancels'
@@ -30,12 +30,9 @@ import { DueSignals } from './due-signals'
 import { REPLICA_CLAIMS_ENDS, replicaClaimsMessages, setClaims, type ClaimsError, type ReplicaKeyCache } from '../auth/claims'
 import { closeWebSocket, type OutcomeKind, type RunningSession, type SessionLog } from './session'
 import { downForAll, recheckIn, type Fallback, type Replica, type Replicas } from '../replicas/replicas'
-import { later } from '../../src/positions'
-import { lsnText, positionOf } from '../replicas/positions'
-import { POSITION_MESSAGE, SUBPROTOCOL_POSITIONS, SUBPROTOCOL_POSITIONS_FRAMED } from '../../src/config'
-
-/** The most a client's positions may take (a position per database it has written to), in a frame or a message. */
-const POSITIONS_MAX = 1024
+import { POSITIONS_MAX, routeOf, SessionSeen } from '../replicas/session-reads'
+import { SessionPin } from '../pool/pin'
+import { POSITION_MESSAGE, SUBPROTOCOL_POSITIONS } from '../../src/config'
 
 export interface LentSessionOptions {
   lender: Lender
@@ -115,8 +112,6 @@ interface Lend {
 }
 
 const HIGH_WATER = 1 << 20
-/** The longest a pin past --max-pinned-sessions waits for a pinned session that may leave. */
-const PIN_WAIT_MS = 1000
 /** `f` once the code running now is done: a microtask (a resolved promise's, cheaper than queueMicrotask's). */
 const RESOLVED = Promise.resolve()
 const soon = (f: () => void) => void RESOLVED.then(f)
@@ -127,8 +122,6 @@ const QUEUED_COST = 128
  * or a message the proxy does not know how to read: whatever it did stays with the session.
  */
 const UNREAD: Reading = { plain: false, code: true, unseen: true, control: true }
-/** Client messages that run nothing by themselves (what they name was read at its Parse). */
-const INERT = new Set<number>([ClientMessage.Describe, ClientMessage.Execute, ClientMessage.Sync, ClientMessage.Flush, ClientMessage.Close, ClientMessage.CopyData, ClientMessage.CopyDone, ClientMessage.CopyFail])
 /** The statements each backend holds, by backend, as of its last reset (which drops them all). */
 const held = new WeakMap<Backend, { resets: number; statements: BackendStatements }>()
 
@@ -153,19 +146,12 @@ class LentSession implements RunningSession {
   private waiting: Buffer[] = []
   private queued = 0
   private acquiring = false
-  /** What the backend's verification found left, while the session keeps its backend for it. */
-  pinned?: string
-  /** It set what no catalog shows (proxy/isolation/reader.ts `unseen`): pinned to its end. */
-  private pinnedForGood = false
+  /** It keeps its backend for what its verification found left (proxy/pool/pin.ts). */
+  private readonly pin: SessionPin
   /** Its transaction ended cleanly and it keeps its backend until another session needs it. */
   private parked = false
   /** Verifications under way: asking its backend what its transactions left (proxy/isolation/verify.ts). */
   private verifying = 0
-  /** Pinned, it may leave soon: it runs something, or its backend is being asked again what it keeps (Lender.mayLeave). */
-  private leaving = false
-  /** It keeps its backend for state, but is not counted yet: its pin waits for a pinned session that may leave (Lender.pin), up to PIN_WAIT_MS. */
-  private pinDue = false
-  private pinWait?: NodeJS.Timeout
   private readonly statements: SessionStatements = new Map()
   private readonly framer: Framer
   /** The most it may hold of the client's: one protocol message under way, and what waits for a backend (--max-message-bytes). */
@@ -189,13 +175,8 @@ class LentSession implements RunningSession {
   private idleInTx = false
   /** Who the session is to the per-client share of backends. */
   private readonly holder?: Holder
-  /** The furthest position in the primary's WAL the session has seen (written, or read at), and the last one it was told. */
-  private seen = 0n
-  private toldSeen = 0n
-  /** The positions the client says it has seen (`after` frames): reads must not go behind them. */
-  private after = ''
-  /** Its position of the primary's database, once read. */
-  private afterAt?: bigint
+  /** How far it has seen: its reads must not go behind that. */
+  private readonly seen: SessionSeen
   /** What waits goes to the primary: a replica could not serve it. */
   private toPrimary = false
   /** A replica could not run the session's check (its login's settings forbid it there: serializable by default): its reads stay on the primary. */
@@ -220,6 +201,8 @@ class LentSession implements RunningSession {
       this.finish() // (what it held goes with it)
     })
     this.memory?.loggedIn()
+    this.pin = new SessionPin(o.lender, (message) => this.evict('over_share', '53400', message))
+    this.seen = new SessionSeen(ws, o.replicas?.set)
     this.signalsDue = new DueSignals(o.signals, o.lender.role)
     this.unsignal = o.signals.attach(o.pid, {
       role: o.lender.role,
@@ -257,7 +240,7 @@ class LentSession implements RunningSession {
   private readonly onClientMessage = (data: RawData, isBinary: boolean) => {
     if (this.ended) return
     if (!isBinary) {
-      if (this.cancelFrame(data as Buffer) || this.afterFrame(data as Buffer)) return
+      if (this.cancelFrame(data as Buffer) || this.seen.afterFrame(data as Buffer)) return
       this.end('client_error', 'refused a text frame')
       return closeWebSocket(this.ws, 1003, 'edgepg-proxy: expected binary frames')
     }
@@ -273,7 +256,7 @@ class LentSession implements RunningSession {
       return closeWebSocket(this.ws, 1002, 'edgepg-proxy: not protocol messages')
     }
     if (this.ws.protocol === SUBPROTOCOL_POSITIONS && msgs.some((m) => m[0] === POSITION_MESSAGE)) {
-      const rest = this.takePositions(msgs)
+      const rest = this.seen.takePositions(msgs)
       if (!rest) {
         this.end('client_error', `refused a position message over ${POSITIONS_MAX} bytes`)
         return closeWebSocket(this.ws, 1002, 'edgepg-proxy: position message too long')
@@ -287,7 +270,7 @@ class LentSession implements RunningSession {
       this.idleInTx = false
       if (this.lend && this.parked) {
         // (Parked where the next transaction should not run: given back, and it is lent anew.)
-        if (this.o.replicas && this.routeOf(msgs) !== 'primary') this.surrenderParked()
+        if (this.o.replicas && this.route(msgs) !== 'primary') this.surrenderParked()
         else this.lend.lender.unpark(this.lend.backend), (this.parked = false)
       }
       if (this.lend && !this.waitsOnReplica(this.lend)) this.send(msgs)
@@ -372,67 +355,15 @@ class LentSession implements RunningSession {
     return !!lend.onReplica && (lend.onReplica.gatedSince !== undefined || lend.watch.settled === TxStatus.Idle)
   }
 
-  /** `after <positions>` (SUBPROTOCOL_POSITIONS_FRAMED): what the client has seen, which its reads must not go behind. */
-  private afterFrame(data: Buffer): boolean {
-    if (this.ws.protocol !== SUBPROTOCOL_POSITIONS_FRAMED || data.length > POSITIONS_MAX || data.toString('latin1', 0, 6) !== 'after ') return false
-    this.seenByClient(data.toString('latin1', 6))
-    return true
-  }
-
-  /** The same in the client's stream (SUBPROTOCOL_POSITIONS): its position messages, taken out of what goes to Postgres; undefined if one is too long. */
-  private takePositions(msgs: Buffer[]): Buffer[] | undefined {
-    const rest: Buffer[] = []
-    for (const m of msgs) {
-      if (m[0] !== POSITION_MESSAGE) rest.push(m)
-      else if (m.length > POSITIONS_MAX) return undefined
-      else this.seenByClient(m.toString('latin1', 5, m.length - 1))
-    }
-    return rest
-  }
-
-  private seenByClient(positions: string) {
-    this.after = positions
-    this.afterAt = undefined
-  }
-
-  /** The position the session's reads must not go behind; undefined when it cannot be known (the client names positions, and the primary's database is not known yet). */
-  private need(): bigint | undefined {
-    const set = this.o.replicas!.set
-    if (!set.database) return later(this.after) ? undefined : this.seen
-    const theirs = (this.afterAt ??= positionOf(this.after, set.database))
-    return theirs > this.seen ? theirs : this.seen
-  }
-
   /**
-   * Where messages that start a transaction go: a replica for one begun read-only (or any, in a
-   * session whose transactions all are), and for an autocommit read that leaves nothing behind
-   * (`autocommit`: one the standby may refuse as a write, 25006, and is then sent to the primary);
-   * else the primary. Named statements stay on the primary, and a session by token's reads until the
-   * replica key for its claims is learnt (see acquireOn).
+   * Where messages that start a transaction go (proxy/replicas/session-reads.ts), for a session whose
+   * reads may go to replicas: the primary once a replica could not serve it, while it is pinned, and
+   * for a session by token until the replica key for its claims is learnt (see acquireOn).
    */
-  private routeOf(msgs: Buffer[]): 'primary' | 'replica' | 'autocommit' {
+  private route(msgs: Buffer[]): 'primary' | 'replica' | 'autocommit' {
     const replicas = this.o.replicas
-    if (!replicas || this.toPrimary || this.replicaRefused || this.pinned || (this.o.claims !== undefined && !replicas.claimsKey.key)) return 'primary'
-    let first: Reading | undefined
-    let all = NOTHING
-    for (const m of msgs) {
-      const type = m[0]
-      if (type === ClientMessage.Query || type === ClientMessage.Parse) {
-        const named = type === ClientMessage.Parse && m[5] !== 0
-        if (named) return 'primary'
-        const r = this.o.lender.read(cString(m.subarray(type === ClientMessage.Query ? 5 : 6)))
-        first ??= r
-        all = merge(all, r)
-      } else if (type === ClientMessage.Bind) {
-        if (m[m.indexOf(0, 5) + 1] !== 0) return 'primary' // (a named statement)
-      } else if (!INERT.has(type) || type === ClientMessage.CopyData) return 'primary'
-    }
-    // (What sets session state sets it on the primary, where the session's writes go.)
-    if (!first || !all.plain || all.unseen || all.signals) return 'primary'
-    if (first.begins === 'read-only' || replicas.readOnly) return first.begins === 'other' ? 'primary' : 'replica'
-    const last = msgs[msgs.length - 1][0]
-    const whole = last === ClientMessage.Sync || last === ClientMessage.Query
-    return replicas.set.o.autocommit && whole && !all.writes && !all.control ? 'autocommit' : 'primary'
+    if (!replicas || this.toPrimary || this.replicaRefused || this.pin.reason || (this.o.claims !== undefined && !replicas.claimsKey.key)) return 'primary'
+    return routeOf(msgs, this.o.lender.read, replicas.readOnly, replicas.set.o.autocommit)
   }
 
   /** The primary's position, asked behind messages that end a transaction there (it is then told to the client ahead of their last ReadyForQuery). */
@@ -447,10 +378,9 @@ class LentSession implements RunningSession {
       ready: () => {
         this.verifying--
         lend.positionDue--
-        const at = set.primaryAnswer(answer)
-        if (at !== undefined && at > this.seen) this.seen = at
+        this.seen.reached(set.primaryAnswer(answer))
         if (this.lend !== lend) return
-        this.tell()
+        this.seen.tell()
         if (lend.tail && !lend.positionDue) this.deliver(lend, lend.tail), (lend.tail = undefined)
         this.afterOwn(lend)
       },
@@ -469,14 +399,6 @@ class LentSession implements RunningSession {
     lend.positionDue--
     if (lend.watch.settled === TxStatus.Idle) lend.relay.ownQuery(this.positionBehind(lend))
     else if (!lend.positionDue && lend.tail) this.deliver(lend, lend.tail), (lend.tail = undefined)
-  }
-
-  /** `seen <position>`: the client learns how far the session has seen, before the ReadyForQuery it came with. */
-  private tell() {
-    const database = this.o.replicas?.set.database
-    if (!database || this.seen <= this.toldSeen || this.ws.protocol !== SUBPROTOCOL_POSITIONS) return
-    this.toldSeen = this.seen
-    this.ws.send(`seen ${database}:${lsnText(this.seen)}`)
   }
 
   /** `owned`: they are the session's own copies (from its queue), not views of what the client sent. */
@@ -534,7 +456,7 @@ class LentSession implements RunningSession {
     }
     lend.effects = merge(lend.effects, read)
     if (!lend.relay.forward(msgs, false, behind) && behind) this.verifying--, lend.positionDue-- // (it did not go)
-    this.mayLeave(true) // (if pinned: what it runs may release what it keeps)
+    this.pin.mayLeave(true) // (if pinned: what it runs may release what it keeps)
   }
 
   /** What running `msg` may leave behind. */
@@ -560,7 +482,7 @@ class LentSession implements RunningSession {
 
   private acquire() {
     this.acquiring = true
-    const route = this.o.replicas ? this.routeOf(this.waiting) : 'primary'
+    const route = this.o.replicas ? this.route(this.waiting) : 'primary'
     if (route === 'primary') return this.acquireOn(this.o.lender)
     const { set } = this.o.replicas!
     const replica = set.choose()
@@ -659,7 +581,7 @@ class LentSession implements RunningSession {
     }
     if (onReplica) {
       // Behind what the session has seen, as far as is known: its messages wait for the replica to replay it.
-      const need = this.need()
+      const need = this.seen.need()
       if (need === undefined || onReplica.replica.replayed < need) (onReplica.gatedSince = replayWait?.since ?? performance.now()), (onReplica.behind = !!replayWait)
       this.checkReplica(lend, replayWait?.tries)
       if (onReplica.gatedSince !== undefined) return
@@ -721,10 +643,10 @@ class LentSession implements RunningSession {
         const { replayed, serves, lagging } = set.observe(on.replica, answer)
         if (!serves) return this.move(lend, 'promoted')
         if (lagging) return this.move(lend, 'lag')
-        const need = this.need()
+        const need = this.seen.need()
         if (need !== undefined && replayed >= need) {
           on.checked = true
-          if (replayed > this.seen) this.seen = replayed
+          this.seen.reached(replayed)
           if (on.gatedSince !== undefined) {
             if (on.behind) set.events.waited((performance.now() - on.gatedSince) / 1000)
             on.gatedSince = undefined
@@ -769,7 +691,7 @@ class LentSession implements RunningSession {
     this.o.replicas!.set.events.routed('replica')
     on.retryable = false
     on.sent = []
-    this.tell()
+    this.seen.tell()
     for (const bytes of held) this.deliver(lend, bytes)
   }
 
@@ -869,7 +791,7 @@ class LentSession implements RunningSession {
 
   /** Nothing runs and the client sends nothing, inside a transaction: it may stay so for --idle-in-transaction-timeout. */
   private idleInside() {
-    this.mayLeave(false) // (what it runs is over; its transaction is not)
+    this.pin.mayLeave(false) // (what it runs is over; its transaction is not)
     if (this.idleInTx) return
     this.idleInTx = true
     this.lend?.lender.idleInTransaction() // (another client may be waiting for this backend)
@@ -928,13 +850,13 @@ class LentSession implements RunningSession {
       lend.lender.endSession(lend.backend, this.ending(lend, false))
       return void (this.waiting.length && !this.acquiring && this.acquire())
     }
-    if (e.unseen) (this.pinnedForGood = true), this.pin('unseen')
-    if (this.pinnedForGood || (this.pinned && plain)) return this.mayLeave(false)
+    if (e.unseen) (this.pin.forGood = true), this.pin.pin('unseen')
+    if (this.pin.forGood || (this.pin.reason && plain)) return this.pin.mayLeave(false)
     if (plain) return this.lendOn(lend)
     lend.relay.ownQuery(this.verification(lend))
     this.verifying++
     this.o.lender.events.verified()
-    this.mayLeave(true) // (if pinned: until the answer)
+    this.pin.mayLeave(true) // (if pinned: until the answer)
   }
 
   /**
@@ -952,10 +874,10 @@ class LentSession implements RunningSession {
         const stays = f && this.state.learn(f)
         const statements = statementsOn(lend.backend, this.o.statementsPerBackend).held.size
         const left = f ? (f.left[0] ?? stays ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
-        if (left) this.pin(left)
-        else this.unpin(), this.afterOwn(lend)
+        if (left) this.pin.pin(left)
+        else this.pin.unpin(), this.afterOwn(lend)
       }
-      this.mayLeave(this.lend === lend && lend.watch.pending > 0)
+      this.pin.mayLeave(this.lend === lend && lend.watch.pending > 0)
     }
     return { query: this.o.lender.verification, onRow: (value) => rows.push(value), ready }
   }
@@ -963,52 +885,6 @@ class LentSession implements RunningSession {
   /** An answer of the proxy's own is in: the transaction, if it is over, is decided now. */
   private afterOwn(lend: Lend) {
     if (!this.verifying && lend.watch.settled === TxStatus.Idle && (!this.waiting.length || lend.onReplica)) this.transactionEnded(lend)
-  }
-
-  /** It keeps its backend for state it made (`final`: no more waiting for a pinned session that may leave). */
-  private pin(reason: string, final = false) {
-    if (this.pinned && !this.pinDue) return
-    const { lender } = this.o
-    const room = lender.pin(final ? undefined : () => this.pinDue && this.pin(reason))
-    if (room === 'later') {
-      // (It keeps its backend meanwhile, uncounted.)
-      this.pinned = reason
-      if (!this.pinDue) (this.pinDue = true), (this.pinWait = setTimeout(() => this.pinDue && this.pin(reason, true), PIN_WAIT_MS))
-      return
-    }
-    this.settlePin()
-    if (!room) {
-      this.pinned = undefined
-      const message = `edgepg-proxy: this session left ${reason === 'unseen' ? 'a setting no reset takes back' : reason} on its backend, and ${lender.shares.pinned} sessions of this user and database already keep theirs (--max-pinned-sessions): the session is closed, its backend cleaned. Keep such state in session pooling (--pool-mode session)`
-      return this.evict('over_share', '53400', message)
-    }
-    this.pinned = reason
-    lender.events.pinned(reason)
-  }
-
-  private unpin() {
-    if (!this.pinned) return
-    this.pinned = undefined
-    if (this.pinDue) this.settlePin() // (never counted)
-    else this.o.lender.unpin() // (first: a pin waiting for this one takes its place)
-    this.mayLeave(false)
-  }
-
-  private settlePin() {
-    this.pinDue = false
-    clearTimeout(this.pinWait)
-  }
-
-  /**
-   * Whether this session, pinned and counted, may leave soon: another session's pin past the cap then
-   * waits for it to settle (Lender.pin), for at most PIN_WAIT_MS, rather than be refused for a pin
-   * that is about to go (its answer, releasing a lock, can reach the proxy after that of the session
-   * that took the lock).
-   */
-  private mayLeave(may: boolean) {
-    if (may === this.leaving || (may && (!this.pinned || this.pinDue))) return
-    this.leaving = may
-    this.o.lender.mayLeave(may)
   }
 
   /** A transaction that left nothing: the backend stays with this session while no other needs it, else goes back. */
@@ -1042,7 +918,7 @@ class LentSession implements RunningSession {
   private detach(lend: Lend) {
     if (lend.relay.quiet && lend.watch.quiet) (this.spareRelay = lend.relay), (this.spareWatch = lend.watch)
     this.verifying = 0 // (theirs are the backend's: answered there, or lost with it)
-    this.mayLeave(false)
+    this.pin.mayLeave(false)
     lend.backend.upstream.onDrain = undefined
     lend.backend.upstream.onClose = undefined
     this.lend = undefined
@@ -1076,7 +952,7 @@ class LentSession implements RunningSession {
       this.end('ok', 'closed by upstream')
       return closeWebSocket(this.ws, 1000)
     }
-    if (this.pinned) {
+    if (this.pin.reason) {
       this.end('upstream_error', 'upstream error: a pinned backend was lost')
       return closeWebSocket(this.ws, 1011, 'edgepg-proxy: the connection to Postgres was lost, and the session state on it')
     }
@@ -1093,7 +969,7 @@ class LentSession implements RunningSession {
     clearTimeout(this.replayTimer)
     this.signalsDue.send(this.readies, Infinity) // (the statements ran: Postgres would have signalled)
     this.unsignal()
-    this.unpin()
+    this.pin.unpin()
     this.waiting = []
     this.leaveLine?.(new Error('the session ended'))
     this.unfollow()
@@ -1101,7 +977,7 @@ class LentSession implements RunningSession {
     if (!lend) return
     this.detach(lend)
     if (this.parked) return lend.lender.giveBack(lend.backend)
-    lend.lender.endSession(lend.backend, this.ending(lend, !this.pinnedForGood))
+    lend.lender.endSession(lend.backend, this.ending(lend, !this.pin.forGood))
   }
 
   /** How a lend's backend is left: the reset waits out what Postgres still owes, the session's answers and the proxy's own. */
