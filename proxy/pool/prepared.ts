@@ -88,6 +88,14 @@ const TYPE_CHANGED_ERROR = errorResponse('0A000', 'cached plan must not change r
 /** The result type each session statement (its Parse message) had when the session first prepared it. */
 const firstTypes = new WeakMap<Buffer, string>()
 
+/** Whether the CommandComplete tag at `at` (to `end`) is `SELECT n`, `INSERT 0 n`, `UPDATE n` or `DELETE n`: plain, undoing nothing, read without a string made of it (most statements' tag). */
+function rowsTag(bytes: Buffer, at: number, end: number): boolean {
+  if (end - at < 9 || bytes[at + 6] !== 0x20) return false
+  const head = bytes.readUInt32BE(at)
+  const tail = bytes.readUInt16BE(at + 4)
+  return (head === 0x53454c45 && tail === 0x4354) || (head === 0x494e5345 && tail === 0x5254) || (tail === 0x5445 && (head === 0x55504441 || head === 0x44454c45)) // SELE CT, INSE RT, UPDA/DELE TE
+}
+
 /** A result type as Postgres compares them for a prepared statement: each column's type and typmod ('' for NoData). */
 function resultType(msg: Buffer): string {
   if (msg[0] === ServerMessage.NoData) return ''
@@ -291,7 +299,7 @@ export class StatementRelay {
         this.held = undefined
         this.forward(held)
       }
-    } else if (type === ServerMessage.CommandComplete) {
+    } else if (type === ServerMessage.CommandComplete && !rowsTag(bytes, start + 5, end)) {
       const tag = bytes.toString('utf8', start + 5, end - 1)
       this.undo(tag)
       if (!plainTag(tag)) this.unusual = true

@@ -462,12 +462,11 @@ class LentSession implements RunningSession {
   /** What running `msg` may leave behind. */
   private effectsOf(msg: Buffer): Reading {
     const type = msg[0]
-    const { read } = this.o.lender
-    if (type === ClientMessage.Query) return read(textAt(msg, 5))
+    if (type === ClientMessage.Query) return this.readAt(msg, 5)
     if (type === ClientMessage.Parse) {
       // (The text follows the name's NUL, whatever bytes the name holds.)
       const nameEnd = msg.indexOf(0, 5)
-      const r = read(textAt(msg, nameEnd + 1))
+      const r = this.readAt(msg, nameEnd + 1)
       if (nameEnd === 5) this.unnamed = r
       return r
     }
@@ -475,9 +474,26 @@ class LentSession implements RunningSession {
       const portalEnd = msg.indexOf(0, 5)
       if (msg[portalEnd + 1] === 0) return this.unnamed
       const parse = this.statements.get(cString(msg.subarray(portalEnd + 1)))
-      return parse ? read(textAt(parse, parse.indexOf(0, 5) + 1)) : NOTHING
+      return parse ? this.readAt(parse, parse.indexOf(0, 5) + 1) : NOTHING
     }
     return INERT.has(type) ? NOTHING : UNREAD
+  }
+
+  /** The last two messages whose statement text was read, and their readings: a session sends the same few again and again, and a byte comparison costs less than the text. */
+  private readonly lastRead: (Buffer | undefined)[] = [undefined, undefined]
+  private readonly lastReading: Reading[] = [NOTHING, NOTHING]
+  private nextRead = 0
+
+  /** What the statement text at `at` of `msg` (a Query or a Parse) may leave behind. */
+  private readAt(msg: Buffer, at: number): Reading {
+    const { lastRead } = this
+    for (let i = 0; i < 2; i++) if (lastRead[i]?.equals(msg)) return this.lastReading[i]
+    const r = this.o.lender.read(textAt(msg, at))
+    const i = this.nextRead
+    this.nextRead ^= 1
+    lastRead[i] = Buffer.from(msg)
+    this.lastReading[i] = r
+    return r
   }
 
   private acquire() {
