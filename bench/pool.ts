@@ -720,7 +720,7 @@ async function bursts(ctx: BenchContext, admin: pg.Client) {
     ...(neonPairMissing() ? [] : [{ name: NEON_PAIR, start: async (n: number) => ((p) => ({ open: () => new Client(p.config(role)), stop: p.stop }))(await startNeonPair(ctx.pg, admin, [ROLE], { default_pool_size: BOUNCER_POOL, max_client_conn: n + 100 })) }]),
   ]
   for (const n of BURSTS) {
-    const results = new Map<string, Array<{ latencies: number[]; failed: Map<string, number> }>>(paths.map((p) => [p.name, []]))
+    const results = new Map<string, Array<Burst>>(paths.map((p) => [p.name, []]))
     for (let run = 0; run < BURST_RUNS; run++) {
       for (const path of paths) {
         const server = await path.start(n)
@@ -734,23 +734,25 @@ async function bursts(ctx: BenchContext, admin: pg.Client) {
     }
     const peerName = results.has(NEON_PAIR) ? NEON_PAIR : BOUNCER_PATH
     const peer = results.get(peerName)
-    const cell = (r: { latencies: number[]; failed: Map<string, number> }, i: number) => {
-      const [p50, p99] = [percentile(r.latencies, 50), percentile(r.latencies, 99)]
+    const cell = (r: Burst, i: number) => {
+      const [p50, p99] = [percentile(r.selects, 50), percentile(r.selects, 99)]
       const b = peer?.[i]
-      const over = b ? ` (${(p50 / percentile(b.latencies, 50)).toFixed(1)}x / ${(p99 / percentile(b.latencies, 99)).toFixed(1)}x)` : ''
-      return `${p50.toFixed(2)} / ${p99.toFixed(1)} ms${over}${r.failed.size ? `, failed ${counts(r.failed)}` : ''}`
+      const over = b ? ` (${(p50 / percentile(b.selects, 50)).toFixed(1)}x / ${(p99 / percentile(b.selects, 99)).toFixed(1)}x)` : ''
+      const inserts = r.inserts.length ? `; inserts ${percentile(r.inserts, 50).toFixed(2)} / ${percentile(r.inserts, 99).toFixed(1)} ms` : ''
+      return `${p50.toFixed(2)} / ${p99.toFixed(1)} ms${over}${inserts}${r.failed.size ? `, failed ${counts(r.failed)}` : ''}`
     }
     const within = (path: string) =>
       peer &&
-      results.get(path)!.filter((r, i) => percentile(r.latencies, 50) <= BURST_P50_TARGET * percentile(peer[i].latencies, 50) && percentile(r.latencies, 99) <= BURST_P99_TARGET * percentile(peer[i].latencies, 99) && !r.failed.has('53300')).length
+      results.get(path)!.filter((r, i) => percentile(r.selects, 50) <= BURST_P50_TARGET * percentile(peer[i].selects, 50) && percentile(r.selects, 99) <= BURST_P99_TARGET * percentile(peer[i].selects, 99) && !r.failed.has('53300')).length
     printGrid(
       `pool 5: ${n} sessions, each ${BURST_ROUNDS} x ("${BURST_SELECT}", a named INSERT) over ~${(BURST_ROUNDS * BURST_SPREAD_MS) / 1000} s, role limited to ${ROLE_LIMIT} connections, ${BURST_RUNS} runs`,
       ['run', ...paths.map((p) => `${p.name}: p50 / p99 (over ${peerName === NEON_PAIR ? "the pair's" : "PgBouncer's"})`)],
       Array.from({ length: BURST_RUNS }, (_, i) => [String(i + 1), ...paths.map((p) => cell(results.get(p.name)![i], i))]),
       [
         `Each session connects (${CONNECTING} logins under way at once); once all have, each runs ${BURST_ROUNDS} rounds, each at a random moment of ${BURST_SPREAD_MS} ms: ` +
-          `"${BURST_SELECT}" (unnamed), then up to 100 ms later "${INSERT}" as pg's { name, text, values } (Parse the first time, Bind by name after). Latency per statement; ` +
-          `PgBouncer 1.18 fails named statements (42P05, 26000), counted under "failed". Runs take turns by path, each on a server started for it.`,
+          `"${BURST_SELECT}" (unnamed), then up to 100 ms later "${INSERT}" as pg's { name, text, values } (Parse the first time, Bind by name after). ` +
+          `Latency per statement: "${BURST_SELECT}"'s, which every path runs (the ratios), then the inserts' where they ran; ` +
+          `PgBouncer 1.18 fails named statements (42P05, 26000), counted under "failed" (its few inserts that ran, named where no other client had named one, are not comparable). Runs take turns by path, each on a server started for it.`,
         `edgepg-proxy: a child with ${POOL_PROXY_FLAGS.join(' ')} and EDGEPG_WORKERS=cores (the default: ${Math.min(availableParallelism(), BOUNCER_POOL)} workers here), each worker with its part of --pool-size; and with one worker. ` +
           (!peer
             ? 'Neither PgBouncer nor the pair is installed: no ratios.'
@@ -760,10 +762,13 @@ async function bursts(ctx: BenchContext, admin: pg.Client) {
   }
 }
 
-/** One run of case 5 on one path: every session's latencies and failures. */
-async function burst(n: number, open: () => pg.Client) {
+/** One run of case 5 on one path: the latencies of every session's selects and inserts, and its failures. */
+type Burst = { selects: number[]; inserts: number[]; failed: Map<string, number> }
+
+async function burst(n: number, open: () => pg.Client): Promise<Burst> {
   const clients: pg.Client[] = []
-  const latencies: number[] = []
+  const selects: number[] = []
+  const inserts: number[] = []
   const failed = new Map<string, number>()
   const connecting = slots(CONNECTING)
   const connected = (await Promise.all(Array.from({ length: n }, async () => {
@@ -772,7 +777,7 @@ async function burst(n: number, open: () => pg.Client) {
     clients.push(c)
     return connecting(() => bounded(c.connect(), CONNECT_TIMEOUT_MS)).then(() => c, (err) => void count(failed, err))
   }))).filter((c): c is pg.Client => c !== undefined)
-  const timed = async (c: pg.Client, query: pg.QueryConfig) => {
+  const timed = async (c: pg.Client, query: pg.QueryConfig, latencies: number[]) => {
     const t0 = performance.now()
     await c.query(query).then(() => latencies.push(performance.now() - t0), (err) => count(failed, err))
   }
@@ -780,15 +785,15 @@ async function burst(n: number, open: () => pg.Client) {
     await Promise.all(connected.map(async (c, i) => {
       for (let round = 0; round < BURST_ROUNDS; round++) {
         await sleep(Math.random() * BURST_SPREAD_MS)
-        await timed(c, { text: BURST_SELECT, values: [i] })
+        await timed(c, { text: BURST_SELECT, values: [i] }, selects)
         await sleep(Math.random() * 100)
-        await timed(c, { name: 'bench_pool_insert', text: INSERT, values: [i] })
+        await timed(c, { name: 'bench_pool_insert', text: INSERT, values: [i] }, inserts)
       }
     }))
   } finally {
     await Promise.all(clients.map((c) => bounded(c.end(), 5000).catch(() => {})))
   }
-  return { latencies, failed }
+  return { selects, inserts, failed }
 }
 
 // ---- helpers ----
