@@ -115,6 +115,30 @@ test("--workers 2, transaction pooling: a key's first login on one worker has th
   }
 })
 
+test("--workers 2, transaction pooling: the backends logged in ahead of need are their client's, held to its share of keys kept warm (--max-backends-per-client) on every worker", async () => {
+  const p = await clusterProxy(['--pool-mode', 'transaction', '--pool-idle-timeout', '500', '--max-backends-per-client', '1'])
+  const app = `${APP}-share`
+  const watcher = new pg.Client(pgConfig('trust_user'))
+  await watcher.connect()
+  const backends = async () => (await watcher.query('SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name LIKE $1', [`${app}-%`])).rows[0].n as number
+  try {
+    for (let k = 0; k < 4; k++) {
+      const c = new Client(edgeConfig(p.port, 'scram_user', { application_name: `${app}-${k}` }))
+      await c.connect()
+      await c.query('SELECT 1')
+      await c.end()
+    }
+    await eventually(async () => (await backends()) >= 5, "each key's backend, and the other worker's logged in ahead", 5000)
+    // Past the idle timeout, each worker keeps one of this client's keys warm: two in all.
+    await eventually(async () => (await backends()) <= 2, "the client's share kept, on each worker", 10_000)
+    await new Promise((r) => setTimeout(r, 1000))
+    assert.equal(await backends(), 2, 'one kept on each worker')
+  } finally {
+    await watcher.end()
+    await p.stop()
+  }
+})
+
 test('--workers 2: --max-sessions-per-ip counts the sessions of every worker', async () => {
   const p = await clusterProxy(['--max-sessions-per-ip', '3'])
   try {

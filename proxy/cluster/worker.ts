@@ -10,7 +10,8 @@ import type { HostPort } from '../upstream/address'
 
 /**
  * A key a worker's session has just logged in with, for the other workers to log a backend in ahead
- * of need: what a login of it needs (its startup packet, base64, and password; the TLS it asked for).
+ * of need: what a login of it needs (its startup packet, base64, and password; the TLS it asked for),
+ * and whose it is, for the share of keys one client keeps warm (proxy/pool/backends.ts).
  */
 export interface KeyMessage {
   edgepg: 'key'
@@ -19,6 +20,7 @@ export interface KeyMessage {
   packet: string
   password?: string
   tls?: unknown
+  client: string
 }
 
 export type ToPrimary = PlacesToPrimary | { edgepg: 'metrics'; id: number } | SignalMessage | KeyMessage

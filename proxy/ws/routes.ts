@@ -220,8 +220,10 @@ export class WebSocketRoutes {
     }
     const login: Login = { bytes: 0, first, password: m.password, rest: EMPTY, tls: m.tls as ClientTls | undefined }
     const there = relogin(m.target, upstreamTls, login)
+    // (The backend is the announcing client's, as its own would be: held to its share of keys kept warm.)
+    const open = () => pool.open(m.key, there).then((opened) => (opened.backend && (opened.backend.client = m.client), opened))
     this.prelogging++
-    lenders.lenderFor(m.key, () => pool.open(m.key, there), there).then(
+    lenders.lenderFor(m.key, open, there).then(
       (made) => made instanceof Lender || made.upstream?.close(),
       () => {}
     ).finally(() => this.prelogging--)
@@ -415,7 +417,7 @@ export class WebSocketRoutes {
         return upgrade(refusal('53300', `edgepg-proxy: every one of the pool's ${pool.maxBackends} backends is lent (--pool-max-backends), and this client already has ${outsideNow} connections to Postgres outside it, as many as one client may (--max-backends-per-client); try again shortly`))
       }
       // (A key's first login here: the other workers log a backend of it in, so that its next login there is answered at once.)
-      const announce = () => announceKey?.({ edgepg: 'key', key: poolKey!, target, packet: login.first.packet.toString('base64'), password: login.password, tls: login.tls })
+      const announce = () => announceKey?.({ edgepg: 'key', key: poolKey!, target, packet: login.first.packet.toString('base64'), password: login.password, tls: login.tls, client })
       const opening = poolKey && lenders ? lenders.lenderFor(poolKey, () => pool.open(poolKey, fresh), relogin(target, upstreamTls, login), announce) : pool.open(poolKey, fresh)
       opening.then((opened) => {
         if (opened instanceof Lender) return welcome(opened)
