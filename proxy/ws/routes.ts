@@ -130,7 +130,7 @@ export class WebSocketRoutes {
       metrics.refused(why)
       socket.end(`HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n${reason}\n`)
     }
-    socket.on('error', () => socket.destroy())
+    socket.on('error', destroyed)
     const url = new URL(req.url ?? '/', 'http://proxy')
     const peer = this.o.clientAddress?.(req) ?? req.socket.remoteAddress ?? '?'
     const maxSessions = this.o.maxSessions ?? 10_000
@@ -157,7 +157,7 @@ export class WebSocketRoutes {
     const admitted = (full: number) => {
       if (full === 0) return refuse(503, `too many sessions (${maxSessions}); try again later`, 'too_many_sessions')
       if (full === 1) return refuse(429, `too many sessions from ${client} (${maxPerIp})`, 'too_many_sessions_per_ip')
-      const release = () => giveAll(held)
+      const release = releaser(held) // (not a closure of this request's: the session keeps it)
       if (!named) return this.accept(req, socket, head, upstreams.upstream, peer, release)
       const { host } = named
       upstreams.admit(named).then(
@@ -323,6 +323,7 @@ export class WebSocketRoutes {
       if (replicas) this.positioned.add(req)
       this.wss.handleUpgrade(req, socket, head, (session) => {
         ws = session
+        req = head = undefined as never // (the closures made here live as long as the session: the request, its headers and head go now)
         this.upgrading.delete(socket)
         metrics.sessionOpened()
         const idle = timer(this.o.idleTimeoutMs ?? 900_000, () => this.sessions.get(session)?.close('timeout', 1001, 'edgepg-proxy: idle timeout'))
@@ -448,6 +449,14 @@ function refusal(code: string, message: string): LoginOutcome {
 }
 
 /** A fresh login for a pool key, as its first was made (a function of its own: it keeps nothing of the upgrade alive). */
+/** A socket's 'error' listener (a function of no request's scope: the socket keeps it as long as it lives). */
+function destroyed(this: Duplex) {
+  this.destroy()
+}
+
+/** Gives back the places `held` (made outside any request's scope: whoever keeps it keeps nothing else). */
+const releaser = (held: Wanted) => () => giveAll(held)
+
 function relogin(target: HostPort, upstreamTls: UpstreamTls | undefined, login: Login) {
   return () => loginAs(target, upstreamTls, login)
 }
