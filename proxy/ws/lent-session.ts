@@ -4,12 +4,14 @@
  *
  * A backend that changes hands is reset (DISCARD ALL) at the head of its next session's first write,
  * whatever either session's SQL looked like (proxy/isolation/verify.ts HANDOVER), and the session's
- * settings are set again behind it; one that goes back to the session that used it last is not. A
+ * state is made again behind it; one that goes back to the session that used it last is not. A
  * transaction that did more than plain reads and writes (by Postgres's parser and its command tags,
  * proxy/isolation/reader.ts) is followed by the backend's own account of what is left, and where
- * anything is that cannot move, the session keeps that backend ("pinned") until a later account
- * finds it clean. Its settings (by Postgres's reports and account) and its named prepared statements
- * (proxy/pool/prepared.ts) follow it from backend to backend.
+ * anything is that cannot move, the session keeps that backend (pinned: proxy/pool/pin.ts) until a
+ * later account finds it clean. Its settings, role and SQL prepared statements (by Postgres's
+ * reports and account: proxy/pool/session-state.ts) and its protocol-level named statements
+ * (proxy/pool/prepared.ts) follow it from backend to backend; its reads may go to replicas
+ * (proxy/replicas/session-reads.ts).
  */
 import type { WebSocket, RawData } from 'ws'
 import type { Backend } from '../pool/backends'
