@@ -95,6 +95,7 @@ const forms: Form[] = [
   { name: 'SET idle_session_timeout', make: ["SET idle_session_timeout = '1h'"], look: "SELECT current_setting('idle_session_timeout') AS v", made: '1h' },
   { name: 'a temp table made in a DO block', make: ['DO $$ BEGIN CREATE TEMP TABLE hidden (x int); END $$'], look: "SELECT to_regclass('pg_temp.hidden')::text AS v", made: 'hidden' },
   { name: 'SET SESSION AUTHORIZATION', make: ['SET SESSION AUTHORIZATION scram_user'], look: 'SELECT session_user::text AS v', made: 'scram_user', login: 'trust_user' as const },
+  { name: 'settings past what follow a session (64 KiB)', make: ["SELECT set_config('search_path', repeat('a, ', 25000) || 'public', false)"], look: "SELECT length(current_setting('search_path')) AS v", made: 75006 },
   { name: 'more SQL prepared statements than follow a session', make: [Array.from({ length: 101 }, (_, i) => `PREPARE many_${i} AS SELECT ${i}`).join('; ')], look: "SELECT count(*)::int AS v FROM pg_prepared_statements WHERE name LIKE 'many%'", made: 101 },
   { name: 'a cursor WITH HOLD', make: ['DECLARE c CURSOR WITH HOLD FOR SELECT 1'], look: 'SELECT count(*)::int AS v FROM pg_cursors', made: 1 },
   { name: 'LISTEN', make: ['LISTEN chan'], look: 'SELECT count(*)::int AS v FROM pg_listening_channels()', made: 1 },

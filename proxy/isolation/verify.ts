@@ -23,7 +23,7 @@ export interface Found {
   prepared: [name: string, text: string][]
 }
 
-/** SQL prepared statements a session may have follow it, and the text of the query strings that made them; past either, they pin. */
+/** SQL prepared statements a session may have follow it, and the text of the query strings that made them (and of its settings' values: proxy/pool/session-state.ts); past either, they pin. */
 export const CARRIED_STATEMENTS = 100
 export const CARRIED_TEXT_BYTES = 64 << 10
 

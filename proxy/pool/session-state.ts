@@ -5,7 +5,7 @@
  * state after a transaction that did more than plain reads and writes (proxy/isolation/verify.ts).
  * Made again on each backend the session borrows, at the head of its next write (`carried`).
  */
-import { carry, type Carried, type Found } from '../isolation/verify'
+import { carry, CARRIED_TEXT_BYTES, type Carried, type Found } from '../isolation/verify'
 import { prepareIn } from '../isolation/reader'
 
 /**
@@ -42,16 +42,20 @@ export class SessionState {
 
   /**
    * Postgres's account of the session's state after a transaction: what of it cannot follow the
-   * session, if anything (then the session keeps its backend). A prepared statement follows only
-   * where its PREPARE can be cut from its text as Postgres read it: by text in UTF-8, with standard
-   * strings on (as the parser reads them).
+   * session, if anything (then the session keeps its backend). Settings follow up to CARRIED_TEXT_BYTES
+   * of values (the proxy holds them for the session's life, and sends them at each handover). A
+   * prepared statement follows only where its PREPARE can be cut from its text as Postgres read it:
+   * by text in UTF-8, with standard strings on (as the parser reads them).
    */
   learn(f: Found): string | undefined {
-    this.settings = f.settings
+    let cannot: string | undefined
+    let bytes = 0
+    for (const name in f.settings) bytes += name.length + f.settings[name].length
+    if (bytes > CARRIED_TEXT_BYTES) cannot = 'setting'
+    this.settings = cannot ? {} : f.settings
     this.role = f.role
     this.made = this.madeForReplica = undefined
     const prepared = new Map<string, { text: string; prepare: string }>()
-    let cannot: string | undefined
     const readable = this.reported.get('client_encoding') === 'UTF8' && this.reported.get('standard_conforming_strings') !== 'off'
     for (const [name, text] of f.prepared) {
       const known = this.prepared.get(name)
