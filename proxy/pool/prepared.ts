@@ -32,6 +32,13 @@ export class BackendStatements {
   readonly portals = new Map<string, string>()
   constructor(readonly limit = 100) {}
 
+  /** The backend was reset (DISCARD ALL): it holds none. */
+  clear() {
+    this.held.clear()
+    this.types.clear()
+    this.portals.clear()
+  }
+
   use(name: string, parse: Buffer) {
     this.held.delete(name)
     this.held.set(name, parse)

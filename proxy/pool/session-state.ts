@@ -7,6 +7,8 @@
  */
 import { carry, CARRIED_TEXT_BYTES, type Carried, type Found } from '../isolation/verify'
 import { prepareIn } from '../isolation/reader'
+import { messages } from '../wire/bytes'
+import { ServerMessage } from '../wire/codes'
 
 /**
  * Settings Postgres reports (ParameterStatus) that a session may set: learnt from the reports as they
@@ -15,29 +17,35 @@ import { prepareIn } from '../isolation/reader'
  */
 const REPORTED = new Set(['application_name', 'client_encoding', 'DateStyle', 'default_transaction_read_only', 'IntervalStyle', 'search_path', 'standard_conforming_strings', 'TimeZone'])
 
+type Prepared = ReadonlyMap<string, { text: string; prepare: string }>
+const NONE_PREPARED: Prepared = new Map()
+
 export class SessionState {
-  /** Each reported setting's value, as the client was told it; and at login. */
-  private readonly reported = new Map<string, string>()
-  private login?: Map<string, string>
+  /** Reported settings whose value, as the client was last told it, is not the login's. */
+  private changed?: Map<string, string>
   /** By Postgres's last account: the settings made for the session, the role it set, its SQL prepared statements (name → the text that made it, and its PREPARE cut from that). */
   private settings: Record<string, string> = {}
   private role?: string
-  private prepared = new Map<string, { text: string; prepare: string }>()
+  private prepared = NONE_PREPARED
   /** The messages that make it all again, and all but the prepared statements, for a standby (false: nothing to make; undefined: to be made). */
   private made?: Carried | false
   private madeForReplica?: Carried | false
 
+  /** `login`: what the login reported (see loginReports), as the client was told it. */
+  constructor(private readonly login: ReadonlyMap<string, string>) {}
+
   /** A ParameterStatus: whether it changes what the client was told. */
   report(name: string, value: string): boolean {
-    if (this.reported.get(name) === value) return false
-    this.reported.set(name, value)
+    const at = this.login.get(name)
+    if ((this.changed?.get(name) ?? at) === value) return false
+    if (value === at) this.changed!.delete(name) // (it differed: so it was changed)
+    else (this.changed ??= new Map()).set(name, value)
     if (REPORTED.has(name)) this.made = this.madeForReplica = undefined
     return true
   }
 
-  /** The login's reports are in: later ones are carried where they differ from these. */
-  loggedIn() {
-    this.login = new Map(this.reported)
+  private reported(name: string): string | undefined {
+    return this.changed?.get(name) ?? this.login.get(name)
   }
 
   /**
@@ -56,7 +64,7 @@ export class SessionState {
     this.role = f.role
     this.made = this.madeForReplica = undefined
     const prepared = new Map<string, { text: string; prepare: string }>()
-    const readable = this.reported.get('client_encoding') === 'UTF8' && this.reported.get('standard_conforming_strings') !== 'off'
+    const readable = this.reported('client_encoding') === 'UTF8' && this.reported('standard_conforming_strings') !== 'off'
     for (const [name, text] of f.prepared) {
       const known = this.prepared.get(name)
       const prepare = known?.text === text ? known.prepare : readable ? prepareIn(text, name) : undefined
@@ -76,8 +84,8 @@ export class SessionState {
     if (made !== undefined) return made || undefined
     const settings = { ...this.settings }
     for (const name of REPORTED) {
-      const value = this.reported.get(name)
-      if (value !== undefined && value !== this.login?.get(name)) settings[name.toLowerCase()] = value
+      const value = this.changed?.get(name)
+      if (value !== undefined) settings[name.toLowerCase()] = value
       else delete settings[name.toLowerCase()]
     }
     const prepares = onReplica ? [] : [...this.prepared.values()].map((p) => p.prepare)
@@ -85,4 +93,23 @@ export class SessionState {
     onReplica ? (this.madeForReplica = carried) : (this.made = carried)
     return carried || undefined
   }
+}
+
+/** The last few logins' reports, each shared by the sessions whose login said the same (most of a key's, or all). */
+const logins: ReadonlyMap<string, string>[] = []
+const LOGINS_KEPT = 8
+
+/** The settings a login's answer reports (ParameterStatus), by name. */
+export function loginReports(answer: Buffer): ReadonlyMap<string, string> {
+  const reports = new Map<string, string>()
+  for (const m of messages(answer)) {
+    if (m[0] !== ServerMessage.ParameterStatus) continue
+    const end = m.indexOf(0, 5)
+    reports.set(m.toString('utf8', 5, end), m.toString('utf8', end + 1, m.length - 1))
+  }
+  const same = logins.find((l) => l.size === reports.size && [...reports].every(([name, value]) => l.get(name) === value))
+  if (same) return same
+  logins.unshift(reports)
+  logins.length = Math.min(logins.length, LOGINS_KEPT)
+  return reports
 }

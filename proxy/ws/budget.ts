@@ -18,7 +18,7 @@ import type { Socket } from 'node:net'
  */
 export const FIRST_FLIGHT_BYTES = 64 * 1024
 /** How long a WebSocket closed for the budget has to read its close frame before it is cut. */
-const SHED_CUT_MS = 100
+const SHED_CUT_MS = 1000
 
 interface Receiver {
   _maxPayload: number

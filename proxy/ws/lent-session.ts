@@ -22,8 +22,8 @@ import { BackendStatements, StatementRelay, type Own, type SessionStatements } f
 import { merge, NOTHING, type Reading } from '../isolation/reader'
 import type { Signals } from './signals'
 import { found, handoverReset, HANDOVER_ENDS } from '../isolation/verify'
-import { SessionState } from '../pool/session-state'
-import { EMPTY, Framer, kept, messages, MessageTooLarge } from '../wire/bytes'
+import { loginReports, SessionState } from '../pool/session-state'
+import { EMPTY, Framer, kept, MessageTooLarge } from '../wire/bytes'
 import { ClientMessage, INERT, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse, type BackendKey } from '../wire/startup'
 import type { BufferBudget, SessionMemory } from './budget'
@@ -129,7 +129,8 @@ const held = new WeakMap<Backend, { resets: number; statements: BackendStatement
 
 function statementsOn(backend: Backend, limit: number): BackendStatements {
   let entry = held.get(backend)
-  if (entry?.resets !== backend.resets) held.set(backend, (entry = { resets: backend.resets, statements: new BackendStatements(limit) }))
+  if (!entry) held.set(backend, (entry = { resets: backend.resets, statements: new BackendStatements(limit) }))
+  else if (entry.resets !== backend.resets) (entry.resets = backend.resets), entry.statements.clear() // (one per backend: a session's spare relay may still name it, unused)
   return entry.statements
 }
 
@@ -189,7 +190,7 @@ class LentSession implements RunningSession {
   /** Who it is to a backend's Backend.user (not the session itself: a backend outlives it). */
   private readonly user = {}
   /** What follows the session from backend to backend: its settings and SQL prepared statements. */
-  private readonly state = new SessionState()
+  private readonly state: SessionState
   /** Leads carrying the session's state refused in a row. */
   private carryRefused = 0
 
@@ -214,8 +215,7 @@ class LentSession implements RunningSession {
     })
     // (A lend not parked may be running something: a portal's Execute awaits no Sync. Postgres ignores a cancel while idle.)
     this.unfollow = o.follow(() => (this.lend && !this.parked ? this.lend.backend.key : undefined))
-    for (const m of messages(o.answer)) if (m[0] === ServerMessage.ParameterStatus) this.parameter(m)
-    this.state.loggedIn()
+    this.state = new SessionState(loginReports(o.answer))
     this.toClient(o.answer)
     ws.on('message', this.onClientMessage)
     ws.on('close', () => {

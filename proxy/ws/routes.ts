@@ -273,20 +273,22 @@ export class WebSocketRoutes {
     }
     const routeCancel = (packet: Buffer) => this.o.cancels.route(name, packet, peer)
     // Until Postgres has accepted the login: a stalled login is answered with an error, a stalled session closed.
-    const handshake = timer(this.o.handshakeTimeoutMs, () => {
+    let handshake: Timer | undefined = timer(this.o.handshakeTimeoutMs, () => {
       const why = ticket?.waiting
         ? `login timed out waiting for a place among the logins under way (--max-logins ${this.o.logins.max}, --max-logins-per-ip ${this.o.logins.maxPerPeer})`
         : `login timed out: Postgres at ${name} did not answer within ${this.o.handshakeTimeoutMs} ms`
       ws ? this.sessions.get(ws)?.close('timeout', 1008, 'edgepg-proxy: startup not finished in time') : upgrade(new UpstreamError(why))
     })
+    // (Once over, nothing of it is kept for the session's life.)
+    const handshakeOver = () => void (handshake?.stop(), (handshake = undefined))
     /** Postgres accepted the login. */
     const loginAccepted = () => {
-      handshake.stop()
+      handshakeOver()
       ticket?.release()
     }
     /** The client is gone: its place is free once its connection to Postgres is (a pool's backend has logged in). */
     const loginGone = () => {
-      handshake.stop()
+      handshakeOver()
       const held = ticket
       if (held) backend || !up || up.closed ? held.release() : up.on('close', held.release)
     }
@@ -465,7 +467,8 @@ function relogin(target: HostPort, upstreamTls: UpstreamTls | undefined, login: 
  * Fires `ms` after the last touch (0 ms: never). Touching only records the time, so it costs
  * nothing per message; when the timer comes due early it re-arms for what is left.
  */
-function timer(ms: number, fire: () => void) {
+type Timer = { touch(): void; stop(): void }
+function timer(ms: number, fire: () => void): Timer {
   let handle: NodeJS.Timeout | undefined
   let last = Date.now()
   const arm = (delay: number) => {
