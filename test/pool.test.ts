@@ -225,6 +225,29 @@ for (const mode of ['session', 'transaction'] as const) {
   })
 }
 
+test('/sql that leaves a transaction open: the pool resets its backend once every answer to the request\'s reset is in, the last one late (session mode)', async () => {
+  // The reset behind the request is two statements: DISCARD ALL, refused inside the transaction
+  // (25001), then the reseed, refused in the failed transaction (25P02). The reseed's answer reaches
+  // the proxy 300 ms after the refusal's: had the pool's own reset (ROLLBACK first) begun on the
+  // refusal, it would have read that answer as its own, failed, and closed the backend.
+  const relay = await startHoldingRelay(own, (type, body) => (type === 'E' && body.includes('C25P02\0') ? 300 : 0))
+  const upstream = `127.0.0.1:${relay.port}`
+  const proxy = await startProxy({}, { upstream })
+  try {
+    const sql = sqlVia(proxy, upstream)
+    const { pid } = await sql('SELECT pg_backend_pid() AS pid')
+    await sql('BEGIN')
+    const next = await session(config(proxy), async (c) => (await c.query(STATE)).rows[0])
+    assert.equal(next.pid, pid, 'the session was served by the backend /sql left in a transaction')
+    assert.equal(next.result.no_open_transaction, true, 'rolled back first')
+    const stats = await proxy.stats()
+    assert.deepEqual([stats.misses, stats.discards], [1, 0], 'one backend forked in all, none closed')
+  } finally {
+    await proxy.close()
+    await relay.close()
+  }
+})
+
 test('a client that vanishes mid-transaction commits nothing; its backend is not handed out busy', async () => {
   const proxy = await startProxy()
   const admin = own.admin()

@@ -57,7 +57,8 @@ export async function runRequest(
   else if (lease.unpinged && !lease.handover) statements.sync().catch(() => {})
   /** Session pooling: the reset, in the same write as the last statement (unless that may be a COPY: see Statements.execute). */
   const resetBehind = (last: string) => {
-    if (!lease.lender && !MAY_COPY.test(last)) lease.reset = Promise.all([statements.query('DISCARD ALL'), statements.own(reseed())]).then(() => statements.status === 'I', () => false)
+    // (Settled once both are answered: the pool's own reset must not start while an answer of these is still to come.)
+    if (!lease.lender && !MAY_COPY.test(last)) lease.reset = Promise.allSettled([statements.query('DISCARD ALL'), statements.own(reseed())]).then((done) => done.every((d) => d.status === 'fulfilled') && statements.status === 'I')
   }
   if (payload.single) {
     const running = runStatement(lease, types, ctl, payload.single, flags, budget, limits, false)
