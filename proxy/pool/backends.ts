@@ -209,6 +209,29 @@ export class BackendPool {
    * false: the caller sends its own ahead of its statements, and retries elsewhere if it goes
    * unanswered).
    */
+  /** As take without a ping, where it need not wait: an idle backend of `key` not being reset (undefined: none, or the next is being reset, which take waits for). */
+  takeNow(key: string): Backend | undefined {
+    const list = this.idle.get(key)
+    while (list?.length && !list[list.length - 1].resetting) {
+      const backend = list.pop()!
+      if (!list.length) this.idle.delete(key)
+      clearTimeout(backend.idleTimer)
+      if (this.expired(backend)) {
+        this.discard(backend)
+        continue
+      }
+      return this.taken(key, backend)
+    }
+    return undefined
+  }
+
+  private taken(key: string, backend: Backend): Backend {
+    this.lastUsed.set(key, (backend.lastUsed = Date.now()))
+    backend.kept = false
+    this.onEvent('hit')
+    return backend
+  }
+
   async take(key: string, ping: boolean): Promise<Backend | undefined> {
     const list = this.idle.get(key)
     while (list?.length) {
@@ -220,10 +243,7 @@ export class BackendPool {
         this.discard(backend)
         continue
       }
-      this.lastUsed.set(key, (backend.lastUsed = Date.now()))
-      backend.kept = false
-      this.onEvent('hit')
-      return backend
+      return this.taken(key, backend)
     }
     this.onEvent('miss')
     return undefined

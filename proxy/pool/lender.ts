@@ -154,6 +154,8 @@ export class Lender {
     const started = performance.now()
     const waiter: Waiter = { resolve: got, reject: failed, started, deadline: started + this.timeoutMs, holder, client: holder?.client }
     if (this.waiting.length) return this.line(waiter, waits)
+    const now = this.takeNow()
+    if (now) return this.hand(waiter, now)
     this.take().then((backend) => (backend ? this.hand(waiter, backend) : this.line(waiter, waits)), failed)
   }
 
@@ -376,6 +378,14 @@ export class Lender {
         this.nextWaiter()?.reject(err)
       }
     )
+  }
+
+  /** What take finds without waiting (no promise on the path most statements take): an idle backend not being reset, or at `size`, a parked one. */
+  private takeNow(): Backend | undefined {
+    const warm = this.pool.takeNow(this.key)
+    if (warm) return this.lend(warm)
+    if (!this.pool.idleCount(this.key) && this.lent.size + this.opening >= this.size) return this.reclaim()
+    return undefined
   }
 
   private async take(): Promise<Backend | undefined> {

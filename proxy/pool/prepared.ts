@@ -34,9 +34,10 @@ export class BackendStatements {
 
   /** The backend was reset (DISCARD ALL): it holds none. */
   clear() {
-    this.held.clear()
-    this.types.clear()
-    this.portals.clear()
+    // (Clearing a Map makes it a new table, empty or not: most backends hold none.)
+    if (this.held.size) this.held.clear()
+    if (this.types.size) this.types.clear()
+    if (this.portals.size) this.portals.clear()
   }
 
   use(name: string, parse: Buffer) {
