@@ -203,12 +203,6 @@ export class BackendPool {
     return JSON.stringify([upstream, tls ?? null, startup.toString('base64'), secret, ...(forTokens ? ['tokens'] : [])])
   }
 
-  /**
-   * An idle backend for `key`, or undefined (a miss): one still being reset once that is done (a
-   * session right behind another need not fork), else one that answers a ping (unless `ping` is
-   * false: the caller sends its own ahead of its statements, and retries elsewhere if it goes
-   * unanswered).
-   */
   /** As take without a ping, where it need not wait: an idle backend of `key` not being reset (undefined: none, or the next is being reset, which take waits for). */
   takeNow(key: string): Backend | undefined {
     const list = this.idle.get(key)
@@ -232,6 +226,12 @@ export class BackendPool {
     return backend
   }
 
+  /**
+   * An idle backend for `key`, or undefined (a miss): one still being reset once that is done (a
+   * session right behind another need not fork), else one that answers a ping (unless `ping` is
+   * false: the caller sends its own ahead of its statements, and retries elsewhere if it goes
+   * unanswered).
+   */
   async take(key: string, ping: boolean): Promise<Backend | undefined> {
     const list = this.idle.get(key)
     while (list?.length) {
