@@ -43,7 +43,7 @@ export const poolWays: Section = {
     const url = `postgres://${encodeURIComponent(String(c.user))}:${encodeURIComponent(String(c.password))}@${c.host}:${c.port}/${c.database}`
     const workers = [startWorker(url), startWorker(url)]
     await Promise.all(workers.map((w) => reply(w, 'ready')))
-    const results: string[][] = []
+    const results: { name: string; median: number; p99: number; cpu: number }[] = []
     try {
       await ask(workers[0], { op: 'login', id: 1 })
       const measure = async (name: string, move: (i: number) => Promise<void>) => {
@@ -59,7 +59,7 @@ export const poolWays: Section = {
         const w1 = await Promise.all(workers.map(cpuOf))
         const own = process.cpuUsage(cpu0)
         const cpu = (own.user + own.system + w1[0] - w0[0] + w1[1] - w0[1]) / MOVES
-        results.push([name, ms(median(times)), ms(percentile(times, 99)), `${cpu.toFixed(0)} µs`])
+        results.push({ name, median: median(times), p99: percentile(times, 99), cpu })
       }
       let at = 0 // (the worker holding connection 1)
       await measure('run: SELECT 1 where it is', () => ask(workers[at], { op: 'run', id: 1 }))
@@ -75,7 +75,9 @@ export const poolWays: Section = {
       for (const w of workers) w.send({ op: 'end' })
       await Promise.all(workers.map((w) => once(w, 'exit')))
     }
-    printGrid(`pool-ways: moving a logged-in backend between two workers (${MOVES} moves)`, ['way', 'median', 'p99', 'CPU per move (3 processes)'], results, [
+    const [floor] = results
+    const cells = results.map((r) => [r.name, ms(r.median), ms(r.p99), `${(r.median / floor.median).toFixed(1)}x`, `${r.cpu.toFixed(0)} µs`, `${(r.cpu / floor.cpu).toFixed(1)}x`])
+    printGrid(`pool-ways: moving a logged-in backend between two workers (${MOVES} moves)`, ['way', 'median', 'p99', 'median over run', 'CPU per move (3 processes)', 'CPU over run'], cells, [
       'Each move is timed from the primary\'s ask to the worker\'s word that SELECT 1 was answered there; "run" is the same round without a move.',
     ])
     return []
