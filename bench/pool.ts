@@ -550,10 +550,13 @@ async function busySessions(ctx: BenchContext, admin: pg.Client): Promise<Row[]>
         `Client CPU: this process's (the ${BUSY_SESSIONS} edgepg Clients), the same way.`,
       ...(paths.includes('safe')
         ? workloads.map((w) => {
-            // The rate 1.25x PgBouncer's safe mode asks for leaves this much CPU per statement to all three; what transaction mode's client and Postgres take of it leaves the rest to the proxy.
-            const allowed = (CORES * 1e6) / (1.25 * figure('queries/s', 'safe', w))
+            // At 1.25x PgBouncer safe's rate, with the cores as busy as they were for it, the three may spend its CPU per statement over 1.25;
+            // what transaction mode's client and Postgres take of that leaves the rest to the proxy.
+            const allowed = spent('safe', w) / 1.25
             const left = allowed - figure('client CPU / statement', 'transaction', w) - figure('Postgres CPU / statement', 'transaction', w)
-            return `${w}: 1.25x PgBouncer's safe rate leaves ${allowed.toFixed(1)} µs of CPU per statement to client, proxy and Postgres together; transaction mode's client and Postgres take all but ${left.toFixed(1)} µs of it, what the proxy could spend (session mode's proxy spends ${figure('proxy CPU / statement', 'session', w).toFixed(1)} µs).`
+            const proxy = (p: BusyPath) => `${figure('proxy CPU / statement', p, w).toFixed(1)} µs`
+            return `${w}: at 1.25x PgBouncer's safe rate, with the cores as busy as they were for it, client, proxy and Postgres may spend ${allowed.toFixed(1)} µs per statement together (it spent ${spent('safe', w).toFixed(1)}); ` +
+              `transaction mode's client and Postgres take all but ${left.toFixed(1)} µs of it, what its proxy could spend: it spends ${proxy('transaction')}, session mode's ${proxy('session')}${paths.includes('floor') ? `, the floor's ${proxy('floor')}` : ''}.`
           })
         : []),
     ]
