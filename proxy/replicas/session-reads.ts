@@ -2,15 +2,18 @@
  * A session's reads on hot standbys (transaction pooling), what decides them: where a transaction's
  * first messages go (routeOf), and how far the session has seen, which its reads must not go behind
  * (SessionSeen): the primary's positions after its transactions there, the replicas' after its reads
- * there, and the positions its client says it has seen (SUBPROTOCOL_POSITIONS and _FRAMED).
+ * there, and the positions its client says it has seen (SUBPROTOCOL_POSITIONS and _FRAMED); and
+ * what a read on a replica holds while it may still move to the primary (OnReplica).
  */
 import type { WebSocket } from 'ws'
 import { merge, NOTHING, type Reading } from '../isolation/reader'
-import { ClientMessage, INERT } from '../wire/codes'
+import { ClientMessage, INERT, ServerMessage } from '../wire/codes'
 import { cString } from '../wire/startup'
 import { later } from '../../src/positions'
 import { lsnText, positionOf } from './positions'
-import type { Replicas } from './replicas'
+import type { Fallback, Replica, Replicas } from './replicas'
+import type { Lender } from '../pool/lender'
+import type { ReplicaKeyCache } from '../auth/claims'
 import { POSITION_MESSAGE, SUBPROTOCOL_POSITIONS, SUBPROTOCOL_POSITIONS_FRAMED } from '../../src/config'
 
 /** The most a client's positions may take (a position per database it has written to), in a frame or a message. */
@@ -97,4 +100,46 @@ export class SessionSeen {
     this.told = this.at
     this.ws.send(`seen ${database}:${lsnText(this.at)}`)
   }
+}
+
+/** What a session whose login the standbys can serve reads through: the set, its key's lender on each, and what its login says. */
+export interface SessionReplicas {
+  set: Replicas
+  /** The session's key's lender on `replica` (its first login made if need be); LoginRefused if the replica refused the login. */
+  lender(replica: Replica): Promise<Lender>
+  /** Every transaction of the session starts read-only (default_transaction_read_only in its login). */
+  readOnly: boolean
+  /** For a session by token: the replica key its claims are vouched for with there, once learnt on the primary. */
+  claimsKey: ReplicaKeyCache
+}
+
+/** A session's lend on a replica: what may still move it to the primary, unseen by the client. */
+export interface OnReplica {
+  replica: Replica
+  /** The session's messages sent on it: sent to the primary instead if the replica cannot serve them. */
+  sent: Buffer[]
+  sentBytes: number
+  /** Answers held back from the client while the lend may still move; undefined once released. */
+  held?: Buffer[]
+  heldBytes: number
+  /** An autocommit read, which the standby may refuse as a write (25006): it moves then. False for a transaction begun read-only. */
+  retryable: boolean
+  /** The replica said it has replayed what the session has seen. */
+  checked: boolean
+  /** The session's messages wait for that, since (ms); and whether it was found behind it (a wait, for the metrics). */
+  gatedSince?: number
+  behind?: boolean
+  /** Moving to the primary (why), once Postgres has answered what was sent. */
+  moving?: Fallback
+}
+
+/** Answers a read on a replica holds back while it may still move to the primary; past this, it goes to the client and stays. */
+export const HOLD_MAX = 64 << 10
+
+/** Whether answers hold a standby's refusal of a write (25006, read_only_sql_transaction). */
+export function refusedAsWrite(bytes: Buffer): boolean {
+  for (let at = 0; at + 5 <= bytes.length; at += 1 + bytes.readInt32BE(at + 1)) {
+    if (bytes[at] === ServerMessage.ErrorResponse && bytes.subarray(at, at + 1 + bytes.readInt32BE(at + 1)).includes('\0C25006\0')) return true
+  }
+  return false
 }

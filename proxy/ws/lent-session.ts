@@ -20,19 +20,20 @@ import type { Holder } from '../pool/holders'
 import { IdleWatch, type Ending } from '../pool/idle-watch'
 import { BackendStatements, StatementRelay, type Own, type SessionStatements } from '../pool/prepared'
 import { merge, NOTHING, type Reading } from '../isolation/reader'
+import { SessionReading } from '../isolation/session-reading'
 import type { Signals } from './signals'
 import { found, handoverReset, HANDOVER_ENDS } from '../isolation/verify'
 import { loginReports, SessionState } from '../pool/session-state'
 import { EMPTY, Framer, kept, MessageTooLarge } from '../wire/bytes'
-import { ClientMessage, INERT, ServerMessage, TxStatus } from '../wire/codes'
-import { cString, errorResponse, type BackendKey } from '../wire/startup'
+import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
+import { errorResponse, type BackendKey } from '../wire/startup'
 import type { BufferBudget, SessionMemory } from './budget'
 import { cancelNamed } from './cancels'
 import { DueSignals } from './due-signals'
-import { REPLICA_CLAIMS_ENDS, replicaClaimsMessages, setClaims, type ClaimsError, type ReplicaKeyCache } from '../auth/claims'
+import { REPLICA_CLAIMS_ENDS, replicaClaimsMessages, setClaims, type ClaimsError } from '../auth/claims'
 import { closeWebSocket, type OutcomeKind, type RunningSession, type SessionLog } from './session'
-import { downForAll, recheckIn, type Fallback, type Replica, type Replicas } from '../replicas/replicas'
-import { POSITIONS_MAX, routeOf, SessionSeen } from '../replicas/session-reads'
+import { downForAll, recheckIn, type Fallback, type Replica } from '../replicas/replicas'
+import { HOLD_MAX, POSITIONS_MAX, refusedAsWrite, routeOf, SessionSeen, type OnReplica, type SessionReplicas } from '../replicas/session-reads'
 import { SessionPin } from '../pool/pin'
 import { POSITION_MESSAGE, SUBPROTOCOL_POSITIONS } from '../../src/config'
 
@@ -63,36 +64,6 @@ export interface LentSessionOptions {
   replicas?: SessionReplicas
 }
 
-export interface SessionReplicas {
-  set: Replicas
-  /** The session's key's lender on `replica` (its first login made if need be); LoginRefused if the replica refused the login. */
-  lender(replica: Replica): Promise<Lender>
-  /** Every transaction of the session starts read-only (default_transaction_read_only in its login). */
-  readOnly: boolean
-  /** For a session by token: the replica key its claims are vouched for with there, once learnt on the primary. */
-  claimsKey: ReplicaKeyCache
-}
-
-/** A lend on a replica: what may still move it to the primary, unseen by the client. */
-interface OnReplica {
-  replica: Replica
-  /** The session's messages sent on it: sent to the primary instead if the replica cannot serve them. */
-  sent: Buffer[]
-  sentBytes: number
-  /** Answers held back from the client while the lend may still move; undefined once released. */
-  held?: Buffer[]
-  heldBytes: number
-  /** An autocommit read, which the standby may refuse as a write (25006): it moves then. False for a transaction begun read-only. */
-  retryable: boolean
-  /** The replica said it has replayed what the session has seen. */
-  checked: boolean
-  /** The session's messages wait for that, since (ms); and whether it was found behind it (a wait, for the metrics). */
-  gatedSince?: number
-  behind?: boolean
-  /** Moving to the primary (why), once Postgres has answered what was sent. */
-  moving?: Fallback
-}
-
 interface Lend {
   backend: Backend
   /** The backend changed hands, and its reset is not answered yet: what the session sent behind it (sent elsewhere if Postgres refuses the reset), and whether a Sync went (nothing more goes until the answer). */
@@ -119,11 +90,6 @@ const RESOLVED = Promise.resolve()
 const soon = (f: () => void) => void RESOLVED.then(f)
 /** What a message waiting for a backend costs beside its bytes (its Buffer: ~110 bytes of heap, measured). */
 const QUEUED_COST = 128
-/**
- * A FunctionCall (code no statement text shows, which may make a custom setting no catalog shows),
- * or a message the proxy does not know how to read: whatever it did stays with the session.
- */
-const UNREAD: Reading = { plain: false, code: true, unseen: true, control: true }
 /** The statements each backend holds, by backend, as of its last reset (which drops them all). */
 const held = new WeakMap<Backend, { resets: number; statements: BackendStatements }>()
 
@@ -156,12 +122,12 @@ class LentSession implements RunningSession {
   /** Verifications under way: asking its backend what its transactions left (proxy/isolation/verify.ts). */
   private verifying = 0
   private readonly statements: SessionStatements = new Map()
+  /** What its messages may leave behind, as the parser reads them. */
+  private readonly reading: SessionReading
   private readonly framer: Framer
   /** The most it may hold of the client's: one protocol message under way, and what waits for a backend (--max-message-bytes). */
   private readonly maxHeld: number
   private readonly memory?: SessionMemory
-  /** The unnamed statement's effects, as last parsed. */
-  private unnamed: Reading = NOTHING
   private ended = false
   /** While it waits in line for a backend: how to leave it (when the session ends). */
   private leaveLine?: (reason: Error) => void
@@ -216,6 +182,7 @@ class LentSession implements RunningSession {
     // (A lend not parked may be running something: a portal's Execute awaits no Sync. Postgres ignores a cancel while idle.)
     this.unfollow = o.follow(() => (this.lend && !this.parked ? this.lend.backend.key : undefined))
     this.state = new SessionState(loginReports(o.answer))
+    this.reading = new SessionReading(o.lender.read, this.statements)
     this.toClient(o.answer)
     ws.on('message', this.onClientMessage)
     ws.on('close', () => {
@@ -428,7 +395,7 @@ class LentSession implements RunningSession {
     let read = NOTHING
     let bytes = 0
     for (const m of msgs) {
-      const r = this.effectsOf(m)
+      const r = this.reading.of(m)
       read = merge(read, r)
       lend.watch.sent(m)
       bytes += m.length
@@ -459,43 +426,6 @@ class LentSession implements RunningSession {
     lend.effects = merge(lend.effects, read)
     if (!lend.relay.forward(msgs, false, behind) && behind) this.verifying--, lend.positionDue-- // (it did not go)
     this.pin.mayLeave(true) // (if pinned: what it runs may release what it keeps)
-  }
-
-  /** What running `msg` may leave behind. */
-  private effectsOf(msg: Buffer): Reading {
-    const type = msg[0]
-    if (type === ClientMessage.Query) return this.readAt(msg, 5)
-    if (type === ClientMessage.Parse) {
-      // (The text follows the name's NUL, whatever bytes the name holds.)
-      const nameEnd = msg.indexOf(0, 5)
-      const r = this.readAt(msg, nameEnd + 1)
-      if (nameEnd === 5) this.unnamed = r
-      return r
-    }
-    if (type === ClientMessage.Bind) {
-      const portalEnd = msg.indexOf(0, 5)
-      if (msg[portalEnd + 1] === 0) return this.unnamed
-      const parse = this.statements.get(cString(msg.subarray(portalEnd + 1)))
-      return parse ? this.readAt(parse, parse.indexOf(0, 5) + 1) : NOTHING
-    }
-    return INERT.has(type) ? NOTHING : UNREAD
-  }
-
-  /** The last two messages whose statement text was read, and their readings: a session sends the same few again and again, and a byte comparison costs less than the text. */
-  private readonly lastRead: (Buffer | undefined)[] = [undefined, undefined]
-  private readonly lastReading: Reading[] = [NOTHING, NOTHING]
-  private nextRead = 0
-
-  /** What the statement text at `at` of `msg` (a Query or a Parse) may leave behind. */
-  private readAt(msg: Buffer, at: number): Reading {
-    const { lastRead } = this
-    for (let i = 0; i < 2; i++) if (lastRead[i]?.equals(msg)) return this.lastReading[i]
-    const r = this.o.lender.read(textAt(msg, at))
-    const i = this.nextRead
-    this.nextRead ^= 1
-    lastRead[i] = Buffer.from(msg)
-    this.lastReading[i] = r
-    return r
   }
 
   private acquire() {
@@ -1003,23 +933,6 @@ class LentSession implements RunningSession {
     const ending = lend.watch.ending
     return ending && { ...ending, pending: ending.pending + lend.relay.ownReadiesDue, reusable: ending.reusable && reusable }
   }
-}
-
-/** The NUL-terminated text at `at` of `msg`: cString without a view of its own (one a statement). */
-function textAt(msg: Buffer, at: number): string {
-  const end = msg.indexOf(0, at)
-  return msg.toString('utf8', at, end < 0 ? msg.length : end)
-}
-
-/** Answers a read on a replica holds back while it may still move to the primary; past this, it goes to the client and stays. */
-const HOLD_MAX = 64 << 10
-
-/** Whether answers hold a standby's refusal of a write (25006, read_only_sql_transaction). */
-function refusedAsWrite(bytes: Buffer): boolean {
-  for (let at = 0; at + 5 <= bytes.length; at += 1 + bytes.readInt32BE(at + 1)) {
-    if (bytes[at] === ServerMessage.ErrorResponse && bytes.subarray(at, at + 1 + bytes.readInt32BE(at + 1)).includes('\0C25006\0')) return true
-  }
-  return false
 }
 
 const READY_IDLE = Buffer.from([ServerMessage.ReadyForQuery, 0, 0, 0, 5, TxStatus.Idle])
