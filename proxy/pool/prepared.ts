@@ -19,6 +19,7 @@ import { EMPTY, Framer } from '../wire/bytes'
 import { ClientMessage, DescribeTarget, ServerMessage, TxStatus } from '../wire/codes'
 import { cString, errorResponse } from '../wire/startup'
 import { plainTag } from '../isolation/reader'
+import type { Backend } from './backends'
 
 /** A session's named statements: name → its Parse message. */
 export type SessionStatements = Map<string, Buffer>
@@ -50,6 +51,17 @@ export class BackendStatements {
     for (const [portal, statement] of this.portals) if (statement === name && !(replacing && portal === '')) return true
     return false
   }
+}
+
+/** The statements each backend holds, by backend, as of its last reset (which drops them all). */
+const heldBy = new WeakMap<Backend, { resets: number; statements: BackendStatements }>()
+
+/** What `backend` holds now (at most `limit`): nothing once it has been reset since it was last asked. */
+export function statementsOn(backend: Backend, limit: number): BackendStatements {
+  let entry = heldBy.get(backend)
+  if (!entry) heldBy.set(backend, (entry = { resets: backend.resets, statements: new BackendStatements(limit) }))
+  else if (entry.resets !== backend.resets) (entry.resets = backend.resets), entry.statements.clear() // (one per backend: a session's spare relay may still name it, unused)
+  return entry.statements
 }
 
 /** An answer the relay waits for: ParseComplete, CloseComplete, a ReadyForQuery (`sync`), or a statement's description. */

@@ -18,7 +18,7 @@ import type { Backend } from '../pool/backends'
 import { LoginRefused, PoolTimeout, type Lender } from '../pool/lender'
 import type { Holder } from '../pool/holders'
 import { IdleWatch, type Ending } from '../pool/idle-watch'
-import { BackendStatements, StatementRelay, type Own, type SessionStatements } from '../pool/prepared'
+import { statementsOn, StatementRelay, type Own, type SessionStatements } from '../pool/prepared'
 import { merge, NOTHING, type Reading } from '../isolation/reader'
 import { SessionReading } from '../isolation/session-reading'
 import type { Signals } from './signals'
@@ -90,15 +90,6 @@ const RESOLVED = Promise.resolve()
 const soon = (f: () => void) => void RESOLVED.then(f)
 /** What a message waiting for a backend costs beside its bytes (its Buffer: ~110 bytes of heap, measured). */
 const QUEUED_COST = 128
-/** The statements each backend holds, by backend, as of its last reset (which drops them all). */
-const held = new WeakMap<Backend, { resets: number; statements: BackendStatements }>()
-
-function statementsOn(backend: Backend, limit: number): BackendStatements {
-  let entry = held.get(backend)
-  if (!entry) held.set(backend, (entry = { resets: backend.resets, statements: new BackendStatements(limit) }))
-  else if (entry.resets !== backend.resets) (entry.resets = backend.resets), entry.statements.clear() // (one per backend: a session's spare relay may still name it, unused)
-  return entry.statements
-}
 
 export function runLentSession(ws: WebSocket, o: LentSessionOptions): RunningSession {
   return new LentSession(ws, o)
