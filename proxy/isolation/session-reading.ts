@@ -3,7 +3,6 @@
  * Query or Parse by its text, a Bind by the statement it names. A session sends the same few texts
  * again and again, so the last two read are kept, and a byte comparison costs less than the text.
  */
-import type { SessionStatements } from '../pool/prepared'
 import { ClientMessage, INERT } from '../wire/codes'
 import { cString } from '../wire/startup'
 import { NOTHING, type Reading } from './reader'
@@ -21,7 +20,8 @@ export class SessionReading {
   private readonly lastReading: Reading[] = [NOTHING, NOTHING]
   private nextRead = 0
 
-  constructor(private readonly read: (sql: string) => Reading, private readonly statements: SessionStatements) {}
+  /** `statements`: the session's named statements, by name (their Parse messages). */
+  constructor(private readonly read: (sql: string) => Reading, private readonly statements: ReadonlyMap<string, Buffer>) {}
 
   /** What running `msg` may leave behind. */
   of(msg: Buffer): Reading {
