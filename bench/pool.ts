@@ -709,16 +709,18 @@ const BOUNCER_PATH = 'pg via PgBouncer 1.18 (transaction)'
 async function bursts(ctx: BenchContext, admin: pg.Client) {
   const role = { host: ctx.pg.host, port: ctx.pg.port, database: ctx.pg.database, user: ROLE, password: ROLE_PASSWORD, query_timeout: QUERY_TIMEOUT_MS }
   type Path = { name: string; start(n: number): Promise<{ open(): pg.Client; stop(): Promise<void> }> }
-  const edgepg = (name: string, workers: string): Path => ({
+  const edgepg = (name: string, workers: string, built: string | true = true): Path => ({
     name,
     start: async () => {
-      const p = await startChildProxy(`${ctx.pg.host}:${ctx.pg.port}`, { built: true, flags: POOL_PROXY_FLAGS, env: { EDGEPG_WORKERS: workers } })
+      const p = await startChildProxy(`${ctx.pg.host}:${ctx.pg.port}`, { built, flags: POOL_PROXY_FLAGS, env: { EDGEPG_WORKERS: workers } })
       return { open: () => new Client({ ...role, webSocketConstructor: WebSocket as any, wsProxy: () => p.url } as ClientConfig), stop: p.stop }
     },
   })
   const paths: Path[] = [
     edgepg('edgepg-proxy (default --workers)', 'cores'),
     edgepg('edgepg-proxy (--workers 1)', '1'),
+    // (EDGEPG_BENCH_POOL_OTHER_BUILD: another build's dist/cli.mjs beside this one, with the default workers, as a change's baseline.)
+    ...(process.env.EDGEPG_BENCH_POOL_OTHER_BUILD ? [edgepg(`edgepg-proxy (default --workers), ${process.env.EDGEPG_BENCH_POOL_OTHER_BUILD}`, 'cores', process.env.EDGEPG_BENCH_POOL_OTHER_BUILD)] : []),
     ...(pgbouncerBinary()
       ? [{ name: BOUNCER_PATH, start: async (n: number) => ((b) => ({ open: () => new pg.Client({ ...role, port: b.port }), stop: b.stop }))(await startPgBouncer(ctx.pg, { default_pool_size: BOUNCER_POOL, max_client_conn: n + 100 }, await scramSecrets(admin, [ROLE]))) }]
       : []),

@@ -6,6 +6,7 @@ import type { SessionLog } from './ws/session'
 import type { UpstreamTls } from './upstream/connection'
 import { BackendPool, type PoolOptions } from './pool/backends'
 import { Lenders } from './pool/lenders'
+import { pinnedCap } from './pool/lender'
 import { Replicas, type ReplicaOptions } from './replicas/replicas'
 import { createMetrics, type Metrics } from './admin/metrics'
 import { healthHandler } from './admin/health'
@@ -144,16 +145,13 @@ export function createProxy(options: ProxyOptions): Proxy {
   const { mode = 'transaction', enabled = true, timeoutMs = 5000, statements = 100, maxLifetimeMs: lifetimeMs = 30 * 60_000, reader = read } = options.pool ?? {}
   // No one client, and no sessions that keep state, take every backend of a key: unpinned work always has some,
   // and others' sessions go first once a client holds a quarter (the share orders the line; it idles no backend).
-  // (A quarter of the backends may be pinned, but at least two where there are three or more: a worker's
-  // part of a small pool is small, and pg's own suite keeps two sessions with temp tables at once.)
-  const pinned = size < 3 ? 1 : Math.max(2, Math.ceil(size / 4))
-  const shares = { perClient: options.pool?.maxPerClient ?? Math.ceil(size / 4), pinned: options.pool?.maxPinned ?? pinned }
-  const lenders = mode === 'transaction' && enabled ? new Lenders(pool, { size, timeoutMs, statements, lifetimeMs, reader, shares }, metrics.lending) : undefined
+  const places: PlacesOf = options.cluster?.places ?? localPlaces
+  const shares = { perClient: options.pool?.maxPerClient ?? Math.ceil(size / 4), pinned: options.pool?.maxPinned ?? pinnedCap(size) }
+  const lenders = mode === 'transaction' && enabled ? new Lenders(pool, { size, timeoutMs, statements, lifetimeMs, reader, shares, pins: places('pinned', shares.pinned) }, metrics.lending, options.cluster?.moves) : undefined
   const tokens = options.tokens && new TokenLogins(options.tokens)
   const replicas = options.replicas?.addresses.length && lenders ? new Replicas(options.replicas, metrics.replicas) : undefined
   const addresses = new ClientAddresses(options.trustProxy ?? [])
   const clientAddress = (req: http.IncomingMessage) => addresses.of(req.socket, req.headers)
-  const places: PlacesOf = options.cluster?.places ?? localPlaces
   const logins = new LoginGate(options.maxLogins ?? 64, options.maxLoginsPerIp ?? 8, places)
   const signals = new Signals(options.cluster?.index ?? 0, options.cluster?.signal)
   if (options.cluster) options.cluster.onSignal = (m) => signals.hear(m)
@@ -176,7 +174,11 @@ export function createProxy(options: ProxyOptions): Proxy {
     signals,
     announce: options.cluster?.announce,
   })
-  if (options.cluster) options.cluster.onKey = (m) => routes.prelogin(m)
+  if (options.cluster) {
+    options.cluster.onKey = (m) => routes.prelogin(m)
+    options.cluster.onWanted = (key, from) => lenders?.wanted(key, from)
+    options.cluster.onGiven = (m, socket) => (lenders ? lenders.received(m, socket) : socket?.destroy())
+  }
   let draining = false
   const health = healthHandler(upstream, { draining: () => draining })
   const sql =

@@ -19,6 +19,7 @@ import { Client } from '../src/index'
 import { startChildProxy, type ChildProxy } from './support/child-proxy'
 import { edgeConfig, eventually, pgConfig, testPostgres, within } from './support/helpers'
 import { PASSWORD } from './support/stack'
+import { sessionsByWorker } from './support/by-worker'
 
 const APP = `edgepg-cluster-${process.pid}`
 
@@ -32,12 +33,15 @@ async function clusterProxy(flags: string[] = []) {
   return p
 }
 
-const session = async (p: ChildProxy) => {
-  const c = new Client(edgeConfig(p.port, 'scram_user', { application_name: APP }))
+/** A session of `app`, its errors kept from the test's output. */
+const appSession = (p: ChildProxy, app: string) => async () => {
+  const c = new Client(edgeConfig(p.port, 'scram_user', { application_name: app }))
   c.on('error', () => {})
   await c.connect()
   return c
 }
+
+const session = (p: ChildProxy) => appSession(p, APP)()
 
 /** A session, once the proxy has a place for it (one ended a moment ago may still hold its place). */
 async function sessionOnceFree(p: ChildProxy) {
@@ -135,6 +139,112 @@ test("--workers 2, transaction pooling: the backends logged in ahead of need are
     assert.equal(await backends(), 2, 'one kept on each worker')
   } finally {
     await watcher.end()
+    await p.stop()
+  }
+})
+
+test('--workers 2, transaction pooling: backends go to the worker whose sessions wait, logged in already (no login at Postgres), and back', async () => {
+  // --pool-size 2: a backend on each worker. Without moves, a second session of one worker waits out --pool-timeout.
+  const p = await clusterProxy(['--pool-mode', 'transaction', '--pool-size', '2', '--pool-timeout', '4000'])
+  const app = `${APP}-moves`
+  const watcher = new pg.Client(pgConfig('trust_user'))
+  await watcher.connect()
+  const backends = async () => (await watcher.query('SELECT array_agg(pid ORDER BY pid) AS pids FROM pg_stat_activity WHERE application_name = $1', [app])).rows[0].pids ?? []
+  const pidOf = async (c: Client) => (await c.query('SELECT pg_backend_pid() AS pid')).rows[0].pid as number
+  const all: Client[] = []
+  try {
+    const by = await sessionsByWorker(appSession(p, app), (by) => by.some((w) => w.length >= 2) && by.every((w) => w.length >= 1))
+    all.push(...by.flat())
+    await pidOf(all[0])
+    await eventually(async () => (await backends()).length === 2, "the key's backend on each worker", 5000)
+    const logged = await backends()
+    const w = by[0].length >= 2 ? 0 : 1
+    const [a, b] = by[w]
+    const c = by[1 - w][0]
+    await a.query('BEGIN')
+    const pidA = await pidOf(a) // (worker w's one backend, held)
+    const pidB = await pidOf(b) // (the other worker's, handed over)
+    assert.ok(logged.includes(pidB) && pidB !== pidA, `b ran on the other worker's backend: ${pidB}, a on ${pidA}, logged in ${logged}`)
+    // And back: the other worker's session finds none there; b's, idle now, goes back to it.
+    assert.equal(await pidOf(c), pidB)
+    await a.query('COMMIT')
+    for (const s of [a, b, c, a]) assert.ok(logged.includes(await pidOf(s)))
+    assert.deepEqual(await backends(), logged, 'no login at Postgres: the same two backends')
+  } finally {
+    await Promise.all(all.map((c) => c.end().catch(() => {})))
+    await watcher.end()
+    await p.stop()
+  }
+})
+
+test('--workers 2, transaction pooling: a backend its session left inside a transaction goes, once reset, to the worker whose sessions wait', async () => {
+  // --pool-size 2: a backend on each worker, both held inside transactions; the second session on
+  // one worker waits, and the other worker's backend comes free only through its reset.
+  const p = await clusterProxy(['--pool-mode', 'transaction', '--pool-size', '2', '--pool-timeout', '4000'])
+  const all: Client[] = []
+  try {
+    const by = await sessionsByWorker(appSession(p, `${APP}-reset`), (by) => by.some((w) => w.length >= 2) && by.every((w) => w.length >= 1))
+    all.push(...by.flat())
+    const w = by[0].length >= 2 ? 0 : 1
+    const [b1, b2] = by[w]
+    const a = by[1 - w][0]
+    await b1.query('BEGIN')
+    await a.query('BEGIN')
+    const waits = b2.query('SELECT 5 AS n')
+    await new Promise((r) => setTimeout(r, 300)) // (b2's worker has asked, and the other had none to spare)
+    await a.end() // (its backend is rolled back and reset)
+    assert.deepEqual((await within(6000, "b2's statement", waits)).rows, [{ n: 5 }])
+  } finally {
+    await Promise.all(all.map((c) => c.end().catch(() => {})))
+    await p.stop()
+  }
+})
+
+test('--workers 2, transaction pooling: while backends move back and forth, every statement of sessions that come and go at once is answered', async () => {
+  // Twenty sessions on five backends, each opened, queried and ended at once, round after round: the
+  // workers' lines fill and empty together, so backends travel both ways, lent and idle.
+  const p = await clusterProxy(['--pool-mode', 'transaction', '--pool-size', '5', '--pool-timeout', '8000'])
+  try {
+    for (let round = 0; round < 40; round++) {
+      const answered = Promise.all(
+        Array.from({ length: 20 }, async (_, i) => {
+          const c = await appSession(p, `${APP}-churn`)()
+          try {
+            return (await c.query('SELECT $1::int AS n', [round * 100 + i])).rows[0].n
+          } finally {
+            await c.end()
+          }
+        })
+      )
+      const ns = await within(6000, `round ${round}: twenty sessions' statements answered`, answered)
+      assert.deepEqual(ns, Array.from({ length: 20 }, (_, i) => round * 100 + i))
+    }
+    // None was closed on the way: each moved whole, and each worker kept what it held.
+    const text = await (await fetch(`http://127.0.0.1:${p.port}/metrics`)).text()
+    assert.equal(/^edgepg_proxy_pool_discards_total (\d+)$/m.exec(text)?.[1], '0')
+  } finally {
+    await p.stop()
+  }
+})
+
+test('--workers 2, transaction pooling: --max-pinned-sessions counts the pinned sessions of every worker, wherever they are', async () => {
+  // Two may be pinned in all: both on one worker, while a session there still runs on a backend from the other; a third is closed.
+  const p = await clusterProxy(['--pool-mode', 'transaction', '--pool-size', '4', '--max-pinned-sessions', '2', '--pool-timeout', '4000'])
+  const app = `${APP}-pins`
+  const all: Client[] = []
+  try {
+    const by = await sessionsByWorker(appSession(p, app), (by) => by.some((w) => w.length >= 3) && by.every((w) => w.length >= 1))
+    all.push(...by.flat())
+    const w = by[0].length >= 3 ? 0 : 1
+    const [a, b, d] = by[w]
+    for (const [i, s] of [a, b].entries()) await s.query(`CREATE TEMP TABLE kept (i int); INSERT INTO kept VALUES (${i})`)
+    assert.deepEqual((await d.query('SELECT 7 AS n')).rows, [{ n: 7 }], "a third session of that worker runs, on the other's backend")
+    for (const [i, s] of [a, b].entries()) assert.deepEqual((await s.query('SELECT i FROM kept')).rows, [{ i }], 'each pinned session keeps its table')
+    const closed = new Promise<Error>((resolve) => by[1 - w][0].once('error', resolve))
+    await by[1 - w][0].query('CREATE TEMP TABLE kept (i int)').catch(() => {})
+    assert.match((await within(5000, 'the third pinned session closed', closed)).message, /2 sessions of this user and database already keep theirs \(--max-pinned-sessions\)/)
+  } finally {
+    await Promise.all(all.map((c) => c.end().catch(() => {})))
     await p.stop()
   }
 })

@@ -348,6 +348,7 @@ test('a pool of edgepg Clients by token: each connection asks for its token, war
 test('JWKS: keys fetched and cached, a new kid fetched again once (rotation, no restart), not more often; HS256 with the public key refused', async () => {
   const key1 = await generateKeyPair('RS256', { extractable: true })
   const key2 = await generateKeyPair('ES256', { extractable: true })
+  const key3 = await generateKeyPair('RS256') // (ahead: an RSA key takes a while to make, and the cooldown runs below)
   const served: object[] = [{ ...(await exportJWK(key1.publicKey)), kid: 'k1', alg: 'RS256', use: 'sig' }]
   let fetches = 0
   const jwks = http.createServer((_req, res) => {
@@ -357,7 +358,7 @@ test('JWKS: keys fetched and cached, a new kid fetched again once (rotation, no 
   })
   await new Promise<void>((resolve) => jwks.listen(0, '127.0.0.1', resolve))
   const jwksUrl = `http://127.0.0.1:${(jwks.address() as AddressInfo).port}/.well-known/jwks.json`
-  const p = await startProxy({ tokens: { ...fx.options, secret: undefined, jwksUrl, jwksCooldownMs: 1000 } })
+  const p = await startProxy({ tokens: { ...fx.options, secret: undefined, jwksUrl, jwksCooldownMs: 3000 } })
   const signed = (key: CryptoKey, alg: string, kid: string) =>
     new SignJWT({ sub: 'alice', role: WEB_USER }).setProtectedHeader({ alg, kid }).setAudience(AUDIENCE).setIssuer(ISSUER).setExpirationTime('5m').sign(key)
   const connects = async (jwt: string) => {
@@ -372,11 +373,11 @@ test('JWKS: keys fetched and cached, a new kid fetched again once (rotation, no 
     assert.equal(await connects(await signed(key1.privateKey, 'RS256', 'k1')), 'alice')
     assert.equal(fetches, 1, 'cached')
     served.push({ ...(await exportJWK(key2.publicKey)), kid: 'k2', alg: 'ES256', use: 'sig' })
-    await new Promise((r) => setTimeout(r, 1100)) // (past the cooldown since the first fetch)
-    assert.equal(await connects(await signed(key2.privateKey, 'ES256', 'k2')), 'alice')
+    const [k2, k3] = [await signed(key2.privateKey, 'ES256', 'k2'), await signed(key3.privateKey, 'RS256', 'k3')]
+    await new Promise((r) => setTimeout(r, 3100)) // (past the cooldown since the first fetch)
+    assert.equal(await connects(k2), 'alice')
     assert.equal(fetches, 2, 'an unknown kid: fetched again')
-    const key3 = await generateKeyPair('RS256')
-    const err: any = await connects(await signed(key3.privateKey, 'RS256', 'k3')).then(() => assert.fail('k3 accepted'), (e) => e)
+    const err: any = await connects(k3).then(() => assert.fail('k3 accepted'), (e) => e)
     assert.match(err.message, /key the issuer does not list/)
     assert.equal(fetches, 2, 'not fetched again within the cooldown')
     // HS/RS confusion: an HS256 token whose secret is the RSA public key, as text.

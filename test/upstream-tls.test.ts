@@ -6,6 +6,9 @@ import { createProxy, type ProxyOptions } from '../proxy/index'
 import { Client } from '../src/index'
 import { generateCerts, type TestCerts } from './support/certs'
 import { PASSWORD, startPostgres, testPostgres, tlsOnly, type Postgres } from './support/stack'
+import { LIFTED_LIMITS, startChildProxy } from './support/child-proxy'
+import { sessionsByWorker } from './support/by-worker'
+import { eventually } from './support/helpers'
 
 // The proxy's own link to Postgres over TLS (sslmode require / verify-full), where SCRAM binds to
 // the channel (SCRAM-SHA-256-PLUS). The roles here may log in only over TLS (hostssl).
@@ -68,4 +71,47 @@ test('verify-full against an unknown CA fails with a clear error', async () => {
 test('a Postgres without TLS is refused clearly when the proxy requires it', async () => {
   const plain = testPostgres()
   await assert.rejects(query({ upstreamTls: { mode: 'require' } }, `${plain.host}:${plain.port}`), /does not accept TLS \(upstream sslmode=require\)/)
+})
+
+test('--workers 2 over TLS to Postgres: a backend cannot move between workers; the one with a backend to spare closes it, and the one whose sessions wait logs one in, in its place', async () => {
+  const p = await startChildProxy(`127.0.0.1:${pg18.port}`, {
+    built: true,
+    env: { EDGEPG_WORKERS: '2' },
+    flags: ['--upstream-sslmode', 'require', '--pool-mode', 'transaction', '--pool-size', '2', '--pool-timeout', '4000', ...LIFTED_LIMITS],
+  })
+  const app = `edgepg-tls-moves-${process.pid}`
+  const admin = pg18.admin()
+  await admin.connect()
+  const backends = async () => (await admin.query('SELECT array_agg(pid ORDER BY pid) AS pids FROM pg_stat_activity WHERE application_name = $1', [app])).rows[0].pids ?? []
+  const connect = async () => {
+    const c = new Client({
+      host: '127.0.0.1', port: pg18.port, user: 'scram_user', password: PASSWORD, database: 'postgres', application_name: app,
+      webSocketConstructor: WebSocket as any, wsProxy: () => `ws://127.0.0.1:${p.port}/v2`,
+    })
+    c.on('error', () => {})
+    await c.connect()
+    return c
+  }
+  const ranOn = async (c: Client) => (await c.query('SELECT pid, ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()')).rows[0] as { pid: number; ssl: boolean }
+  let all: Client[] = []
+  try {
+    const by = await sessionsByWorker(connect, (by) => by.some((w) => w.length >= 2))
+    all = by.flat()
+    await ranOn(all[0])
+    await eventually(async () => (await backends()).length === 2, "the key's backend on each worker")
+    const logged: number[] = await backends()
+    const [a, b] = by[by[0].length >= 2 ? 0 : 1]
+    await a.query('BEGIN')
+    const onA = await ranOn(a)
+    const onB = await ranOn(b)
+    assert.ok(onB.ssl && !logged.includes(onB.pid), `b ran on a backend logged in for it, over TLS: ${JSON.stringify(onB)}`)
+    const other = logged.find((pid) => pid !== onA.pid)
+    await eventually(async () => !(await backends()).includes(other), "the other worker's backend closed: its place went with the ask")
+    assert.deepEqual(await backends(), [onA.pid, onB.pid].sort((x, y) => x - y))
+    await a.query('COMMIT')
+  } finally {
+    await Promise.all(all.map((c) => c.end().catch(() => {})))
+    await admin.end()
+    await p.stop()
+  }
 })

@@ -190,6 +190,7 @@ export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => P
     },
   })
   const preparedAgain = new Counter({ name: `${PREFIX}statements_prepared_again_total`, help: 'Transaction pooling: named statements prepared again on another backend', registers })
+  const moves = new Counter({ name: `${PREFIX}backend_moves_total`, help: 'Transaction pooling with --workers: backends handed to another worker, whose sessions waited for one', registers })
   new Gauge({ name: `${PREFIX}lent_backends`, help: 'Transaction pooling: backends lent to sessions now (pinned ones included)', registers, collect() { this.set(load().lending.lent) } })
   new Gauge({ name: `${PREFIX}lend_waiting`, help: 'Transaction pooling: sessions and /sql requests waiting for a backend now', registers, collect() { this.set(load().lending.waiting) } })
   new Gauge({
@@ -242,6 +243,7 @@ export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => P
       verified: () => verifications.inc(),
       handedOver: (outcome) => void counted[outcome]++,
       preparedAgain: () => preparedAgain.inc(),
+      moved: () => moves.inc(),
     },
     replicas: {
       routed: (target) => targets.inc({ target }),

@@ -11,6 +11,7 @@ import { randomBytes } from 'node:crypto'
 import { AggregatorRegistry } from 'prom-client'
 import { PlacesKeeper } from './places'
 import type { ToPrimary, ToWorker } from './worker'
+import type { Socket } from 'node:net'
 
 export interface PrimaryOptions {
   workers: number
@@ -35,8 +36,16 @@ export function runPrimary(o: PrimaryOptions) {
   const fork = (index: number) => {
     const worker = cluster.fork({ EDGEPG_WORKER_INDEX: String(index) })
     live.set(index, worker)
-    worker.on('message', (m: ToPrimary) => {
-      if (m?.edgepg === 'places') {
+    worker.on('message', (m: ToPrimary, handle?: Socket) => {
+      if (m?.edgepg === 'backend') {
+        if (m.op === 'want') for (const [other, w] of live) other !== index && send(w, { ...m, from: index })
+        // (A backend for a worker gone meanwhile goes back to its giver, its `freed` too.)
+        else {
+          const to = live.get(m.to) ?? worker
+          if (to.isConnected()) to.send(m, handle)
+          else handle?.destroy()
+        }
+      } else if (m?.edgepg === 'places') {
         if (m.op === 'hello') send(worker, { edgepg: 'pool', secret: poolSecret })
         places.hear(index, m)
       } else if (m?.edgepg === 'key') {

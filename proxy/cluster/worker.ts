@@ -7,6 +7,8 @@ import { AggregatorRegistry, type Registry } from 'prom-client'
 import { SharedPlaces, type PlacesOf, type PlacesToPrimary, type PlacesToWorker } from './places'
 import type { SignalMessage } from '../ws/signals'
 import type { HostPort } from '../upstream/address'
+import type { Socket } from 'node:net'
+import type { BackendMoves } from '../pool/lenders'
 
 /**
  * A key a worker's session has just logged in with, for the other workers to log a backend in ahead
@@ -23,8 +25,25 @@ export interface KeyMessage {
   client: string
 }
 
-export type ToPrimary = PlacesToPrimary | { edgepg: 'metrics'; id: number } | SignalMessage | KeyMessage
-export type ToWorker = PlacesToWorker | { edgepg: 'metrics'; id: number; body?: string; error?: string } | SignalMessage | { edgepg: 'retire' } | { edgepg: 'pool'; secret: string } | KeyMessage
+/**
+ * Backends move to the worker whose sessions wait for one (proxy/pool/lender.ts): a worker asks the
+ * others for one of a key's (`want`, sent on by the primary with who asked); one with a backend to
+ * spare hands its socket over (`give`, with the socket as the message's handle; without one where
+ * it could not move, as over TLS). The place in --pool-size goes with it.
+ *
+ * `freed` follows each `give`. Node closes a socket it passed on in the process that passed it only
+ * once the next process has acknowledged it, and until then that process may read, and lose, what
+ * Postgres sends. It also sends nothing more on a channel until that acknowledgement: so once
+ * `freed` (sent behind the socket by the giver, and on by the primary) arrives, no other process
+ * reads the socket, and the backend may run statements.
+ */
+export type WantMessage = { edgepg: 'backend'; op: 'want'; key: string; from?: number }
+export type GiveMessage = { edgepg: 'backend'; op: 'give'; id: string; key: string; to: number; target: HostPort; answer: string; born: number }
+export type FreedMessage = { edgepg: 'backend'; op: 'freed'; id: string; to: number }
+type BackendMessage = WantMessage | GiveMessage | FreedMessage
+
+export type ToPrimary = PlacesToPrimary | { edgepg: 'metrics'; id: number } | SignalMessage | KeyMessage | BackendMessage
+export type ToWorker = PlacesToWorker | { edgepg: 'metrics'; id: number; body?: string; error?: string } | SignalMessage | { edgepg: 'retire' } | { edgepg: 'pool'; secret: string } | KeyMessage | BackendMessage
 
 /** What a proxy in a worker asks its primary for. */
 export interface ClusterLink {
@@ -46,6 +65,12 @@ export interface ClusterLink {
   announce(m: KeyMessage): void
   /** A key another worker's session just logged in with. */
   onKey?: (m: KeyMessage) => void
+  /** Backends to and from the other workers. */
+  moves: BackendMoves
+  /** Another worker's sessions wait for a backend of `key`. */
+  onWanted?: (key: string, from: number) => void
+  /** A backend another worker handed over: its socket (none: it could not move). */
+  onGiven?: (m: GiveMessage, socket?: Socket) => void
 }
 
 /** This worker's link, once the primary has told it what a replacement worker needs to know. */
@@ -58,8 +83,19 @@ export async function workerLink(workers: number, index: number) {
   let known!: () => void
   const hello = new Promise<void>((resolve) => (known = resolve))
   let poolSecret: Buffer | undefined
-  process.on('message', (m: ToWorker) => {
-    if (m?.edgepg === 'pool') poolSecret = Buffer.from(m.secret, 'base64')
+  /** Backends handed over, until they are freed (see FreedMessage). */
+  const arriving = new Map<string, [GiveMessage, Socket | undefined]>()
+  let given = 0
+  process.on('message', (m: ToWorker, handle?: Socket) => {
+    if (m?.edgepg === 'backend') {
+      if (m.op === 'give') arriving.set(m.id, [m, handle])
+      else if (m.op === 'want') link.onWanted?.(m.key, m.from!)
+      else {
+        const [give, socket] = arriving.get(m.id) ?? []
+        arriving.delete(m.id)
+        if (give) link.onGiven ? link.onGiven(give, socket) : socket?.destroy()
+      }
+    } else if (m?.edgepg === 'pool') poolSecret = Buffer.from(m.secret, 'base64')
     else if (m?.edgepg === 'key') link.onKey?.(m)
     else if (m?.edgepg === 'metrics') {
       metricsWaiting.get(m.id)?.(m)
@@ -81,6 +117,14 @@ export async function workerLink(workers: number, index: number) {
     signal: send,
     poolSecret,
     announce: send,
+    moves: {
+      want: (key) => send({ edgepg: 'backend', op: 'want', key }),
+      give(m, socket) {
+        const id = `${index}.${given++}`
+        process.send!({ edgepg: 'backend', op: 'give', id, ...m }, socket)
+        send({ edgepg: 'backend', op: 'freed', id, to: m.to })
+      },
+    },
     places(name, limit) {
       const places = new SharedPlaces(name, limit, workers, index, send)
       for (const [of, key, lease] of leases) if (of === name) places.lease(key, lease)

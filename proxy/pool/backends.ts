@@ -23,6 +23,7 @@ import { serialize } from 'pg-protocol'
 import { ByteQueue, EMPTY, messages } from '../wire/bytes'
 import { cancelRequest, type BackendKey } from '../wire/startup'
 import type { Upstream } from '../upstream/connection'
+import type { Socket } from 'node:net'
 import type { Ending } from './idle-watch'
 import type { LoginOutcome } from '../login/in-upgrade'
 import { ServerMessage, TxStatus } from '../wire/codes'
@@ -81,7 +82,6 @@ const DISCARD_ALL = serialize.query('DISCARD ALL')
 
 /** A Postgres connection that finished a login, and what its login said. */
 export class Backend {
-  readonly born = Date.now()
   readonly key: BackendKey
   /** The login's answer, message by message; ParameterStatus kept current. */
   private answer: Buffer[]
@@ -106,7 +106,8 @@ export class Backend {
   /** Kept past the idle timeout, its key's last (keepWarmMs). */
   kept = false
 
-  constructor(readonly upstream: Upstream, readonly poolKey: string, answer: Buffer[]) {
+  /** `born`: when its login was (another worker's, for a backend handed over). */
+  constructor(readonly upstream: Upstream, readonly poolKey: string, answer: Buffer[], readonly born = Date.now()) {
     this.answer = answer.map((m) => Buffer.from(m))
     const k = this.answer.find((m) => m[0] === ServerMessage.BackendKeyData)!
     this.key = { pid: k.readInt32BE(5), secret: k.subarray(9) }
@@ -203,8 +204,12 @@ export class BackendPool {
     return JSON.stringify([upstream, tls ?? null, startup.toString('base64'), secret, ...(forTokens ? ['tokens'] : [])])
   }
 
-  /** As take without a ping, where it need not wait: an idle backend of `key` not being reset (undefined: none, or the next is being reset, which take waits for). */
-  takeNow(key: string): Backend | undefined {
+  /**
+   * As take without a ping, where it need not wait: an idle backend of `key` not being reset
+   * (undefined: none, or the next is being reset, which take waits for). `use`: false where it is
+   * taken to go to another worker, not for a session here.
+   */
+  takeNow(key: string, use = true): Backend | undefined {
     const list = this.idle.get(key)
     while (list?.length && !list[list.length - 1].resetting) {
       const backend = list.pop()!
@@ -214,9 +219,22 @@ export class BackendPool {
         this.discard(backend)
         continue
       }
-      return this.taken(key, backend)
+      return use ? this.taken(key, backend) : backend
     }
     return undefined
+  }
+
+  /**
+   * A backend taken from the pool or lent, to go to another worker (proxy/pool/lender.ts: askOthers): no longer
+   * this pool's. Its socket; undefined over TLS, which cannot move (the backend is closed).
+   */
+  handOff(backend: Backend): Socket | undefined {
+    clearTimeout(backend.idleTimer)
+    backend.queue = undefined
+    this.forget(backend)
+    const socket = backend.upstream.release()
+    if (!socket) backend.upstream.close()
+    return socket
   }
 
   private taken(key: string, backend: Backend): Backend {
@@ -305,11 +323,11 @@ export class BackendPool {
    * A backend a session just logged in: the pool owns it from now on, if there is room (and it
    * has a cancel key, without which a lent one could not be cancelled).
    */
-  adopt(key: string, upstream: Upstream, answer: Buffer): Backend | undefined {
+  adopt(key: string, upstream: Upstream, answer: Buffer, born?: number): Backend | undefined {
     const answered = messages(answer)
     if (!this.enabled || this.closed || !answered.some((m) => m[0] === ServerMessage.BackendKeyData)) return undefined
     if (this.owned.size >= this.maxBackends && !this.closeOldest()) return undefined
-    const backend = new Backend(upstream, key, answered)
+    const backend = new Backend(upstream, key, answered, born)
     this.owned.set(`${upstream.name} ${backend.key.pid}`, backend)
     this.lastUsed.set(key, Date.now())
     upstream.on('close', () => {

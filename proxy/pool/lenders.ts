@@ -4,10 +4,12 @@
  * log in a backend of its own. A lender answers logins for `lifetimeMs`; the next one after that
  * makes a fresh lender (its backends' answer may have aged: a changed setting, a new server version).
  */
-import type { Upstream } from '../upstream/connection'
+import { Upstream } from '../upstream/connection'
+import type { Socket } from 'node:net'
+import type { HostPort } from '../upstream/address'
 import type { LoginOutcome } from '../login/in-upgrade'
 import type { Backend, BackendPool } from './backends'
-import { Lender, type LendingMetrics, type Shares } from './lender'
+import { CLEAN, Lender, type LendingMetrics, type PinCount, type Shares } from './lender'
 import { parseStartupPacket } from '../wire/startup'
 import type { Reading } from '../isolation/reader'
 
@@ -23,7 +25,20 @@ export interface LendingOptions {
   /** What statements may leave behind, by their text (proxy/isolation/reader.ts). */
   reader: (sql: string) => Reading
   shares: Shares
+  /** Where pinned sessions are counted, by key (with --workers, over all of them). */
+  pins: PinCount
 }
+
+/** --workers: how a key's backends travel to the worker whose sessions wait for one (proxy/cluster/worker.ts carries them). */
+export interface BackendMoves {
+  /** Asks the other workers for a backend of `key`. */
+  want(key: string): void
+  /** Hands a backend of `key` to worker `to`: its socket (undefined: it could not move, and was closed), and what its login said. */
+  give(m: { key: string; to: number; target: HostPort; answer: string; born: number }, socket: Socket | undefined): void
+}
+
+/** Backend.user of a backend handed over by another worker: whatever its last session left, its next one resets it. */
+const MOVED = {}
 
 /** Transaction pooling: the backends of one upstream, user and database (in the metrics, keys that differ otherwise are summed). */
 export interface KeyBackends {
@@ -41,8 +56,10 @@ export type Unlent = { upstream: Upstream; backend?: Backend; outcome: LoginOutc
 export class Lenders {
   private readonly byKey = new Map<string, Lender>()
   private readonly firstLogins = new Map<string, Promise<unknown>>()
+  /** --workers: what keys without a lender hold of --pool-size, where backends moved (see Lender.size). */
+  private readonly held = new Map<string, number>()
 
-  constructor(private readonly pool: BackendPool, readonly o: LendingOptions, private readonly events: LendingMetrics) {}
+  constructor(private readonly pool: BackendPool, readonly o: LendingOptions, private readonly events: LendingMetrics, private readonly moves?: BackendMoves) {}
 
   /** The key's lender, while it answers logins. */
   get(key: string): Lender | undefined {
@@ -67,16 +84,56 @@ export class Lenders {
     if (!opened.backend) return opened
     const existing = this.get(key)
     if (existing) return existing.spare(opened.backend), existing
-    const lender = new Lender(this.pool, key, opened.backend, this.o.size, this.o.timeoutMs, relogin, this.events, this.o.reader, this.o.shares)
+    // (A key's lender made anew holds what the last held: backends may have moved.)
+    const size = this.byKey.get(key)?.size ?? this.held.get(key) ?? this.o.size
+    this.held.delete(key)
+    const lender = new Lender(this.pool, key, opened.backend, size, this.o.timeoutMs, relogin, this.events, this.o.reader, this.o.shares, this.o.pins, this.movesOf(key))
     this.forgetExpired()
     this.byKey.set(key, lender)
     made?.()
     return lender
   }
 
+  private movesOf(key: string) {
+    const { moves, pool } = this
+    return (
+      moves && {
+        want: () => moves.want(key),
+        give: (backend: Backend, to: number) =>
+          moves.give({ key, to, target: backend.upstream.target, answer: backend.answerWith(backend.key.secret).toString('base64'), born: backend.born }, pool.handOff(backend)),
+      }
+    )
+  }
+
+  /** --workers: worker `from`'s sessions wait for a backend of `key`. */
+  wanted(key: string, from: number) {
+    this.byKey.get(key)?.wanted(from)
+  }
+
+  /**
+   * --workers: a backend of `key` another worker handed over, and its place in --pool-size (no
+   * socket: it could not move, or the pool here has no room for it: one is logged in here instead).
+   */
+  received(m: { key: string; target: HostPort; answer: string; born: number }, socket?: Socket) {
+    const upstream = socket && new Upstream(m.target, undefined, socket)
+    const backend = upstream && this.pool.adopt(m.key, upstream, Buffer.from(m.answer, 'base64'), m.born)
+    if (backend) backend.user = MOVED
+    else upstream?.close()
+    const lender = this.byKey.get(m.key)
+    if (lender) return lender.receive(backend)
+    // (Its lender gone meanwhile: the next holds the place; the backend waits idle.)
+    this.held.set(m.key, (this.held.get(m.key) ?? this.o.size) + 1)
+    if (backend) this.pool.giveBack(backend, CLEAN)
+  }
+
   /** Lenders past their lifetime with nothing lent are forgotten (their idle backends stay the pool's): keys come and go. */
   private forgetExpired() {
-    for (const [key, lender] of this.byKey) if (!this.get(key) && !lender.lentCount) this.byKey.delete(key), this.pool.stopRenewing(key)
+    for (const [key, lender] of this.byKey) {
+      if (this.get(key) || lender.lentCount) continue
+      this.byKey.delete(key)
+      this.pool.stopRenewing(key)
+      if (lender.size !== this.o.size) this.held.set(key, lender.size)
+    }
   }
 
   /** Each key's backends, idle and lent, by what its key says of the login (never the password). */

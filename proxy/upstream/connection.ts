@@ -68,10 +68,14 @@ export class Upstream {
   private readonly fromTcp = (chunk: Buffer) => this.onData(chunk)
   private readonly tcp: Socket
 
-  /** Connects when connect() is called: no Postgres connection before it is needed. */
-  constructor(readonly target: HostPort, private tlsOptions?: UpstreamTls) {
+  /**
+   * Connects when connect() is called: no Postgres connection before it is needed. `connected`: a
+   * socket already logged in, handed over by another worker (proxy/pool/lender.ts: askOthers).
+   */
+  constructor(readonly target: HostPort, private tlsOptions?: UpstreamTls, connected?: Socket) {
     this.name = formatHostPort(target)
-    this.tcp = this.socket = new net.Socket().setNoDelay(true).setKeepAlive(true, KEEPALIVE_MS)
+    this.tcp = this.socket = (connected ?? new net.Socket()).setNoDelay(true).setKeepAlive(true, KEEPALIVE_MS)
+    this.connected = !!connected
     this.tcp.on('data', this.fromTcp)
     this.tcp.on('drain', () => this.socket === this.tcp && this.onDrain?.())
     this.tcp.on('end', () => (this.gone = true))
@@ -117,6 +121,17 @@ export class Upstream {
 
   resume() {
     this.socket.resume()
+  }
+
+  /**
+   * Its plain TCP socket, to hand to another process: this Upstream lets go of it (undefined over
+   * TLS, which cannot move, or with bytes of Postgres's not yet read, which would be lost).
+   */
+  release(): Socket | undefined {
+    if (this.socket !== this.tcp || this.tcp.destroyed || this.tcp.readableLength || this.queue.length) return undefined
+    this.tcp.removeAllListeners()
+    this.tcp.pause()
+    return this.tcp
   }
 
   /** From now on Postgres's bytes go to `onData`; returns those queued so far. */
