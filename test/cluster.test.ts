@@ -161,12 +161,15 @@ test('--workers 2, transaction pooling: backends go to the worker whose sessions
     const w = by[0].length >= 2 ? 0 : 1
     const [a, b] = by[w]
     const c = by[1 - w][0]
+    await c.query("SET search_path TO c_own_schema, public") // (on the other worker's backend, which c then leaves parked)
     await a.query('BEGIN')
     const pidA = await pidOf(a) // (worker w's one backend, held)
     const pidB = await pidOf(b) // (the other worker's, handed over)
     assert.ok(logged.includes(pidB) && pidB !== pidA, `b ran on the other worker's backend: ${pidB}, a on ${pidA}, logged in ${logged}`)
-    // And back: the other worker's session finds none there; b's, idle now, goes back to it.
+    assert.equal((await b.query('SHOW search_path')).rows[0].search_path, '"$user", public', "nothing of c's came with the backend")
+    // And back: the other worker's session finds none there; b's, idle now, goes back to it, c's setting with c.
     assert.equal(await pidOf(c), pidB)
+    assert.equal((await c.query('SHOW search_path')).rows[0].search_path, 'c_own_schema, public')
     await a.query('COMMIT')
     for (const s of [a, b, c, a]) assert.ok(logged.includes(await pidOf(s)))
     assert.deepEqual(await backends(), logged, 'no login at Postgres: the same two backends')

@@ -1,6 +1,6 @@
 /** `--workers n`: each worker's part of the limits the workers do not share (proxy/cluster/places.ts shares the others). */
 import type { ProxyOptions } from '../index'
-import { pinnedCap } from '../pool/lender'
+import { pinnedCap } from '../pool/pin'
 
 /** A limit split among `n` workers: worker `index`'s part (the parts add up to `total`; each is at least 1). */
 export const partOf = (total: number, n: number, index: number) => Math.max(1, Math.floor(total / n) + (index < total % n ? 1 : 0))

@@ -225,7 +225,7 @@ export class BackendPool {
   }
 
   /**
-   * A backend taken from the pool or lent, to go to another worker (proxy/pool/lender.ts: askOthers): no longer
+   * A backend taken from the pool or lent, to go to another worker (proxy/pool/asks.ts): no longer
    * this pool's. Its socket; undefined over TLS, which cannot move (the backend is closed).
    */
   handOff(backend: Backend): Socket | undefined {

@@ -18,30 +18,8 @@ import type { Ending } from './idle-watch'
 import { parseStartupPacket } from '../wire/startup'
 import type { Reading } from '../isolation/reader'
 import { verification } from '../isolation/verify'
-
-/** Where a key's pinned sessions are counted: this process, or with --workers the whole proxy (proxy/cluster/places.ts). */
-export interface PinCount {
-  /** A place: true, false when the cap is reached, or a promise of either. */
-  take(key: string): boolean | Promise<boolean>
-  give(key: string): void
-}
-
-/** --workers: a key's backends move to where its sessions wait (the messages: proxy/cluster/worker.ts). */
-export interface Moves {
-  /** Asks the other workers for one of the key's backends. */
-  want(): void
-  /** Hands a backend this worker has no use for to worker `to`. */
-  give(backend: Backend, to: number): void
-}
-
-/**
- * --workers: how long the first session in line waits before its worker asks the others for a
- * backend (most waits end sooner, on one given back there), how often it asks again while sessions
- * wait (the others may have had none to spare, nor a lender yet), and how long an ask stands.
- */
-const ASK_AFTER_MS = 5
-const ASK_AGAIN_MS = 100
-const ASK_STANDS_MS = 250
+import { KeyPins, type PinCount } from './pin'
+import { Asks, type Moves } from './asks'
 
 /** Random bytes for cancel secrets, drawn from a pool refilled 4 KiB at a time (one call per ~1,000 logins, not one each). */
 let randomPool = Buffer.alloc(0)
@@ -106,12 +84,6 @@ export interface Shares {
   pinned: number
 }
 
-/**
- * --max-pinned-sessions by default: a quarter of --pool-size, but at least two where there are three
- * or more (pg's own suite keeps two sessions with temp tables at once).
- */
-export const pinnedCap = (size: number) => (size < 3 ? 1 : Math.max(2, Math.ceil(size / 4)))
-
 export class Lender {
   /** Lent now (parked ones among them). */
   private readonly lent = new Set<Backend>()
@@ -130,20 +102,16 @@ export class Lender {
 
   /** The client each lent backend is lent to (none: not counted, as a /sql request's). */
   private readonly holders = new Holders()
-  /** Pins granted by the proxy-wide count (`pins`) while they waited for its answer: the next pins' to take. */
-  private granted = 0
-  /** The proxy-wide count refused a pin: the next asks no more, and waits for a pinned session of its own worker that may leave. */
-  private pinRefused = false
+  /** Its sessions pinned now, and the pins that wait for one that may leave (proxy/pool/pin.ts). */
+  readonly pins: KeyPins
   /** Upstream and user: who may signal whom (proxy/ws/signals.ts). */
   readonly role: string
 
   /** Backends whose close this lender watches. */
   private readonly watched = new WeakSet<Backend>()
 
-  /** --workers: the workers whose sessions wait for one of this key's backends, in the order they asked, and when they last did (performance.now()). */
-  private readonly wantedBy = new Map<number, number>()
-  /** --workers: this worker's next ask, while its sessions wait. */
-  private askTimer?: NodeJS.Timeout
+  /** --workers: this worker's asks for more of the key's backends, and the others' (proxy/pool/asks.ts). */
+  private readonly asks?: Asks
 
   /** With the key's first backend, just logged in: idle, the first to be lent. */
   constructor(
@@ -151,7 +119,7 @@ export class Lender {
     readonly key: string,
     /** The first login's (or the newest renewal's): every later login of the key is answered with its answer. */
     private answer: Backend,
-    /** Its backends, idle or lent: --pool-size, or with --workers what this worker holds of it now (backends move, see askOthers). */
+    /** Its backends, idle or lent: --pool-size, or with --workers what this worker holds of it now (backends move: proxy/pool/asks.ts). */
     public size: number,
     readonly timeoutMs: number,
     private readonly login: () => Promise<{ upstream: Upstream; outcome: LoginOutcome }>,
@@ -160,10 +128,12 @@ export class Lender {
     readonly read: (sql: string) => Reading,
     readonly shares: Shares,
     /** Where sessions pinned now are counted, by key (--max-pinned-sessions: over all workers). */
-    private readonly pins: PinCount,
+    pinCount: PinCount,
     /** --workers: how backends move to the worker whose sessions wait for one. */
-    private readonly moves?: Moves
+    moves?: Moves
   ) {
+    this.pins = new KeyPins(pinCount, key)
+    this.asks = moves && new Asks(moves, () => this.waiting.length > 0, () => this.short)
     const [upstream, , loginB64] = JSON.parse(key) as string[]
     const startup = parseStartupPacket(Buffer.from(loginB64, 'base64'))
     const user = startup.kind === 'startup' ? startup.user : ''
@@ -218,19 +188,12 @@ export class Lender {
     this.timer ??= setTimeout(this.expire, this.timeoutMs)
     this.serve() // (a parked backend may be taken back for it)
     this.makeRoom(waiter)
-    if (this.moves) this.askTimer ??= setTimeout(this.ask, ASK_AFTER_MS)
+    this.asks?.lined()
   }
 
-  private readonly ask = () => {
-    this.askTimer = undefined
-    if (!this.waiting.length) return
-    this.askOthers()
-    this.askTimer = setTimeout(this.ask, ASK_AGAIN_MS)
-  }
-
-  /** Sessions wait, and no backend can be had here: ask the other workers for one. */
-  private askOthers() {
-    if (this.waiting.length && !this.parked.size && !this.pool.idleCount(this.key) && this.busy >= this.size) this.moves!.want()
+  /** Sessions wait, and no backend can be had here. */
+  private get short(): boolean {
+    return this.waiting.length > 0 && !this.parked.size && !this.pool.idleCount(this.key) && this.busy >= this.size
   }
 
   /**
@@ -239,35 +202,23 @@ export class Lender {
    * with no one waiting here, while the ask stands.
    */
   wanted(from: number) {
-    this.wantedBy.set(from, performance.now())
+    this.asks?.heard(from)
     this.giveAway()
   }
 
   private giveAway() {
-    const to = this.asker()
+    const to = this.asks?.first()
     if (to === undefined || this.waiting.length) return
     const backend = this.pool.takeNow(this.key, false) ?? this.reclaim()
     if (backend) this.handOff(backend, to)
   }
 
-  /** The worker that asked first, of those whose ask stands. */
-  private asker(): number | undefined {
-    if (!this.wantedBy.size) return undefined
-    const now = performance.now()
-    for (const [worker, at] of this.wantedBy) {
-      if (now - at < ASK_STANDS_MS) return worker
-      this.wantedBy.delete(worker)
-    }
-    return undefined
-  }
-
   /** To worker `to`: one backend fewer here. */
   private handOff(backend: Backend, to: number) {
-    this.wantedBy.delete(to)
     this.lent.delete(backend)
     this.size--
     this.events.moved()
-    this.moves!.give(backend, to)
+    this.asks!.give(backend, to)
   }
 
   /**
@@ -279,7 +230,7 @@ export class Lender {
     if (!backend) return this.serve()
     this.lend(backend)
     this.giveBack(backend)
-    this.askOthers() // (still short: the next at once)
+    this.asks?.again()
   }
 
   /** One timer for the line, set for its oldest waiter (the first: every waiter waits as long), not one per wait. */
@@ -298,7 +249,7 @@ export class Lender {
         ? `${within}: this client holds ${perClient} of its ${this.size} backends already, as many as one client may (--max-backends-per-client)`
         : this.busy < this.size && this.pool.full
           ? `${within}: ${this.busy} of its ${this.size} are busy, and the proxy's ${this.pool.maxBackends} backends over all users are lent (raise --pool-max-backends, if Postgres has room)`
-          : `${within}: all ${this.size} ${this.moves ? "of this worker's are busy, and the other workers had none to spare" : 'are busy'} (raise --pool-size, or --pool-timeout)`))
+          : `${within}: all ${this.size} ${this.asks ? "of this worker's are busy, and the other workers had none to spare" : 'are busy'} (raise --pool-size, or --pool-timeout)`))
     }
     if (this.waiting.length) this.timer = setTimeout(this.expire, this.waiting[0].deadline - now)
   }
@@ -353,7 +304,7 @@ export class Lender {
       // Straight to the next in line: clean, and still lent.
       return this.hand(next, backend)
     }
-    const to = backend.upstream.gone ? undefined : this.asker()
+    const to = backend.upstream.gone ? undefined : this.asks?.first()
     if (to !== undefined) return this.handOff(backend, to)
     this.lent.delete(backend)
     this.pool.giveBack(backend, CLEAN)
@@ -397,7 +348,7 @@ export class Lender {
    * someone waits: then the session gives it back.
    */
   park(backend: Backend, surrender: () => void): boolean {
-    if (this.waiting.length || this.asker() !== undefined || !this.lent.has(backend)) return false
+    if (this.waiting.length || this.asks?.first() !== undefined || !this.lent.has(backend)) return false
     this.parked.set(backend, surrender)
     this.holders.counted(backend, false) // (another may take it)
     return true
@@ -412,58 +363,6 @@ export class Lender {
   /** Lent now, and being logged in: what counts against `size` beside the pool's idle ones. */
   get busy(): number {
     return this.lent.size + this.opening
-  }
-
-  /**
-   * A session would keep its backend for state it holds: true if there is room for one more pinned
-   * session (then it counts until `unpin`); false when --max-pinned-sessions are already, and none of
-   * them may leave; 'later' when one may (it runs something, or its backend is being asked again what
-   * it keeps: as when it released the lock the session just took): `retry` is then called as each
-   * such one settles, to ask again.
-   */
-  pin(retry?: () => void): boolean | 'later' {
-    if (this.granted) return this.granted--, true
-    if (!this.pinRefused) {
-      const got = this.pins.take(this.key)
-      if (got === true) return true
-      if (got !== false) {
-        // Past this worker's share: the primary answers for the whole proxy.
-        if (!retry) return void got.then((ok) => ok && this.pins.give(this.key)), false
-        got.then((ok) => {
-          if (ok) this.granted++
-          else this.pinRefused = true
-          retry()
-          this.pinRefused = false
-          if (this.granted) this.granted--, this.pins.give(this.key) // (the session no longer needs it)
-        })
-        return 'later'
-      }
-    }
-    if (!this.leaving || !retry) return false
-    this.deferred.push(retry)
-    return 'later'
-  }
-
-  unpin() {
-    this.pins.give(this.key)
-    this.retryPins()
-  }
-
-  /** Pinned sessions that may leave: running something, or their backend being asked again what they keep. */
-  private leaving = 0
-  /** Pins waiting for them. */
-  private deferred: Array<() => void> = []
-
-  /** A pinned session may leave soon (`may`), or has settled (still pinned, or gone: see unpin). */
-  mayLeave(may: boolean) {
-    this.leaving += may ? 1 : -1
-    if (!may) this.retryPins()
-  }
-
-  private retryPins() {
-    const deferred = this.deferred
-    this.deferred = []
-    for (const retry of deferred) retry()
   }
 
   /** Whether `client` may have one more backend now: within its share, or with no other client waiting. */

@@ -70,7 +70,7 @@ export class Upstream {
 
   /**
    * Connects when connect() is called: no Postgres connection before it is needed. `connected`: a
-   * socket already logged in, handed over by another worker (proxy/pool/lender.ts: askOthers).
+   * socket already logged in, handed over by another worker (proxy/pool/asks.ts).
    */
   constructor(readonly target: HostPort, private tlsOptions?: UpstreamTls, connected?: Socket) {
     this.name = formatHostPort(target)
@@ -130,6 +130,7 @@ export class Upstream {
   release(): Socket | undefined {
     if (this.socket !== this.tcp || this.tcp.destroyed || this.tcp.readableLength || this.queue.length) return undefined
     this.tcp.removeAllListeners()
+    this.tcp.on('error', () => {}) // (until Node sends it on: it may wait for an earlier socket's to be acknowledged)
     this.tcp.pause()
     return this.tcp
   }
