@@ -11,15 +11,15 @@
  * later account finds it clean. Its settings, role and SQL prepared statements (by Postgres's
  * reports and account: proxy/pool/session-state.ts) and its protocol-level named statements
  * (proxy/pool/prepared.ts) follow it from backend to backend; its reads may go to replicas
- * (proxy/replicas/session-reads.ts).
+ * (proxy/ws/lent-reads.ts).
  */
 import type { WebSocket, RawData } from 'ws'
 import type { Backend } from '../pool/backends'
-import { LoginRefused, PoolTimeout, type Lender } from '../pool/lender'
+import type { Lender } from '../pool/lender'
 import type { Holder } from '../pool/holders'
 import { IdleWatch, type Ending } from '../pool/idle-watch'
 import { statementsOn, StatementRelay, type Own, type SessionStatements } from '../pool/prepared'
-import { merge, NOTHING, type Reading } from '../isolation/reader'
+import { merge, NOTHING } from '../isolation/reader'
 import { SessionReading } from '../isolation/session-reading'
 import type { Signals } from './signals'
 import { found, handoverReset, HANDOVER_ENDS } from '../isolation/verify'
@@ -30,12 +30,13 @@ import { errorResponse, type BackendKey } from '../wire/startup'
 import type { BufferBudget, SessionMemory } from './budget'
 import { cancelNamed } from './cancels'
 import { DueSignals } from './due-signals'
-import { REPLICA_CLAIMS_ENDS, replicaClaimsMessages, setClaims, type ClaimsError } from '../auth/claims'
+import { REPLICA_CLAIMS_ENDS, setClaims, type ClaimsError } from '../auth/claims'
 import { closeWebSocket, type OutcomeKind, type RunningSession, type SessionLog } from './session'
-import { downForAll, recheckIn, type Fallback, type Replica } from '../replicas/replicas'
-import { HOLD_MAX, POSITIONS_MAX, refusedAsWrite, routeOf, SessionSeen, type OnReplica, type SessionReplicas } from '../replicas/session-reads'
+import { HOLD_MAX, POSITIONS_MAX, type OnReplica, type SessionReplicas } from '../replicas/session-reads'
 import { SessionPin } from '../pool/pin'
 import { POSITION_MESSAGE, SUBPROTOCOL_POSITIONS } from '../../src/config'
+import { READY_IDLE, type Lend } from './lend'
+import { LentReads, waitsOnReplica, type ReadsHost } from './lent-reads'
 
 export interface LentSessionOptions {
   lender: Lender
@@ -64,26 +65,6 @@ export interface LentSessionOptions {
   replicas?: SessionReplicas
 }
 
-interface Lend {
-  backend: Backend
-  /** The backend changed hands, and its reset is not answered yet: what the session sent behind it (sent elsewhere if Postgres refuses the reset), and whether a Sync went (nothing more goes until the answer). */
-  handover?: { sent: Buffer[]; bytes: number; synced: boolean }
-  /** Whose backend it is: the session's key's on the primary, or on a replica. */
-  lender: Lender
-  onReplica?: OnReplica
-  /** ReadyForQuery messages of the lend's the client has been sent. */
-  delivered: number
-  /** The primary's position is being asked behind the session's messages: their last ReadyForQuery waits for it here. */
-  positionDue: number
-  /** A COPY FROM STDIN ends the transaction: the position is asked once Postgres has answered all (see send). */
-  positionAfter?: boolean
-  tail?: Buffer
-  relay: StatementRelay
-  watch: IdleWatch
-  /** What the transaction's statements may have left behind, as the parser reads them. */
-  effects: Reading
-}
-
 const HIGH_WATER = 1 << 20
 /** `f` once the code running now is done: a microtask (a resolved promise's, cheaper than queueMicrotask's). */
 const RESOLVED = Promise.resolve()
@@ -95,23 +76,23 @@ export function runLentSession(ws: WebSocket, o: LentSessionOptions): RunningSes
   return new LentSession(ws, o)
 }
 
-class LentSession implements RunningSession {
+class LentSession implements RunningSession, ReadsHost {
   private readonly started = Date.now()
   private bytesIn: number
   private bytesOut = 0
   private outcome = 'closed by client'
   private kind: OutcomeKind = 'ok'
-  private lend?: Lend
+  lend?: Lend
   /** Client messages waiting for a backend, and what they cost (counted with the budget). */
   private waiting: Buffer[] = []
   private queued = 0
-  private acquiring = false
+  acquiring = false
   /** It keeps its backend for what its verification found left (proxy/pool/pin.ts). */
   private readonly pin: SessionPin
   /** Its transaction ended cleanly and it keeps its backend until another session needs it. */
   private parked = false
   /** Verifications under way: asking its backend what its transactions left (proxy/isolation/verify.ts). */
-  private verifying = 0
+  verifying = 0
   private readonly statements: SessionStatements = new Map()
   /** What its messages may leave behind, as the parser reads them. */
   private readonly reading: SessionReading
@@ -119,7 +100,7 @@ class LentSession implements RunningSession {
   /** The most it may hold of the client's: one protocol message under way, and what waits for a backend (--max-message-bytes). */
   private readonly maxHeld: number
   private readonly memory?: SessionMemory
-  private ended = false
+  ended = false
   /** While it waits in line for a backend: how to leave it (when the session ends). */
   private leaveLine?: (reason: Error) => void
   /** ReadyForQuery messages the client has been sent since its login (Postgres's and the proxy's own): names its statements to a cancel. */
@@ -135,15 +116,8 @@ class LentSession implements RunningSession {
   private idleInTx = false
   /** Who the session is to the per-client share of backends. */
   private readonly holder?: Holder
-  /** How far it has seen: its reads must not go behind that. */
-  private readonly seen: SessionSeen
-  /** What waits goes to the primary: a replica could not serve it. */
-  private toPrimary = false
-  /** A replica could not run the session's check (its login's settings forbid it there: serializable by default): its reads stay on the primary. */
-  private replicaRefused = false
-  /** A read waits for a replica to replay what the session has seen, with no backend meanwhile: since when, and how often it asked. */
-  private replayWait?: { since: number; tries: number }
-  private replayTimer?: NodeJS.Timeout
+  /** Its reads on replicas, and the primary's positions it sees (proxy/ws/lent-reads.ts). */
+  private readonly reads: LentReads
   /** Who it is to a backend's Backend.user (not the session itself: a backend outlives it). */
   private readonly user = {}
   /** What follows the session from backend to backend: its settings and SQL prepared statements. */
@@ -162,7 +136,7 @@ class LentSession implements RunningSession {
     })
     this.memory?.loggedIn()
     this.pin = new SessionPin(o.lender, (message) => this.evict('over_share', '53400', message))
-    this.seen = new SessionSeen(ws, o.replicas?.set)
+    this.reads = new LentReads(ws, this, o.replicas, o.claims)
     this.signalsDue = new DueSignals(o.signals, o.lender.role)
     this.unsignal = o.signals.attach(o.pid, {
       role: o.lender.role,
@@ -200,7 +174,7 @@ class LentSession implements RunningSession {
   private readonly onClientMessage = (data: RawData, isBinary: boolean) => {
     if (this.ended) return
     if (!isBinary) {
-      if (this.cancelFrame(data as Buffer) || this.seen.afterFrame(data as Buffer)) return
+      if (this.cancelFrame(data as Buffer) || this.reads.seen.afterFrame(data as Buffer)) return
       this.end('client_error', 'refused a text frame')
       return closeWebSocket(this.ws, 1003, 'edgepg-proxy: expected binary frames')
     }
@@ -216,7 +190,7 @@ class LentSession implements RunningSession {
       return closeWebSocket(this.ws, 1002, 'edgepg-proxy: not protocol messages')
     }
     if (this.ws.protocol === SUBPROTOCOL_POSITIONS && msgs.some((m) => m[0] === POSITION_MESSAGE)) {
-      const rest = this.seen.takePositions(msgs)
+      const rest = this.reads.seen.takePositions(msgs)
       if (!rest) {
         this.end('client_error', `refused a position message over ${POSITIONS_MAX} bytes`)
         return closeWebSocket(this.ws, 1002, 'edgepg-proxy: position message too long')
@@ -230,10 +204,10 @@ class LentSession implements RunningSession {
       this.idleInTx = false
       if (this.lend && this.parked) {
         // (Parked where the next transaction should not run: given back, and it is lent anew.)
-        if (this.o.replicas && this.route(msgs) !== 'primary') this.surrenderParked()
+        if (this.reads.route(msgs) !== 'primary') this.surrenderParked()
         else this.lend.lender.unpark(this.lend.backend), (this.parked = false)
       }
-      if (this.lend && !this.waitsOnReplica(this.lend)) this.send(msgs)
+      if (this.lend && !waitsOnReplica(this.lend)) this.send(msgs)
       else {
         this.queue(msgs)
         if (!this.lend && !this.acquiring) this.acquire()
@@ -283,7 +257,7 @@ class LentSession implements RunningSession {
   }
 
   /** What waits for a backend, taken out of the queue. */
-  private unqueue(): Buffer[] {
+  unqueue(): Buffer[] {
     const msgs = this.waiting
     this.waiting = []
     this.queued = 0
@@ -307,62 +281,24 @@ class LentSession implements RunningSession {
     return true
   }
 
-  /**
-   * A replica's lend takes no new messages while it waits to catch up, nor once its transaction is
-   * over (its verification may still be under way): they are routed afresh, when it is given back.
-   */
-  private waitsOnReplica(lend: Lend): boolean {
-    return !!lend.onReplica && (lend.onReplica.gatedSince !== undefined || lend.watch.settled === TxStatus.Idle)
+  next() {
+    if (this.waiting.length && !this.acquiring) this.acquire()
   }
 
-  /**
-   * Where messages that start a transaction go (proxy/replicas/session-reads.ts), for a session whose
-   * reads may go to replicas: the primary once a replica could not serve it, while it is pinned, and
-   * for a session by token until the replica key for its claims is learnt (see acquireOn).
-   */
-  private route(msgs: Buffer[]): 'primary' | 'replica' | 'autocommit' {
-    const replicas = this.o.replicas
-    if (!replicas || this.toPrimary || this.replicaRefused || this.pin.reason || (this.o.claims !== undefined && !replicas.claimsKey.key)) return 'primary'
-    return routeOf(msgs, this.o.lender.read, replicas.readOnly, replicas.set.o.autocommit)
+  pinned = () => !!this.pin.reason
+
+  get lender(): Lender {
+    return this.o.lender
   }
 
-  /** The primary's position, asked behind messages that end a transaction there (it is then told to the client ahead of their last ReadyForQuery). */
-  private positionBehind(lend: Lend): Own {
-    const set = this.o.replicas!.set
-    let answer = ''
-    lend.positionDue++
-    this.verifying++ // (the transaction is decided once it is in)
-    return {
-      query: set.positionMessage(),
-      onRow: (value) => (answer = value),
-      ready: () => {
-        this.verifying--
-        lend.positionDue--
-        this.seen.reached(set.primaryAnswer(answer))
-        if (this.lend !== lend) return
-        this.seen.tell()
-        if (lend.tail && !lend.positionDue) this.deliver(lend, lend.tail), (lend.tail = undefined)
-        this.afterOwn(lend)
-      },
-    }
-  }
-
-  /**
-   * All the session sent is answered, where the position was left to ask then: asked if Postgres says
-   * the session is idle and no group of the client's is half sent, else given up (a block still open
-   * is followed by the position where it closes; a group begun runs on this backend and asks it at its Sync).
-   */
-  private positionAfter(lend: Lend) {
-    const status = lend.watch.status
-    if (status === undefined) return // (the last ReadyForQuery's status comes in the next chunk)
-    lend.positionAfter = false
-    lend.positionDue--
-    if (lend.watch.settled === TxStatus.Idle) lend.relay.ownQuery(this.positionBehind(lend))
-    else if (!lend.positionDue && lend.tail) this.deliver(lend, lend.tail), (lend.tail = undefined)
+  /** What waits for a backend, ahead of what waits already: the session's own copies of what it sent on a lend that could not keep it. */
+  requeue(msgs: Buffer[]) {
+    this.waiting = [...msgs, ...this.waiting]
+    this.queued += msgs.reduce((n, m) => n + m.length + QUEUED_COST, 0)
   }
 
   /** `owned`: they are the session's own copies (from its queue), not views of what the client sent. */
-  private send(msgs: Buffer[], owned = false) {
+  send(msgs: Buffer[], owned = false) {
     const lend = this.lend!
     const handover = lend.handover
     if (handover) {
@@ -393,65 +329,23 @@ class LentSession implements RunningSession {
       if (r.signals) this.signalsDue.add(m, r, answered + 1)
       if (m[0] === ClientMessage.Query || m[0] === ClientMessage.Sync) answered++
     }
-    const on = lend.onReplica
-    if (on?.retryable) {
-      on.sent.push(...(owned ? msgs : msgs.map(kept)))
-      on.sentBytes += bytes
-      // (What may be sent again is bounded as what is held back is: past it, the read stays where it is.)
-      if (on.sentBytes > HOLD_MAX) (on.retryable = false), (on.sent = []), this.release(lend)
-    }
+    if (lend.onReplica) this.reads.sent(lend, msgs, bytes, owned)
+    else if (settled === TxStatus.Idle) this.o.replicas?.set.events.routed('primary') // (a replica's, once its answer stands)
     const last = msgs[msgs.length - 1][0]
-    const ends = last === ClientMessage.Sync || last === ClientMessage.Query
-    const idle = settled === TxStatus.Idle
-    if (idle && !lend.onReplica) this.o.replicas?.set.events.routed('primary') // (a replica's, once its answer stands: see release)
-    // Where reads may go to replicas, a group that may end a transaction on the primary (one that does
-    // not open a block, where Postgres's last word was idle, or that closes the block) is followed by
-    // the position, in the same write. Where what went before is unanswered, or behind a COPY FROM
-    // STDIN (which would take it for the copy's data), the position is asked once all is answered, if
-    // the session is idle then (see fromBackend): never inside a block, where it would take the snapshot.
-    let behind: Own[] | undefined
-    if (this.o.replicas && !lend.onReplica && ends && read.block !== 'open') {
-      if (read.copyIn || status === undefined) lend.positionAfter || ((lend.positionAfter = true), lend.positionDue++)
-      else if (read.block === 'closed' || status === TxStatus.Idle) (behind = [this.positionBehind(lend)])
-    }
+    const behind = this.reads.behind(lend, read, last === ClientMessage.Sync || last === ClientMessage.Query, status)
     lend.effects = merge(lend.effects, read)
-    if (!lend.relay.forward(msgs, false, behind) && behind) this.verifying--, lend.positionDue-- // (it did not go)
+    if (!lend.relay.forward(msgs, false, behind) && behind) this.reads.unsent(lend)
     this.pin.mayLeave(true) // (if pinned: what it runs may release what it keeps)
   }
 
-  private acquire() {
+  acquire() {
     this.acquiring = true
-    const route = this.o.replicas ? this.route(this.waiting) : 'primary'
-    if (route === 'primary') return this.acquireOn(this.o.lender)
-    const { set } = this.o.replicas!
-    const replica = set.choose()
-    if (typeof replica === 'string') return this.fellBack(replica)
-    this.o.replicas!.lender(replica).then(
-      (lender) => this.acquireOn(lender, { replica, sent: [], sentBytes: 0, held: [], heldBytes: 0, retryable: route === 'autocommit', checked: false }),
-      (err: Error) => this.replicaFailed(replica, err)
-    )
+    this.reads.acquire(this.waiting)
   }
 
-  /**
-   * No backend on `replica` for this session (`err`): a login Postgres refused there for what it asks
-   * (its options, role or database) is this session's, which reads on the primary from now on; anything
-   * else (no connection, a replica shutting down) passes the replica over a while, for all.
-   */
-  private replicaFailed(replica: Replica, err: Error) {
-    if (err instanceof LoginRefused && !downForAll(err.code)) return (this.replicaRefused = true), this.fellBack('refused')
-    this.o.replicas!.set.down(replica, err.message)
-    this.fellBack('down')
-  }
-
-  /** What waits goes to the primary after all, for `why`. */
-  private fellBack(why: Fallback) {
-    this.o.replicas!.set.events.fellBack(why)
-    this.acquireOn(this.o.lender)
-  }
-
-  private acquireOn(lender: Lender, onReplica?: OnReplica) {
+  acquireOn(lender: Lender, onReplica?: OnReplica) {
     this.acquiring = true
-    this.toPrimary = false
+    this.reads.asked()
     this.askedOf = lender
     this.askedFor = onReplica
     lender.request(this.given, this.refused, this.inLine, this.holder)
@@ -489,19 +383,13 @@ class LentSession implements RunningSession {
   private notLent(err: Error & { code?: string }) {
     this.leaveLine = undefined
     const onReplica = this.askedFor
-    if (onReplica && !this.ended) {
-      // (Its backends all busy: this read only.)
-      return err instanceof PoolTimeout ? this.fellBack('down') : this.replicaFailed(onReplica.replica, err)
-    }
+    if (onReplica && !this.ended) return this.reads.notLent(onReplica, err)
     this.refuseWaiting(err, `edgepg-proxy: ${err.message}`)
   }
 
   /** The backend is the session's now: what waited for it goes (unless the session ended meanwhile; on a replica, once it said it may serve). */
   private begin(backend: Backend, lender: Lender, onReplica?: OnReplica) {
     this.acquiring = false
-    // (A read that waited already, without a backend, goes on counting from when it began to.)
-    const { replayWait } = this
-    this.replayWait = undefined
     if (this.ended) return lender.giveBack(backend)
     const handover = backend.user !== undefined && backend.user !== this.user
     if (handover) backend.resets++ // (DISCARD ALL drops its prepared statements)
@@ -510,7 +398,7 @@ class LentSession implements RunningSession {
     backend.user = this.user
     const lend = this.startLend(backend, lender, onReplica)
     // Ahead of the session's messages, in their group: the reset, the session's settings, and on a standby a token's claims (each lend: the session may have reset them).
-    const claims = onReplica && this.o.claims !== undefined ? replicaClaimsMessages(this.o.claims, this.o.replicas!.claimsKey.key!) : undefined
+    const claims = this.reads.claimsLead(lend)
     if (handover || carried || claims) {
       lend.handover = { sent: [], bytes: 0, synced: false }
       const reset = handover ? handoverReset() : undefined
@@ -518,14 +406,7 @@ class LentSession implements RunningSession {
       const lead = carried || claims ? Buffer.concat([reset ?? EMPTY, carried?.bytes ?? EMPTY, claims ?? EMPTY]) : reset!
       lend.relay.lead(lead, ends, (ok) => this.handedOver(lend, ok, handover, !!claims, !!carried))
     }
-    if (onReplica) {
-      // Behind what the session has seen, as far as is known: its messages wait for the replica to replay it.
-      const need = this.seen.need()
-      if (need === undefined || onReplica.replica.replayed < need) (onReplica.gatedSince = replayWait?.since ?? performance.now()), (onReplica.behind = !!replayWait)
-      this.checkReplica(lend, replayWait?.tries)
-      if (onReplica.gatedSince !== undefined) return
-    }
-    this.send(this.unqueue(), true)
+    if (!this.reads.begun(lend)) this.send(this.unqueue(), true)
   }
 
   /**
@@ -539,7 +420,7 @@ class LentSession implements RunningSession {
     if (reset) this.o.lender.events.handedOver(ok ? 'reset' : 'refused')
     if (this.lend !== lend) return
     // (A standby that refused the session's claims or settings: it reads where they are set, on the primary.)
-    if (!ok && (claims || (carried && lend.onReplica))) this.replicaRefused = true
+    if (!ok && (claims || (carried && lend.onReplica))) this.reads.refused = true
     this.carryRefused = ok || !carried || lend.onReplica ? 0 : this.carryRefused + 1
     if (this.carryRefused > 1) {
       // (Refused twice running, on two backends: Postgres will not take the session's state any more, a privilege revoked say.)
@@ -555,110 +436,8 @@ class LentSession implements RunningSession {
     this.detach(lend)
     lend.lender.lost(lend.backend) // (closed)
     this.signalsDue.forgetAfter(this.readies) // (their statements are sent again)
-    this.waiting = [...sent, ...this.waiting]
-    this.queued += sent.reduce((n, m) => n + m.length + QUEUED_COST, 0)
+    this.requeue(sent)
     if (!this.acquiring) this.acquire()
-  }
-
-  /**
-   * Asks the replica how far it has replayed, ahead of the session's messages (no round trip of its
-   * own, unless they wait for it): its answer decides whether what runs there may stand.
-   */
-  private checkReplica(lend: Lend, tries = 0) {
-    const on = lend.onReplica!
-    const { set } = this.o.replicas!
-    let answer = ''
-    set.events.checked()
-    this.verifying++
-    if (lend.handover) lend.handover.synced = true // (its Sync ends the group the reset leads)
-    lend.relay.ownQuery({
-      query: set.checkMessage(on.replica),
-      onRow: (value) => (answer = value),
-      ready: () => {
-        this.verifying--
-        if (this.lend !== lend || on.moving) return
-        // (No answer: the check failed in this session, not the replica for all.)
-        if (!answer) return (this.replicaRefused = true), this.move(lend, 'check_failed')
-        const { replayed, serves, lagging } = set.observe(on.replica, answer)
-        if (!serves) return this.move(lend, 'promoted')
-        if (lagging) return this.move(lend, 'lag')
-        const need = this.seen.need()
-        if (need !== undefined && replayed >= need) {
-          on.checked = true
-          this.seen.reached(replayed)
-          if (on.gatedSince !== undefined) {
-            if (on.behind) set.events.waited((performance.now() - on.gatedSince) / 1000)
-            on.gatedSince = undefined
-            return this.send(this.unqueue(), true)
-          }
-          return this.release(lend)
-        }
-        // Behind: its messages wait (if they were sent, what they read is not what the session may see).
-        const left = on.gatedSince === undefined ? 0 : on.gatedSince + set.o.waitMs - performance.now()
-        if (left <= 0) return this.move(lend, 'position')
-        this.awaitReplay(lend, on.gatedSince!, tries, left)
-      },
-    })
-  }
-
-  /**
-   * The replica has not replayed what the session's read must see: its backend goes back (readers
-   * sharing the key are not queued behind this one), and the read asks again after a while (recheckIn),
-   * until --replica-wait has passed since it began.
-   */
-  private awaitReplay(lend: Lend, since: number, tries: number, left: number) {
-    this.detach(lend)
-    lend.lender.giveBack(lend.backend) // (it ran the proxy's check only)
-    this.acquiring = true // (what the client sends meanwhile waits with it)
-    this.replayWait = { since, tries: tries + 1 }
-    this.replayTimer = setTimeout(() => {
-      this.acquiring = false
-      if (!this.ended) this.acquire()
-    }, recheckIn(tries, left))
-  }
-
-  /**
-   * What the replica answered goes to the client (the position first): once it has said it may
-   * serve, and, for a read it may refuse as a write, once that read is over (or too large to hold).
-   */
-  private release(lend: Lend) {
-    const on = lend.onReplica!
-    const over = lend.watch.settled === TxStatus.Idle && !on.gatedSince
-    if (!on.held || !on.checked || (on.retryable && !over && on.heldBytes <= HOLD_MAX)) return
-    const held = on.held
-    on.held = undefined
-    this.o.replicas!.set.events.routed('replica')
-    on.retryable = false
-    on.sent = []
-    this.seen.tell()
-    for (const bytes of held) this.deliver(lend, bytes)
-  }
-
-  /**
-   * The replica cannot serve what the session sent (`why`): once Postgres has answered it all, the
-   * backend goes back and the messages go to the primary; the client has seen none of its answers.
-   */
-  private move(lend: Lend, why: Fallback) {
-    const on = lend.onReplica!
-    on.moving = why
-    on.held = undefined
-    if (lend.watch.pending === 0) this.moved(lend)
-  }
-
-  private moved(lend: Lend) {
-    const on = lend.onReplica!
-    this.detach(lend)
-    lend.lender.endSession(lend.backend, this.ending(lend)) // (reset: nothing of it is the session's)
-    this.toPrimaryAfter(on, on.moving!)
-  }
-
-  /** What the session sent on a replica's lend (or kept waiting for it), to the primary, ahead of anything sent since. */
-  private toPrimaryAfter(on: OnReplica, why: Fallback) {
-    if (on.gatedSince !== undefined) on.sent = this.unqueue()
-    this.waiting = [...on.sent, ...this.waiting]
-    this.queued += on.sent.reduce((n, m) => n + m.length + QUEUED_COST, 0)
-    this.toPrimary = true
-    this.fellBack(why)
   }
 
   /** No backend for what waits: each Query and Sync gets Postgres's way of saying no, an error and ReadyForQuery. */
@@ -700,24 +479,11 @@ class LentSession implements RunningSession {
     if (this.lend !== lend) return // (an answer of the proxy's own, read just now, moved the session on)
     const on = lend.onReplica
     // (A replica's lend whose transaction is over owes the client nothing: a FATAL now is the replica's going away.)
-    if (on && !on.held && this.waitsOnReplica(lend)) return
+    if (on && !on.held && waitsOnReplica(lend)) return
     lend.watch.received(lend.relay.passedReadies, lend.relay.passedLast, lend.relay.passedStatus)
-    if (on?.moving) return void (lend.watch.pending === 0 && this.moved(lend))
-    if (on?.held) {
-      if (visible.length) on.held.push(visible), (on.heldBytes += visible.length)
-      if (on.retryable && refusedAsWrite(visible)) return this.move(lend, 'read_only')
-      this.release(lend)
-      if (on.held) return
-    } else if (lend.positionDue && visible.length && lend.watch.last === ServerMessage.ReadyForQuery) {
-      // The last ReadyForQuery so far waits for the position asked behind it (see positionBehind).
-      const bytes = lend.tail ? Buffer.concat([lend.tail, visible]) : visible
-      lend.tail = bytes.subarray(bytes.length - READY_IDLE.length)
-      this.deliver(lend, bytes.subarray(0, bytes.length - READY_IDLE.length))
-      if (lend.positionAfter && lend.watch.pending === 0) this.positionAfter(lend)
-    } else if (visible.length) {
-      if (lend.tail) this.deliver(lend, lend.tail), (lend.tail = undefined)
-      this.deliver(lend, visible)
-    }
+    if (on?.moving || on?.held) {
+      if (this.reads.answered(lend, visible)) return
+    } else if (visible.length) this.reads.deliver(lend, visible)
     this.signalsDue.send(this.readies)
     // A parked backend speaks only to say it is going away (a FATAL): it stays with this session
     // (which ends as it closes), and no other may take it meanwhile.
@@ -754,7 +520,7 @@ class LentSession implements RunningSession {
   }
 
   /** Postgres's answers of a lend to the client, counting its ReadyForQuery messages. */
-  private deliver(lend: Lend, bytes: Buffer) {
+  deliver(lend: Lend, bytes: Buffer) {
     const readies = lend.watch.readies
     this.readies += readies - lend.delivered
     lend.delivered = readies
@@ -787,7 +553,7 @@ class LentSession implements RunningSession {
       // (No session keeps a standby's backend: one left with what no reset takes is closed, and the session reads on.)
       this.detach(lend)
       lend.lender.endSession(lend.backend, this.ending(lend, false))
-      return void (this.waiting.length && !this.acquiring && this.acquire())
+      return this.next()
     }
     if (e.unseen) (this.pin.forGood = true), this.pin.pin('unseen')
     if (this.pin.forGood || (this.pin.reason && plain)) return this.pin.mayLeave(false)
@@ -822,7 +588,7 @@ class LentSession implements RunningSession {
   }
 
   /** An answer of the proxy's own is in: the transaction, if it is over, is decided now. */
-  private afterOwn(lend: Lend) {
+  afterOwn(lend: Lend) {
     if (!this.verifying && lend.watch.settled === TxStatus.Idle && (!this.waiting.length || lend.onReplica)) this.transactionEnded(lend)
   }
 
@@ -832,7 +598,7 @@ class LentSession implements RunningSession {
     if (!lend.onReplica && lend.lender.park(lend.backend, this.surrender)) return void (this.parked = true)
     this.detach(lend)
     lend.lender.giveBack(lend.backend)
-    if (this.waiting.length && !this.acquiring) this.acquire() // (what came while a replica's lend ended)
+    this.next() // (what came while a replica's lend ended)
   }
 
   /** The parked backend goes back: the session's next transaction runs elsewhere. */
@@ -854,7 +620,7 @@ class LentSession implements RunningSession {
   private spareRelay?: StatementRelay
   private spareWatch?: IdleWatch
 
-  private detach(lend: Lend) {
+  detach(lend: Lend) {
     if (lend.relay.quiet && lend.watch.quiet) (this.spareRelay = lend.relay), (this.spareWatch = lend.watch)
     this.verifying = 0 // (theirs are the backend's: answered there, or lost with it)
     this.pin.mayLeave(false)
@@ -875,15 +641,7 @@ class LentSession implements RunningSession {
     const lend = this.lend
     if (!lend) return
     if (lend.handover) return this.elsewhere(lend, lend.handover.sent) // (nothing of the session's ran there)
-    const on = lend.onReplica
-    if (on && (on.held || on.gatedSince !== undefined || this.waitsOnReplica(lend))) {
-      // A replica went away under a read the client has seen nothing of (or after it): the primary serves.
-      this.o.replicas!.set.down(on.replica, 'the connection was lost')
-      this.detach(lend)
-      lend.lender.lost(lend.backend)
-      if (this.waitsOnReplica(lend) && on.gatedSince === undefined) return void (this.waiting.length && !this.acquiring && this.acquire())
-      return this.toPrimaryAfter(on, 'down')
-    }
+    if (lend.onReplica && this.reads.lost(lend)) return
     this.detach(lend)
     lend.lender.lost(lend.backend)
     this.parked = false
@@ -905,7 +663,7 @@ class LentSession implements RunningSession {
     if (this.ended) return
     this.ended = true
     clearTimeout(this.idleInTransaction)
-    clearTimeout(this.replayTimer)
+    this.reads.end()
     this.signalsDue.send(this.readies, Infinity) // (the statements ran: Postgres would have signalled)
     this.unsignal()
     this.pin.unpin()
@@ -920,10 +678,8 @@ class LentSession implements RunningSession {
   }
 
   /** How a lend's backend is left: the reset waits out what Postgres still owes, the session's answers and the proxy's own. */
-  private ending(lend: Lend, reusable = true): Ending | undefined {
+  ending(lend: Lend, reusable = true): Ending | undefined {
     const ending = lend.watch.ending
     return ending && { ...ending, pending: ending.pending + lend.relay.ownReadiesDue, reusable: ending.reusable && reusable }
   }
 }
-
-const READY_IDLE = Buffer.from([ServerMessage.ReadyForQuery, 0, 0, 0, 5, TxStatus.Idle])
