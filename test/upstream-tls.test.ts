@@ -95,10 +95,13 @@ test('--workers 2 over TLS to Postgres: a backend cannot move between workers; t
   const ranOn = async (c: Client) => (await c.query('SELECT pid, ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()')).rows[0] as { pid: number; ssl: boolean }
   let all: Client[] = []
   try {
-    const by = await sessionsByWorker(connect, (by) => by.some((w) => w.length >= 2))
+    // (Sessions on both workers, each of whose logins leaves a backend there; two on one of them.)
+    const by = await sessionsByWorker(connect, (by) => by.every((w) => w.length >= 1) && by.some((w) => w.length >= 2))
     all = by.flat()
     await ranOn(all[0])
-    await eventually(async () => (await backends()).length === 2, "the key's backend on each worker")
+    await eventually(async () => (await backends()).length === 2, "the key's backend on each worker").catch(async (err) => {
+      throw new Error(`${err.message}; at Postgres: ${JSON.stringify(await backends())}, sessions by worker: ${by.map((w) => w.length)}`)
+    })
     const logged: number[] = await backends()
     const [a, b] = by[by[0].length >= 2 ? 0 : 1]
     await a.query('BEGIN')

@@ -1,42 +1,36 @@
 /**
  * A session in transaction pooling: it holds a backend only while it runs something, from its
- * first message after ReadyForQuery(I) to the next ReadyForQuery(I), and none in between.
- *
- * A backend that changes hands is reset (DISCARD ALL) at the head of its next session's first write,
- * whatever either session's SQL looked like (proxy/isolation/verify.ts HANDOVER), and the session's
- * state is made again behind it; one that goes back to the session that used it last is not. A
- * transaction that did more than plain reads and writes (by Postgres's parser and its command tags,
- * proxy/isolation/reader.ts) is followed by the backend's own account of what is left, and where
- * anything is that cannot move, the session keeps that backend (pinned: proxy/pool/pin.ts) until a
- * later account finds it clean. Its settings, role and SQL prepared statements (by Postgres's
- * reports and account: proxy/pool/session-state.ts) and its protocol-level named statements
- * (proxy/pool/prepared.ts) follow it from backend to backend; its reads may go to replicas
- * (proxy/ws/lent-reads.ts).
+ * first message after ReadyForQuery(I) to the next ReadyForQuery(I), and none in between. This is
+ * the lend's relay and lifecycle: the session's messages to the backend it is lent (or to a queue
+ * while it waits for one), Postgres's answers back, the lend's end, and the signals its statements
+ * ask for. A backend changing hands (its reset, the session's state made again, the question of
+ * what a transaction left, and the pin) is proxy/ws/lent-handover.ts's; reads on replicas,
+ * proxy/ws/lent-reads.ts's; its protocol-level named statements follow it (proxy/pool/prepared.ts).
  */
 import type { WebSocket, RawData } from 'ws'
 import type { Backend } from '../pool/backends'
 import type { Lender } from '../pool/lender'
 import type { Holder } from '../pool/holders'
 import { IdleWatch, type Ending } from '../pool/idle-watch'
-import { statementsOn, StatementRelay, type Own, type SessionStatements } from '../pool/prepared'
+import { statementsOn, StatementRelay, type SessionStatements } from '../pool/prepared'
 import { merge, NOTHING } from '../isolation/reader'
 import { SessionReading } from '../isolation/session-reading'
 import type { Signals } from './signals'
-import { found, handoverReset, HANDOVER_ENDS } from '../isolation/verify'
 import { loginReports, SessionState } from '../pool/session-state'
-import { EMPTY, Framer, kept, MessageTooLarge } from '../wire/bytes'
+import { Framer, kept, MessageTooLarge } from '../wire/bytes'
 import { ClientMessage, ServerMessage, TxStatus } from '../wire/codes'
 import { errorResponse, type BackendKey } from '../wire/startup'
 import type { BufferBudget, SessionMemory } from './budget'
 import { cancelNamed } from './cancels'
 import { DueSignals } from './due-signals'
-import { REPLICA_CLAIMS_ENDS, setClaims, type ClaimsError } from '../auth/claims'
+import { setClaims, type ClaimsError } from '../auth/claims'
 import { closeWebSocket, type OutcomeKind, type RunningSession, type SessionLog } from './session'
 import { HOLD_MAX, POSITIONS_MAX, type OnReplica, type SessionReplicas } from '../replicas/session-reads'
 import { SessionPin } from '../pool/pin'
 import { POSITION_MESSAGE, SUBPROTOCOL_POSITIONS } from '../../src/config'
 import { READY_IDLE, type Lend } from './lend'
 import { LentReads, waitsOnReplica, type ReadsHost } from './lent-reads'
+import { LentHandover, type HandoverHost } from './lent-handover'
 
 export interface LentSessionOptions {
   lender: Lender
@@ -76,7 +70,7 @@ export function runLentSession(ws: WebSocket, o: LentSessionOptions): RunningSes
   return new LentSession(ws, o)
 }
 
-class LentSession implements RunningSession, ReadsHost {
+class LentSession implements RunningSession, ReadsHost, HandoverHost {
   private readonly started = Date.now()
   private bytesIn: number
   private bytesOut = 0
@@ -84,14 +78,14 @@ class LentSession implements RunningSession, ReadsHost {
   private kind: OutcomeKind = 'ok'
   lend?: Lend
   /** Client messages waiting for a backend, and what they cost (counted with the budget). */
-  private waiting: Buffer[] = []
+  waiting: Buffer[] = []
   private queued = 0
   acquiring = false
   /** It keeps its backend for what its verification found left (proxy/pool/pin.ts). */
   private readonly pin: SessionPin
   /** Its transaction ended cleanly and it keeps its backend until another session needs it. */
-  private parked = false
-  /** Verifications under way: asking its backend what its transactions left (proxy/isolation/verify.ts). */
+  parked = false
+  /** Answers of the proxy's own due on the lend (the question after a transaction, a replica's check, the primary's position): the transaction is decided once they are in. */
   verifying = 0
   private readonly statements: SessionStatements = new Map()
   /** What its messages may leave behind, as the parser reads them. */
@@ -118,12 +112,10 @@ class LentSession implements RunningSession, ReadsHost {
   private readonly holder?: Holder
   /** Its reads on replicas, and the primary's positions it sees (proxy/ws/lent-reads.ts). */
   private readonly reads: LentReads
-  /** Who it is to a backend's Backend.user (not the session itself: a backend outlives it). */
-  private readonly user = {}
   /** What follows the session from backend to backend: its settings and SQL prepared statements. */
   private readonly state: SessionState
-  /** Leads carrying the session's state refused in a row. */
-  private carryRefused = 0
+  /** Its backend changing hands, and the question after each transaction (proxy/ws/lent-handover.ts). */
+  private readonly handovers: LentHandover
 
   constructor(private readonly ws: WebSocket, private readonly o: LentSessionOptions) {
     this.bytesIn = o.loginBytes
@@ -147,6 +139,7 @@ class LentSession implements RunningSession, ReadsHost {
     // (A lend not parked may be running something: a portal's Execute awaits no Sync. Postgres ignores a cancel while idle.)
     this.unfollow = o.follow(() => (this.lend && !this.parked ? this.lend.backend.key : undefined))
     this.state = new SessionState(loginReports(o.answer))
+    this.handovers = new LentHandover(this, this.pin, this.state, o.statementsPerBackend)
     this.reading = new SessionReading(o.lender.read, this.statements)
     this.toClient(o.answer)
     ws.on('message', this.onClientMessage)
@@ -286,6 +279,7 @@ class LentSession implements RunningSession, ReadsHost {
   }
 
   pinned = () => !!this.pin.reason
+  refusedOnReplica = () => void (this.reads.refused = true)
 
   get lender(): Lender {
     return this.o.lender
@@ -391,48 +385,14 @@ class LentSession implements RunningSession, ReadsHost {
   private begin(backend: Backend, lender: Lender, onReplica?: OnReplica) {
     this.acquiring = false
     if (this.ended) return lender.giveBack(backend)
-    const handover = backend.user !== undefined && backend.user !== this.user
-    if (handover) backend.resets++ // (DISCARD ALL drops its prepared statements)
-    // (A backend the session did not use last lacks its settings: a reset one too.)
-    const carried = backend.user !== this.user ? this.state.carried(!!onReplica) : undefined
-    backend.user = this.user
+    const change = this.handovers.take(backend, !!onReplica)
     const lend = this.startLend(backend, lender, onReplica)
-    // Ahead of the session's messages, in their group: the reset, the session's settings, and on a standby a token's claims (each lend: the session may have reset them).
-    const claims = this.reads.claimsLead(lend)
-    if (handover || carried || claims) {
-      lend.handover = { sent: [], bytes: 0, synced: false }
-      const reset = handover ? handoverReset() : undefined
-      const ends = (reset ? HANDOVER_ENDS : 0) + (carried?.ends ?? 0) + (claims ? REPLICA_CLAIMS_ENDS : 0)
-      const lead = carried || claims ? Buffer.concat([reset ?? EMPTY, carried?.bytes ?? EMPTY, claims ?? EMPTY]) : reset!
-      lend.relay.lead(lead, ends, (ok) => this.handedOver(lend, ok, handover, !!claims, !!carried))
-    }
+    this.handovers.lead(lend, change, this.reads.claimsLead(lend))
     if (!this.reads.begun(lend)) this.send(this.unqueue(), true)
   }
 
-  /**
-   * Postgres answered the reset of a backend that changed hands: what waited behind it goes; or it
-   * refused it (and skipped what came behind, up to a Sync), and the backend, which no reset cleans,
-   * is closed and the session's messages go to another, unseen.
-   */
-  private handedOver(lend: Lend, ok: boolean, reset: boolean, claims: boolean, carried: boolean) {
-    const sent = lend.handover!.sent
-    lend.handover = undefined
-    if (reset) this.o.lender.events.handedOver(ok ? 'reset' : 'refused')
-    if (this.lend !== lend) return
-    // (A standby that refused the session's claims or settings: it reads where they are set, on the primary.)
-    if (!ok && (claims || (carried && lend.onReplica))) this.reads.refused = true
-    this.carryRefused = ok || !carried || lend.onReplica ? 0 : this.carryRefused + 1
-    if (this.carryRefused > 1) {
-      // (Refused twice running, on two backends: Postgres will not take the session's state any more, a privilege revoked say.)
-      const names = this.state.carried()?.names.join(', ')
-      return this.evict('upstream_error', '55000', `edgepg-proxy: the session's settings and prepared statements (${names}) could not be made again on another backend, as transaction pooling does for each transaction: the session is closed`)
-    }
-    if (!ok) return this.elsewhere(lend, sent)
-    if (this.waiting.length && lend.onReplica?.gatedSince === undefined) this.send(this.unqueue(), true) // (a replica's, once caught up)
-  }
-
   /** What the session sent on a lend that ran none of it, to another backend (the lend's is closed). */
-  private elsewhere(lend: Lend, sent: Buffer[]) {
+  elsewhere(lend: Lend, sent: Buffer[]) {
     this.detach(lend)
     lend.lender.lost(lend.backend) // (closed)
     this.signalsDue.forgetAfter(this.readies) // (their statements are sent again)
@@ -490,7 +450,7 @@ class LentSession implements RunningSession, ReadsHost {
     if (this.parked && lend.watch.last === ServerMessage.ErrorResponse) return lend.lender.unpark(lend.backend), void (this.parked = false)
     const settled = lend.watch.settled
     if (this.lend !== lend || settled === undefined || (this.waiting.length && !lend.onReplica)) return
-    if (settled === TxStatus.Idle) this.transactionEnded(lend)
+    if (settled === TxStatus.Idle) this.handovers.ended(lend)
     else this.idleInside()
   }
 
@@ -512,7 +472,7 @@ class LentSession implements RunningSession, ReadsHost {
    * Ends the session as Postgres ends a connection it will not keep: a FATAL error, then the close.
    * Its backend is reset by the pool (rolled back first), or closed if it is busy or holds what no reset takes.
    */
-  private evict(kind: OutcomeKind, code: string, message: string) {
+  evict(kind: OutcomeKind, code: string, message: string) {
     this.end(kind, message)
     this.toClient(errorResponse(code, message, 'FATAL'))
     this.finish()
@@ -536,64 +496,12 @@ class LentSession implements RunningSession, ReadsHost {
     if (congested) this.lend?.backend.upstream.pause()
   }
 
-  /**
-   * A transaction is over: the backend stays with the session while no other needs it, and goes on
-   * (to be reset by its next taker) unless the session keeps it for state it made: a transaction that
-   * did more than plain reads and writes, by the parser or by Postgres's command tags, is followed by
-   * the backend's own account of what is left. (A replica's read is plain: what code left there is
-   * the next taker's reset's.) A backend the session keeps anyway is not asked.
-   */
-  private transactionEnded(lend: Lend) {
-    if (this.parked || this.verifying) return
-    const e = lend.effects
-    const plain = (e.plain && !lend.relay.unusual) || !!lend.onReplica
-    lend.effects = NOTHING
-    lend.relay.unusual = false
-    if (e.unseen && lend.onReplica) {
-      // (No session keeps a standby's backend: one left with what no reset takes is closed, and the session reads on.)
-      this.detach(lend)
-      lend.lender.endSession(lend.backend, this.ending(lend, false))
-      return this.next()
-    }
-    if (e.unseen) (this.pin.forGood = true), this.pin.pin('unseen')
-    if (this.pin.forGood || (this.pin.reason && plain)) return this.pin.mayLeave(false)
-    if (plain) return this.lendOn(lend)
-    lend.relay.ownQuery(this.verification(lend))
-    this.verifying++
-    this.o.lender.events.verified()
-    this.pin.mayLeave(true) // (if pinned: until the answer)
-  }
-
-  /**
-   * Asks the backend what the transaction left, in messages of the proxy's own behind the client's
-   * answer (no round trip of its own). The session keeps the backend meanwhile; the transaction is
-   * then decided on the answer (or, if the session has begun another, with it).
-   */
-  private verification(lend: Lend): Own {
-    const rows: string[] = []
-    const ready = (status: number) => {
-      this.verifying--
-      if (this.lend === lend) {
-        // (Asked inside a transaction, the answer says nothing of what the transaction will leave.)
-        const f = status === TxStatus.Idle ? found(rows) : undefined
-        const stays = f && this.state.learn(f)
-        const statements = statementsOn(lend.backend, this.o.statementsPerBackend).held.size
-        const left = f ? (f.left[0] ?? stays ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
-        if (left) this.pin.pin(left)
-        else this.pin.unpin(), this.afterOwn(lend)
-      }
-      this.pin.mayLeave(this.lend === lend && lend.watch.pending > 0)
-    }
-    return { query: this.o.lender.verification, onRow: (value) => rows.push(value), ready }
-  }
-
-  /** An answer of the proxy's own is in: the transaction, if it is over, is decided now. */
   afterOwn(lend: Lend) {
-    if (!this.verifying && lend.watch.settled === TxStatus.Idle && (!this.waiting.length || lend.onReplica)) this.transactionEnded(lend)
+    this.handovers.afterOwn(lend)
   }
 
   /** A transaction that left nothing: the backend stays with this session while no other needs it, else goes back. */
-  private lendOn(lend: Lend) {
+  lendOn(lend: Lend) {
     // (A replica's is not parked: the session's next transaction may be a write, or need a later position.)
     if (!lend.onReplica && lend.lender.park(lend.backend, this.surrender)) return void (this.parked = true)
     this.detach(lend)
