@@ -698,6 +698,8 @@ const BURST_SELECT = 'SELECT $1::int'
 const BURST_P50_TARGET = 1.2
 const BURST_P99_TARGET = 1.5
 const BOUNCER_PATH = 'pg via PgBouncer 1.18 (transaction)'
+/** The pair with DISCARD ALL after every transaction: it isolates sessions as edgepg-proxy does (a reset at each handover). */
+const SAFE_PAIR = 'the same pair, server_reset_query_always (safe)'
 
 /**
  * The workload of issue 36: sessions that each run BURST_SELECT and an INSERT BURST_ROUNDS times over
@@ -724,7 +726,12 @@ async function bursts(ctx: BenchContext, admin: pg.Client) {
     ...(pgbouncerBinary()
       ? [{ name: BOUNCER_PATH, start: async (n: number) => ((b) => ({ open: () => new pg.Client({ ...role, port: b.port }), stop: b.stop }))(await startPgBouncer(ctx.pg, { default_pool_size: BOUNCER_POOL, max_client_conn: n + 100 }, await scramSecrets(admin, [ROLE]))) }]
       : []),
-    ...(neonPairMissing() ? [] : [{ name: NEON_PAIR, start: async (n: number) => ((p) => ({ open: () => new Client(p.config(role)), stop: p.stop }))(await startNeonPair(ctx.pg, admin, [ROLE], { default_pool_size: BOUNCER_POOL, max_client_conn: n + 100 })) }]),
+    ...(neonPairMissing()
+      ? []
+      : [false, true].map((safe) => ({
+          name: safe ? SAFE_PAIR : NEON_PAIR,
+          start: async (n: number) => ((p) => ({ open: () => new Client(p.config(role)), stop: p.stop }))(await startNeonPair(ctx.pg, admin, [ROLE], { default_pool_size: BOUNCER_POOL, max_client_conn: n + 100, ...(safe && { server_reset_query_always: 1 }) })),
+        }))),
   ]
   for (const n of BURSTS) {
     const results = new Map<string, Array<Burst>>(paths.map((p) => [p.name, []]))
@@ -750,9 +757,10 @@ async function bursts(ctx: BenchContext, admin: pg.Client) {
       const over = b ? ` (${(p50 / percentile(all(b), 50)).toFixed(1)}x / ${(p99 / percentile(all(b), 99)).toFixed(1)}x)` : ''
       return `${p50.toFixed(2)} / ${p99.toFixed(1)} ms${over}${r.failed.size ? `, failed ${counts(r.failed)}` : ''}`
     }
-    const within = (path: string) =>
-      peer &&
-      results.get(path)!.filter((r, i) => percentile(all(r), 50) <= BURST_P50_TARGET * percentile(all(peer[i]), 50) && percentile(all(r), 99) <= BURST_P99_TARGET * percentile(all(peer[i]), 99) && !r.failed.has('53300')).length
+    const within = (path: string, against = peer) =>
+      against &&
+      results.get(path)!.filter((r, i) => percentile(all(r), 50) <= BURST_P50_TARGET * percentile(all(against[i]), 50) && percentile(all(r), 99) <= BURST_P99_TARGET * percentile(all(against[i]), 99) && !r.failed.has('53300')).length
+    const safe = results.get(SAFE_PAIR)
     printGrid(
       `pool 5: ${n} sessions, each ${BURST_ROUNDS} x ("${BURST_SELECT}", an INSERT) over ~${(BURST_ROUNDS * BURST_SPREAD_MS) / 1000} s, role limited to ${ROLE_LIMIT} connections, ${BURST_RUNS} runs`,
       ['run', ...paths.map((p) => `${p.name}: p50 / p99 (over ${peerName === NEON_PAIR ? "the pair's" : "PgBouncer's"})`)],
@@ -764,10 +772,12 @@ async function bursts(ctx: BenchContext, admin: pg.Client) {
         `Each session connects (${CONNECTING} logins under way at once); once all have, each runs ${BURST_ROUNDS} rounds, each at a random moment of ${BURST_SPREAD_MS} ms: ` +
           `"${BURST_SELECT}", then up to 100 ms later "${INSERT}", both unnamed in runs 1 to ${BURST_RUNS} (every path does the same work); p50 / p99 per statement. ` +
           `Run "named": the insert as pg's { name, text, values } (Parse the first time, Bind by name after), as an application that prepares its statements sends it; PgBouncer 1.18 fails named statements (42P05, 26000). Runs take turns by path, each on a server started for it.`,
-        `edgepg-proxy: a child with ${POOL_PROXY_FLAGS.join(' ')} and EDGEPG_WORKERS=cores (the default: ${Math.min(availableParallelism(), BOUNCER_POOL)} workers here), each worker with its part of --pool-size; and with one worker. ` +
+        `edgepg-proxy: a child with ${POOL_PROXY_FLAGS.join(' ')} and EDGEPG_WORKERS=cores (the default: ${Math.min(availableParallelism(), BOUNCER_POOL)} workers here: one pool, its backends moving to the worker whose sessions wait); and with one worker. ` +
+          `"${SAFE_PAIR}": PgBouncer resetting its backend after each transaction, as edgepg-proxy resets at each handover (the pair resets nothing: a session may read what another left). ` +
           (!peer
             ? 'Neither PgBouncer nor the pair is installed: no ratios.'
-            : `Target (issue 48): p50 <= ${BURST_P50_TARGET}x and p99 <= ${BURST_P99_TARGET}x ${peerName}'s in every run, no 53300: met in ${within(paths[0].name)} of ${BURST_RUNS} (default workers), ${within(paths[1].name)} of ${BURST_RUNS} (one worker).`),
+            : `Target (issue 48): p50 <= ${BURST_P50_TARGET}x and p99 <= ${BURST_P99_TARGET}x ${peerName}'s in every run, no 53300: met in ${within(paths[0].name)} of ${BURST_RUNS} (default workers), ${within(paths[1].name)} of ${BURST_RUNS} (one worker).` +
+              (safe ? ` The same bounds over the safe pair's: met in ${within(paths[0].name, safe)} of ${BURST_RUNS} (default workers), ${within(paths[1].name, safe)} of ${BURST_RUNS} (one worker).` : '')),
       ]
     )
   }
