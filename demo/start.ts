@@ -111,6 +111,7 @@ async function main() {
   const state = pg.initialised ? 'new, seeded with a sample shop' : pg.seeded ? 'reused, seeded now' : 'reused'
   console.log(`
   PostgreSQL 18   postgres://${user}:${password}@${HOST}:${pgPort}/${database}   data: ${shownDir} (${state})
+  superuser       postgres://${SUPERUSER.user}:${SUPERUSER.password}@${HOST}:${pgPort}/${database}   (for setup-auth, roles, grants)
   edgepg-proxy    ws://${HOST}:${proxyPort}/v2   http://${HOST}:${proxyPort}/sql
   SQL console     http://${HOST}:${port}/
   signed-in users http://${HOST}:${port}/users.html   (no database password in that page: tokens and Row-Level Security)

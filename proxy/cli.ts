@@ -32,8 +32,9 @@ process.on('exit', () => unwritten && writeLog())
 // Lines nobody reads any more (the log's reader went away) are dropped; the proxy goes on.
 process.stdout.on('error', () => {})
 
-function fail(message: string): never {
-  process.stderr.write(`edgepg-proxy: ${message}\nRun edgepg-proxy --help for usage.\n`)
+/** Exits with `message`, then how to run the command that failed. */
+function fail(message: string, usage = 'Run edgepg-proxy --help for usage.'): never {
+  process.stderr.write(`edgepg-proxy: ${message}\n${usage}\n`)
   process.exit(2)
 }
 
@@ -42,12 +43,16 @@ if (process.argv[2] === 'setup-auth') {
   const args = process.argv.slice(3)
   const url = args.find((a) => !a.startsWith('--'))
   const unknown = args.filter((a) => a.startsWith('--') && a !== '--neon-compat')
-  if (!url || unknown.length) fail(`usage: edgepg-proxy setup-auth <database-url> [--neon-compat]${unknown.length ? ` (unknown: ${unknown.join(' ')})` : ''}`)
+  const usage = 'Usage: edgepg-proxy setup-auth postgres://<superuser>:<password>@<host>:<port>/<database> [--neon-compat]'
+  if (!url || unknown.length) fail(url ? `setup-auth: unknown ${unknown.join(' ')}` : 'setup-auth needs the database URL', usage)
   try {
     process.stdout.write(`${await setupAuth(url, { neonCompat: args.includes('--neon-compat') })}\n`)
     process.exit(0)
   } catch (err) {
-    fail(`setup-auth failed: ${(err as Error).message}`)
+    const message = (err as Error).message
+    // (pg's words when the URL carries no password and the database asks for one.)
+    const why = /client password must be a string/.test(message) ? `the database asks for a password, and ${url.replace(/\/\/[^@/]*@/, '//…@')} has none` : message
+    fail(`setup-auth failed: ${why}`, usage)
   }
 }
 
@@ -76,7 +81,7 @@ if (workers > 1 && cluster.isPrimary) {
 async function serve() {
   const link = cluster.isWorker ? await workerLink(workers, worker!) : undefined
   const options = link ? workerPart(config.options, workers, worker!) : config.options
-  const proxy = createProxy({ ...options, log: ended, sqlLog: (entry) => ended({ route: '/sql', ...entry }), cluster: link })
+  const proxy = createProxy({ ...options, log: ended, sqlLog: (entry) => ended({ route: '/sql', ...entry }), refusalLog: (entry) => line({ upgrade: 'refused', ...entry }), cluster: link })
   link?.report(proxy.metrics.registry)
   proxy.listen(listen.port, listen.host).then(
     (addr) => write({ listening: `${addr.address}:${addr.port}`, upstream: options.upstream, tls: Boolean(options.tls), pid: process.pid }),

@@ -78,19 +78,19 @@ export const SETTINGS = {
 
 type Key = keyof typeof SETTINGS
 
+/** Each option and what it does, the texts in one column past the longest option. */
+function helpLines(lines: Array<[string, string]>): string {
+  const width = Math.max(...lines.map(([head]) => head.length)) + 2
+  return lines.map(([head, text]) => `  ${head.padEnd(width)}${text}`).join('\n')
+}
+
 export const HELP = `edgepg-proxy: relays WebSocket connections from edgepg (or @neondatabase/serverless) to Postgres.
 
 Usage: edgepg-proxy --upstream host:port [--listen [host:]port] [options]
        edgepg-proxy setup-auth <database-url> [--neon-compat]   (what a database needs for tokens; see the README)
 
 Options (each also settable by the environment variable shown; switches take true/false there):
-${(Object.values(SETTINGS) as Setting[])
-  .map((s) => {
-    const head = `  --${s.flag}${s.arg ? ` ${s.arg}` : ''}`.padEnd(30)
-    return `${head}${s.help}${s.default ? ` (default ${s.default})` : ''}  [${s.env}]`
-  })
-  .join('\n')}
-  -h, --help                  show this help
+${helpLines([...(Object.values(SETTINGS) as Setting[]).map((s): [string, string] => [`--${s.flag}${s.arg ? ` ${s.arg}` : ''}`, `${s.help}${s.default ? ` (default ${s.default})` : ''}  [${s.env}]`]), ['-h, --help', 'show this help']])}
 
 Routes: /v2 relays to the upstream. A client naming an address (?address=host:port on /v1 or /v2,
 the connection string's host on /sql) goes there if it is the upstream or an --allow entry, to the

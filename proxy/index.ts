@@ -12,7 +12,7 @@ import { createMetrics, type Metrics } from './admin/metrics'
 import { healthHandler } from './admin/health'
 import { sqlHandler, type SqlOptions, type SqlPoolOptions, type SqlLog } from './sql/handler'
 import { Upstreams } from './upstream/allowed'
-import { WebSocketRoutes } from './ws/routes'
+import { WebSocketRoutes, type UpgradeRefusal } from './ws/routes'
 import { BufferBudget } from './ws/budget'
 import { LoginGate } from './login/gate'
 import { Cancels } from './ws/cancels'
@@ -82,6 +82,8 @@ export interface ProxyOptions {
   adminApart?: boolean
   /** Called once per ended session; never given passwords or payloads. */
   log?: (entry: SessionLog) => void
+  /** Called once per refused WebSocket upgrade (a route, an origin or an address not served, a limit), with the reason the client is sent. */
+  refusalLog?: (entry: UpgradeRefusal) => void
   /** Warm backends for sessions whose login the proxy runs, and for /sql (default on; see proxy/pool/backends.ts). */
   pool?: PoolOptions
   /**
@@ -102,7 +104,7 @@ export interface ProxyOptions {
   cluster?: ClusterLink
 }
 
-export type { SessionLog, UpstreamTls, SqlLog }
+export type { SessionLog, UpstreamTls, SqlLog, UpgradeRefusal }
 
 export interface Proxy {
   server: Server

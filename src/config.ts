@@ -189,6 +189,10 @@ export function resolveConfig(own: EdgeConfig) {
   return { ...merged, webSocketConstructor, coalesceWrites: merged.coalesceWrites !== false }
 }
 
+/** Said when the default endpoint (Neon's: the proxy on the Postgres host itself) fails; `unset` says what was not set. */
+export const defaultEndpointHint = (unset = 'config.wsProxy is not set') =>
+  `(${unset}, so edgepg tried Neon's address for this host: say where your edgepg-proxy listens, e.g. config.wsProxy = '127.0.0.1:8080/v2')`
+
 /** The WebSocket URL for a Postgres host and port under the given config. */
 export function webSocketUrl(host: string, port: number, cfg: EdgeConfig): string {
   const { wsProxy } = cfg

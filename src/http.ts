@@ -22,7 +22,7 @@ import { DatabaseError, Field } from 'pg-protocol/dist/messages.js'
 import PgResult from 'pg/lib/result.js'
 // @ts-ignore: (the object pg exports as `defaults`: honours `defaults.parseInputDatesAsUTC`)
 import pgDefaults from 'pg/lib/defaults.js'
-import { config as edgeConfig, sqlEndpoint, type EdgeConfig } from './config'
+import { config as edgeConfig, defaultEndpointHint, sqlEndpoint, type EdgeConfig } from './config'
 
 // ── types ───────────────────────────────────────────────────────────────────────────────────
 
@@ -309,6 +309,8 @@ const definedOnly = <O extends object>(o: O): Partial<O> => Object.fromEntries(O
 /** Where requests go, and with which connection string (resolved per request: the password may be a function). */
 interface Target {
   url: string
+  /** Said beside a failure to reach `url` (the default endpoint's). */
+  hint?: string
   connectionString(): Promise<string>
   fetch?: HttpTransportOptions['fetch']
 }
@@ -349,7 +351,7 @@ async function send(target: Target, queries: HttpQuery<unknown>[], defaults: Any
     if (seen) edgeConfig.lastWrite = seen
   } catch (err: any) {
     const cause = err?.cause?.message ?? err?.cause?.code
-    throw fail(`failed: ${err?.message ?? err}${cause ? ` (${cause})` : ''}`, undefined, err)
+    throw fail(`failed: ${err?.message ?? err}${cause ? ` (${cause})` : ''}${target.hint ? ` ${target.hint}` : ''}`, undefined, err)
   }
   let json: any
   try {
@@ -450,8 +452,9 @@ export function httpSql(connection: string | HttpSqlOptions<boolean, boolean>, o
   const { connectionString, fetchEndpoint, fetch, user, password, host, port, database, ...defaults } = options
   const url = connectionUrl(typeof connection === 'string' ? connection : connectionString, { user, host, port, database, password: typeof password === 'string' ? password : undefined }, true)
   // The /sql next to the WebSocket's proxy: Neon's https://<host>/sql, unless config.wsProxy says where.
-  const endpoint = endpointFor(fetchEndpoint, hostOf(url), portOf(url), defaults.authToken) ?? sqlEndpoint(hostOf(url), portOf(url), edgeConfig)
-  return makeSql({ url: endpoint, connectionString: resolver(url, password), fetch: fetch ?? edgeConfig.fetchFunction }, defaults) as HttpSql<any, any>
+  const named = endpointFor(fetchEndpoint, hostOf(url), portOf(url), defaults.authToken)
+  const hint = named === undefined && edgeConfig.wsProxy === undefined ? defaultEndpointHint('neither fetchEndpoint nor config.wsProxy is set') : undefined
+  return makeSql({ url: named ?? sqlEndpoint(hostOf(url), portOf(url), edgeConfig), hint, connectionString: resolver(url, password), fetch: fetch ?? edgeConfig.fetchFunction }, defaults) as HttpSql<any, any>
 }
 
 // ── Pool.query over HTTP ────────────────────────────────────────────────────────────────────

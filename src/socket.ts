@@ -1,5 +1,5 @@
 import { HIGH_WATER, QueuedSocket } from './queued-socket'
-import { cancelFrame, IN_WORKERS, LOGIN_PREFIX, MAX_LOGIN_CHARS, onThisMachine, resolveConfig, webSocketUrl, SUBPROTOCOL, SUBPROTOCOL_CANCEL, SUBPROTOCOL_POSITIONS, SUBPROTOCOL_POSITIONS_FRAMED, UPSTREAM_TLS_REQUEST, positionMessage, config, lastWriteVersion, type EdgeConfig } from './config'
+import { cancelFrame, defaultEndpointHint, IN_WORKERS, LOGIN_PREFIX, MAX_LOGIN_CHARS, onThisMachine, resolveConfig, webSocketUrl, SUBPROTOCOL, SUBPROTOCOL_CANCEL, SUBPROTOCOL_POSITIONS, SUBPROTOCOL_POSITIONS_FRAMED, UPSTREAM_TLS_REQUEST, positionMessage, config, lastWriteVersion, type EdgeConfig } from './config'
 
 const OPEN = 1
 /** URLs whose server answered without a subprotocol, where `ws` needs none offered. */
@@ -32,10 +32,37 @@ function upstreamTlsRequest(tls: UpstreamTls): Buffer {
  * A text frame from edgepg-proxy reports a failure below the Postgres protocol (TLS to Postgres),
  * as JSON `{ "message", "code"? }`: the error pg would have had from its own socket.
  */
+/** A refused upgrade's HTTP response, as Node's `ws` hands it over. */
+interface RefusedUpgrade {
+  statusCode?: number
+  setEncoding(encoding: 'utf8'): void
+  on(event: 'data', listener: (chunk: string) => void): void
+  on(event: 'end' | 'error', listener: () => void): void
+}
+
+/** The text of a refused upgrade's response (its first KiB, one line), or '' if it has none; what came within a second, from a server that never ends it. */
+function readReason(res: RefusedUpgrade): Promise<string> {
+  return new Promise((resolve) => {
+    let text = ''
+    const timer = setTimeout(() => done(), 1000)
+    const done = () => (clearTimeout(timer), resolve(text.slice(0, 1024).replace(/\s+/g, ' ').trim()))
+    res.setEncoding('utf8')
+    res.on('data', (chunk) => void (text.length < 1024 && (text += chunk)))
+    res.on('end', done)
+    res.on('error', done)
+  })
+}
+
+/** pg's words when Postgres refuses TLS, which the proxy reports as they are. */
+const NO_TLS = 'The server does not support SSL connections'
+const NO_TLS_HINT =
+  " (edgepg: pg's `ssl`, or sslmode in the connection string, asks edgepg-proxy for TLS to Postgres, and this Postgres offers none. " +
+  'The WebSocket is the connection from here to the proxy (use wss:// beyond this machine): to set `ssl` aside, as Neon\'s driver does, set config.forceDisablePgSSL = true, or drop sslmode)'
+
 function reportedError(text: string, url: string): Error {
   try {
     const { message, code } = JSON.parse(text)
-    if (typeof message === 'string') return Object.assign(new Error(message), typeof code === 'string' ? { code } : {})
+    if (typeof message === 'string') return Object.assign(new Error(message === NO_TLS ? message + NO_TLS_HINT : message), typeof code === 'string' ? { code } : {})
   } catch {}
   return new Error(`edgepg: the proxy at ${url} sent a text frame; expected binary Postgres protocol data`)
 }
@@ -160,6 +187,16 @@ export class WebSocketSocket extends QueuedSocket {
     const emitter = ws as unknown as { on?: (event: 'message', listener: (data: Buffer, isBinary: boolean) => void) => void }
     if (typeof emitter.on === 'function' && ws.binaryType === ('nodebuffer' as BinaryType)) emitter.on('message', (data, isBinary) => onMessage(data, !isBinary))
     else ws.addEventListener('message', ({ data }: MessageEvent) => onMessage(data, typeof data === 'string'))
+    // Node's `ws` shows a refused upgrade's response, whose text is the proxy's reason (browsers show nothing).
+    const refusals = ws as unknown as { on?: (event: 'unexpected-response', listener: (req: { destroy(): void }, res: RefusedUpgrade) => void) => void }
+    if (typeof refusals.on === 'function') {
+      refusals.on('unexpected-response', (req, res) =>
+        readReason(res).then((reason) => {
+          if (ws === this.ws) this.fail(this.unopened(`was refused (HTTP ${res.statusCode})${reason ? `: ${reason}` : ''}`))
+          req.destroy()
+        })
+      )
+    }
     ws.addEventListener('error', (event: Event) => {
       if (ws !== this.ws) return
       const detail: string | undefined = (event as ErrorEvent).message || (event as any).error?.message
@@ -169,16 +206,22 @@ export class WebSocketSocket extends QueuedSocket {
         refusesSubprotocol.add(this.url)
         return this.open(first, false)
       }
-      this.fail(new Error(`edgepg: WebSocket to ${this.url} ${this.opened ? 'failed' : 'could not be opened'}${detail ? `: ${detail}` : ''}`))
+      this.fail(this.opened ? new Error(`edgepg: WebSocket to ${this.url} failed${detail ? `: ${detail}` : ''}`) : this.unopened(`could not be opened${detail ? `: ${detail}` : ''}`))
     })
     ws.addEventListener('close', ({ code, reason }: CloseEvent) => {
       if (ws !== this.ws || this.closed) return
       // A normal close from the other side is TCP's end: Postgres (or the proxy) hung up. Any
       // other code says what went wrong.
       if (this.ending || code === 1000) this.emit('end')
-      else this.fail(new Error(`edgepg: WebSocket to ${this.url} ${this.opened ? 'was closed' : 'closed before it opened'} (code ${code}${reason ? `: ${reason}` : ''})`))
+      else if (this.opened) this.fail(new Error(`edgepg: WebSocket to ${this.url} was closed (code ${code}${reason ? `: ${reason}` : ''})`))
+      else this.fail(this.unopened(`closed before it opened (code ${code}${reason ? `: ${reason}` : ''})`))
       this.finish()
     })
+  }
+
+  /** Why the WebSocket did not open; at the default endpoint (no config.wsProxy), with how to name the proxy. */
+  private unopened(what: string): Error {
+    return new Error(`edgepg: WebSocket to ${this.url} ${what}${this.cfg?.wsProxy === undefined ? ` ${defaultEndpointHint()}` : ''}`)
   }
 
   protected scheduleFlush() {

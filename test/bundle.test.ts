@@ -70,7 +70,7 @@ test('the bundle runs with no Node APIs: no process, Buffer, require or module g
   await scram.end()
 })
 
-test('the package bin (npx edgepg-proxy) is the built CLI and runs', async () => {
+test('the package bin (npx -p edgepg edgepg-proxy) is the built CLI and runs', async () => {
   const { execFileSync } = await import('node:child_process')
   const pkg = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8'))
   const bin = new URL(`../${pkg.bin['edgepg-proxy']}`, import.meta.url)

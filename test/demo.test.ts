@@ -187,8 +187,17 @@ after(async () => {
   await rm(dir, { recursive: true, force: true })
 })
 
-test('the demo initialises a fresh data directory and seeds it', () => {
+test('the demo initialises a fresh data directory and seeds it, and prints a superuser URL that logs in', async () => {
   assert.match(demo!.output(), /data: .*\(new, seeded with a sample shop\)/, `first start should say it seeded:\n${demo!.output()}`)
+  const url = /superuser\s+(postgres:\/\/\S+)/.exec(demo!.output())?.[1]
+  assert.ok(url, demo!.output())
+  const admin = new pg.Client(url)
+  await admin.connect()
+  try {
+    assert.deepEqual((await admin.query('SELECT rolsuper FROM pg_roles WHERE rolname = current_user')).rows, [{ rolsuper: true }])
+  } finally {
+    await admin.end()
+  }
 })
 
 test('the console warms the driver and the proxy before it says it is ready: a session over each WebSocket transport, and a warm backend for its login', async () => {

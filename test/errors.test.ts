@@ -3,7 +3,8 @@ import assert from 'node:assert/strict'
 import net from 'node:net'
 import pg from 'pg'
 import { edgeClient, edgeConfig, edgePool, startProxy, pgConfig, testPostgres, backends, eventually } from './support/helpers'
-import { Client, Pool } from '../src/index'
+import { Client, Pool, httpSql } from '../src/index'
+import type { UpgradeRefusal } from '../proxy/index'
 import { freePort } from './support/stack'
 
 const unhandled: unknown[] = []
@@ -32,14 +33,54 @@ test('proxy unreachable: the error names the URL and the cause', async () => {
   })
 })
 
-test('upgrade refused: the error names the URL and the HTTP status', async () => {
-  const url = `ws://127.0.0.1:${proxy.port}/v1?address=127.0.0.1:1`
-  await assert.rejects(new Client(at(url)).connect(), (err: Error) => {
-    assert.ok(err.message.includes(url), err.message)
-    assert.match(err.message, /403/)
+test("upgrade refused: the error carries the URL, the HTTP status and the proxy's reason; the proxy logs it", async () => {
+  const refusals: UpgradeRefusal[] = []
+  const own = await startProxy({ refusalLog: (entry) => refusals.push(entry) })
+  try {
+    const url = `ws://127.0.0.1:${own.port}/v1?address=127.0.0.1:1`
+    await assert.rejects(new Client(at(url)).connect(), (err: Error) => {
+      assert.ok(err.message.startsWith(`edgepg: WebSocket to ${url} was refused (HTTP 403): address 127.0.0.1:1 is not an allowed upstream`), err.message)
+      assert.match(err.message, /--allow/)
+      return true
+    })
+    await assert.rejects(new Client(at(`ws://127.0.0.1:${own.port}/nope`)).connect(), /was refused \(HTTP 404\): no WebSocket route at \/nope; use \/v1 or \/v2$/)
+    assert.deepEqual(
+      refusals.map(({ path, status, reason }) => ({ path, status, reason: reason.slice(0, 40) })),
+      [
+        { path: '/v1', status: 403, reason: 'address 127.0.0.1:1 is not an allowed up' },
+        { path: '/nope', status: 404, reason: 'no WebSocket route at /nope; use /v1 or ' },
+      ]
+    )
+    assert.equal(refusals[0].peer, '127.0.0.1')
+  } finally {
+    await own.close()
+  }
+})
+
+test('a server that refuses the upgrade and never ends its response: the error still comes, with what it sent', async () => {
+  const server = net.createServer((socket) => socket.once('data', () => socket.write('HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n\r\nbusy, and more to come')))
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  try {
+    const url = `ws://127.0.0.1:${(server.address() as net.AddressInfo).port}/v2`
+    await assert.rejects(new Client(at(url)).connect(), (err: Error) => (assert.equal(err.message, `edgepg: WebSocket to ${url} was refused (HTTP 503): busy, and more to come`), true))
+  } finally {
+    server.close()
+  }
+})
+
+test('no config.wsProxy: the WebSocket and httpSql errors show the address tried and say to set it', async () => {
+  const port = await freePort()
+  // (Neon's default: the proxy on the Postgres host, here 127.0.0.1 on port 80, where nothing listens.)
+  const { wsProxy: _, ...noProxy } = edgeConfig(proxy.port)
+  await assert.rejects(new Client({ ...noProxy, host: '127.0.0.1', port }).connect(), (err: Error) => {
+    assert.match(err.message, /^edgepg: WebSocket to ws:\/\/127\.0\.0\.1\/v2 could not be opened: .*ECONNREFUSED.* \(config\.wsProxy is not set, so edgepg tried Neon's address for this host: say where your edgepg-proxy listens, e\.g\. config\.wsProxy = '127\.0\.0\.1:8080\/v2'\)$/)
     return true
   })
-  await assert.rejects(new Client(at(`ws://127.0.0.1:${proxy.port}/nope`)).connect(), /could not be opened: Unexpected server response: 404/)
+  const sql = httpSql(`postgresql://u:p@127.0.0.1:${port}/db`)
+  await assert.rejects(sql`SELECT 1`, (err: Error) => {
+    assert.match(err.message, /^edgepg: POST http:\/\/127\.0\.0\.1\/sql failed: .*\(neither fetchEndpoint nor config\.wsProxy is set, so edgepg tried Neon's address/)
+    return true
+  })
 })
 
 test('Postgres down behind the proxy: the error says the upstream is unreachable', async () => {

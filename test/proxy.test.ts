@@ -762,6 +762,10 @@ describe('CLI', () => {
       assert.ok(line, `--help documents no ${option} option`)
       assert.ok(line.includes(variable), `--help gives no environment variable for ${option}: ${line}`)
     }
+    // Every option set apart from what it does, the longest too.
+    const options = run.out.stdout.split('\n').filter((l) => /^ {2}(-\w, )?--/.test(l))
+    assert.deepEqual(options.filter((l) => !/^ {2}(-\w, )?--[\w-]+( [\w[\]:.|,-]+)? {2,}\S/.test(l)), [])
+    assert.equal(new Set(options.map((l) => /^ {2}\S+(?: \S+)? +/.exec(l)![0].length)).size, 1, 'the texts in one column')
     assert.match(run.out.stdout, /\?address=host:port on \/v1 or \/v2/)
     assert.match(run.out.stdout, /\/v2/)
     const short = runCli(['-h'], { command: BIN })

@@ -129,8 +129,13 @@ test("a Postgres without TLS, or one answering garbage: pg's own errors, and not
   await withProxy({}, async (port) => {
     const plain = testPostgres()
     const before = await backends()
-    const refused: any = await same('Postgres answers N', port, { ...pgConfig('scram_user', plain), ssl: { rejectUnauthorized: false } })
-    assert.deepEqual(refused, { kind: 'Error', message: 'The server does not support SSL connections', code: undefined })
+    // pg's error, then what edgepg offers instead (a Neon URL's sslmode=require, aimed at a Postgres without TLS).
+    const noTls = { ...pgConfig('scram_user', plain), ssl: { rejectUnauthorized: false } }
+    assert.deepEqual(await outcome(new pg.Client(noTls)), { kind: 'Error', message: 'The server does not support SSL connections', code: undefined })
+    const refused: any = await outcome(new Client(edge(port, noTls)))
+    assert.equal(refused.kind, 'Error')
+    assert.ok(refused.message.startsWith('The server does not support SSL connections (edgepg: '), refused.message)
+    assert.match(refused.message, /set config\.forceDisablePgSSL = true, or drop sslmode\)$/)
     const x: any = await same('the server answers X', port, { host: '127.0.0.1', port: garbagePort(), user: 'u', password: 'p', ssl: 'require' as any })
     assert.deepEqual(x, { kind: 'Error', message: 'There was an error establishing an SSL connection', code: undefined })
     await eventually(() => garbageOpen === 0, 'the proxy closed its connection to the garbage server')

@@ -428,12 +428,20 @@ test('edgepg-proxy setup-auth: idempotent; --neon-compat adds auth.jwt() and aut
     const refused = await cli(['setup-auth', `postgres://edgepg_setup_plain:plain-pw@${host}:${port}/${database}`])
     assert.equal(refused.code, 2, refused.out)
     assert.match(refused.out, /setup-auth failed: edgepg_setup_plain may not read other sessions' start times: GRANT pg_read_all_stats TO "edgepg_setup_plain"/)
+    // A URL without the password the database asks for: said so, with the command's usage.
+    const bare = await cli(['setup-auth', `postgres://edgepg_setup_plain@${host}:${port}/${database}`])
+    assert.equal(bare.code, 2, bare.out)
+    assert.equal(
+      bare.out,
+      `edgepg-proxy: setup-auth failed: the database asks for a password, and postgres://…@${host}:${port}/${database} has none\n` +
+        'Usage: edgepg-proxy setup-auth postgres://<superuser>:<password>@<host>:<port>/<database> [--neon-compat]\n'
+    )
   } finally {
     await fx.admin.query('DROP ROLE IF EXISTS edgepg_setup_plain')
   }
   const usage = await cli(['setup-auth'])
   assert.equal(usage.code, 2)
-  assert.match(usage.out, /usage: edgepg-proxy setup-auth <database-url> \[--neon-compat\]/)
+  assert.equal(usage.out, 'edgepg-proxy: setup-auth needs the database URL\nUsage: edgepg-proxy setup-auth postgres://<superuser>:<password>@<host>:<port>/<database> [--neon-compat]\n')
 })
 
 test('token flags and variables reach the proxy options; what is missing or contradictory is refused, naming the flag', async () => {

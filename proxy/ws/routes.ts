@@ -38,6 +38,14 @@ function subjectOf(claims: string): string {
   return typeof sub === 'string' ? sub : claims
 }
 
+/** An upgrade refused before any session began: who asked, for what, and what they were told. */
+export interface UpgradeRefusal {
+  peer: string
+  path: string
+  status: number
+  reason: string
+}
+
 export interface RouteOptions {
   /** Transaction mode: end a session idle inside a transaction this long (ms; 0: never). */
   idleInTransactionMs?: number
@@ -69,6 +77,8 @@ export interface RouteOptions {
   handshakeTimeoutMs: number
   idleTimeoutMs?: number
   log?: (entry: SessionLog) => void
+  /** Called once per refused upgrade, with the status and the reason its response carries. */
+  refusalLog?: (entry: UpgradeRefusal) => void
   /** With --workers: tells the other workers a key just logged in here (see prelogin). */
   announce?: (m: KeyMessage) => void
 }
@@ -126,13 +136,14 @@ export class WebSocketRoutes {
   /** An upgrade request: refused (with a status saying why), or on its way to a session. */
   handle(req: http.IncomingMessage, socket: Duplex, head: Buffer) {
     const { metrics, upstreams } = this.o
+    const url = new URL(req.url ?? '/', 'http://proxy')
+    const peer = this.o.clientAddress?.(req) ?? req.socket.remoteAddress ?? '?'
     const refuse = (status: number, reason: string, why: RefusalReason) => {
       metrics.refused(why)
+      this.o.refusalLog?.({ peer, path: url.pathname, status, reason })
       socket.end(`HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n${reason}\n`)
     }
     socket.on('error', destroyed)
-    const url = new URL(req.url ?? '/', 'http://proxy')
-    const peer = this.o.clientAddress?.(req) ?? req.socket.remoteAddress ?? '?'
     const maxSessions = this.o.maxSessions ?? 10_000
     const maxPerIp = this.o.maxSessionsPerIp ?? 100
     if (this.closing) return refuse(503, SHUTDOWN_REASON, 'shutting_down')
