@@ -28,10 +28,6 @@ function upstreamTlsRequest(tls: UpstreamTls): Buffer {
   return Buffer.concat([head, body])
 }
 
-/**
- * A text frame from edgepg-proxy reports a failure below the Postgres protocol (TLS to Postgres),
- * as JSON `{ "message", "code"? }`: the error pg would have had from its own socket.
- */
 /** A refused upgrade's HTTP response, as Node's `ws` hands it over. */
 interface RefusedUpgrade {
   statusCode?: number
@@ -59,6 +55,10 @@ const NO_TLS_HINT =
   " (edgepg: pg's `ssl`, or sslmode in the connection string, asks edgepg-proxy for TLS to Postgres, and this Postgres offers none. " +
   'The WebSocket is the connection from here to the proxy (use wss:// beyond this machine): to set `ssl` aside, as Neon\'s driver does, set config.forceDisablePgSSL = true, or drop sslmode)'
 
+/**
+ * A text frame from edgepg-proxy reports a failure below the Postgres protocol (TLS to Postgres),
+ * as JSON `{ "message", "code"? }`: the error pg would have had from its own socket.
+ */
 function reportedError(text: string, url: string): Error {
   try {
     const { message, code } = JSON.parse(text)
