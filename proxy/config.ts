@@ -89,7 +89,8 @@ export const HELP = `edgepg-proxy: relays WebSocket connections from edgepg (or 
 Usage: edgepg-proxy --upstream host:port [--listen [host:]port] [options]
        edgepg-proxy setup-auth <database-url> [--neon-compat]   (what a database needs for tokens; see the README)
 
-Options (each also settable by the environment variable shown; switches take true/false there):
+Options (each also settable by the environment variable shown; switches take true/false there;
+durations in ms or with a unit: 500ms, 5s, 2m, 1h; sizes in bytes or with one: 64KiB, 64MiB, 10MB):
 ${helpLines([...(Object.values(SETTINGS) as Setting[]).map((s): [string, string] => [`--${s.flag}${s.arg ? ` ${s.arg}` : ''}`, `${s.help}${s.default ? ` (default ${s.default})` : ''}  [${s.env}]`]), ['-h, --help', 'show this help']])}
 
 Routes: /v2 relays to the upstream. A client naming an address (?address=host:port on /v1 or /v2,
@@ -140,9 +141,9 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
     if (fromEnv !== undefined && fromEnv !== '') return { text: fromEnv, source: s.env }
     return { text: s.default, source: `--${s.flag}` }
   }
-  const value = <T>(key: Key, read: (text: string, source: string) => T): T | undefined => {
+  const value = <T>(key: Key, read: (text: string, source: string, kind: Setting['kind']) => T): T | undefined => {
     const { text, source } = raw(key)
-    return text === undefined ? undefined : read(text, source)
+    return text === undefined ? undefined : read(text, source, SETTINGS[key].kind)
   }
   // Repeatable, and comma-separated (a flag's value as an environment variable's).
   const list = (key: Key): string[] => {
@@ -156,9 +157,10 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
       throw new ConfigError(`${source}: ${(err as Error).message}`)
     }
   }
-  const number = (min: number) => (text: string, source: string) => {
-    const n = Number(text)
-    if (!/^\d+$/.test(text.trim()) || n < min) throw new ConfigError(`${source} must be an integer ≥ ${min}, got "${text}"`)
+  // A count; a duration (ms, or with a unit) or a size (bytes, or with a unit), as the setting's kind says.
+  const number = (min: number) => (text: string, source: string, kind?: Setting['kind']) => {
+    const n = kind === 'ms' || kind === 'bytes' ? withUnit(text, UNITS[kind]) : /^\d+$/.test(text.trim()) ? Number(text) : NaN
+    if (!(n >= min)) throw new ConfigError(`${source} must be ${WANTED[kind === 'ms' || kind === 'bytes' ? kind : 'count']} ≥ ${min}, got "${text}"`)
     return n
   }
   const file = (text: string, source: string) => {
@@ -305,6 +307,36 @@ export function secretBytes(file: Buffer): Buffer {
   return /[\x00-\x1f\x7f-\x9f]/.test(text) ? file : Buffer.from(text)
 }
 
+/** What a duration's and a size's units are worth, in ms and bytes (a bare number is in those). */
+const UNITS = {
+  ms: { ms: 1, s: 1000, m: 60_000, h: 3_600_000 },
+  bytes: { b: 1, kb: 1e3, mb: 1e6, gb: 1e9, kib: 1 << 10, mib: 1 << 20, gib: 1 << 30 },
+} as const
+const WANTED = { count: 'an integer', ms: 'a duration in ms or with a unit (500ms, 5s, 2m, 1h)', bytes: 'a size in bytes or with a unit (64KiB, 64MiB, 1GiB, 10MB)' }
+
+/** `5s`, `64MiB`, `1.5GB` or a bare integer, by `units` (case aside): a whole number, else NaN. */
+function withUnit(text: string, units: Record<string, number>): number {
+  const m = /^(\d+(?:\.\d+)?)\s*([a-z]*)$/i.exec(text.trim())
+  const unit = m && (m[2] ? units[m[2].toLowerCase()] : 1)
+  if (!m || !unit || (!m[2] && m[1].includes('.'))) return NaN
+  return Math.round(Number(m[1]) * unit)
+}
+
+/** The known option closest to an unknown one (a typo's few letters off, or a prefix), if any. */
+function closest(unknown: string, known: string[]): string | undefined {
+  const distance = (a: string, b: string) => {
+    let row = Array.from({ length: b.length + 1 }, (_, j) => j)
+    for (let i = 1; i <= a.length; i++) {
+      const next = [i]
+      for (let j = 1; j <= b.length; j++) next[j] = Math.min(row[j] + 1, next[j - 1] + 1, row[j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1))
+      row = next
+    }
+    return row[b.length]
+  }
+  const [best] = known.map((k) => ({ k, d: k.startsWith(unknown) ? 0 : distance(unknown, k) })).sort((x, y) => x.d - y.d)
+  return best && best.d <= Math.max(2, Math.floor(unknown.length / 4)) ? best.k : undefined
+}
+
 /** Settings that are gone, and what took their place. */
 const REPLACED: Record<string, string> = {
   'sql-pool-max': '--pool-size (EDGEPG_POOL_SIZE), which now bounds the backends /sql requests use per key',
@@ -323,6 +355,9 @@ function parseFlags(argv: string[]): Record<string, string | string[] | boolean 
   try {
     return parseArgs({ args: argv, options, strict: true }).values as Record<string, string | string[] | boolean | undefined>
   } catch (err) {
-    throw new ConfigError((err as Error).message)
+    const unknown = (err as NodeJS.ErrnoException).code === 'ERR_PARSE_ARGS_UNKNOWN_OPTION' && argv.map((a) => /^--([^=]+)/.exec(a)?.[1]).find((f) => f && !(f in options))
+    if (!unknown) throw new ConfigError((err as Error).message)
+    const near = closest(unknown, Object.keys(options))
+    throw new ConfigError(`unknown option --${unknown}${near ? `; did you mean --${near}?` : ''}`)
   }
 }
