@@ -102,7 +102,7 @@ test('bad settings: exit 2 with a message naming the flag or variable', async ()
     [[...up, '--cert', '/nonexistent.pem'], {}, /--cert and --key go together/],
     [[...up, '--cert', '/nonexistent.pem', '--key', '/nonexistent.pem'], {}, /--cert: cannot read "\/nonexistent.pem": ENOENT/],
     [[...up, '--max-sessions', '0'], {}, /--max-sessions must be an integer ≥ 1, got "0"/],
-    [[...up], { EDGEPG_IDLE_TIMEOUT: 'soon' }, /EDGEPG_IDLE_TIMEOUT must be an integer ≥ 0, got "soon"/],
+    [[...up], { EDGEPG_IDLE_TIMEOUT: 'soon' }, /EDGEPG_IDLE_TIMEOUT must be a duration in ms or with a unit \(500ms, 5s, 2m, 1h\) ≥ 0, got "soon"/],
     [[...up], { EDGEPG_NO_AUTH_OFFLOAD: 'maybe' }, /EDGEPG_NO_AUTH_OFFLOAD must be true or false/],
     [[...up, '--handshake-timeout', '-5'], {}, /handshake-timeout/],
     [[...up, '--workers', '3', '--pool-size', '2'], {}, /--pool-size \(2\) must be at least --workers \(3\)/],

@@ -534,7 +534,7 @@ test('the pool’s flags and environment variables reach the proxy’s options; 
   assert.throws(() => options(['--max-backends-per-client', '0']), /--max-backends-per-client must be an integer ≥ 1, got "0"/)
   assert.equal(options([], { EDGEPG_POOL_MODE: 'session' }).mode, 'session')
   assert.throws(() => options(['--pool-mode', 'statement']), /--pool-mode must be session or transaction, not "statement"/)
-  assert.throws(() => options(['--pool-idle-timeout', '0']), /--pool-idle-timeout must be an integer ≥ 1, got "0"/)
+  assert.throws(() => options(['--pool-idle-timeout', '0']), /--pool-idle-timeout must be a duration in ms or with a unit \(500ms, 5s, 2m, 1h\) ≥ 1, got "0"/)
   // The two caps --pool-size replaced (their mismatch made backends churn) say so.
   assert.throws(() => options(['--sql-pool-max', '32']), /--sql-pool-max was replaced by --pool-size \(EDGEPG_POOL_SIZE\)/)
   assert.throws(() => options([], { EDGEPG_POOL_MAX_IDLE_PER_KEY: '4' }), /EDGEPG_POOL_MAX_IDLE_PER_KEY was replaced by --pool-size/)
