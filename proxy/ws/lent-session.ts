@@ -278,8 +278,13 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
     if (this.waiting.length && !this.acquiring) this.acquire()
   }
 
-  pinned = () => !!this.pin.reason
-  refusedOnReplica = () => void (this.reads.refused = true)
+  pinned(): boolean {
+    return !!this.pin.reason
+  }
+
+  refusedOnReplica() {
+    this.reads.refused = true
+  }
 
   get lender(): Lender {
     return this.o.lender
