@@ -1,5 +1,6 @@
 #!/usr/bin/env node
-import { ConfigError, HELP, LOG_LEVELS, parseConfig, type LogLevel } from './config'
+import { ConfigError, HELP, LOG_LEVELS, TOKEN_USAGE, parseConfig, parseTokenCommand, type LogLevel } from './config'
+import { mintToken } from './auth/mint'
 import { createProxy } from './index'
 import { setupAuth } from './auth/setup'
 import cluster from 'node:cluster'
@@ -54,6 +55,19 @@ if (process.argv[2] === 'setup-auth') {
     const why = /client password must be a string/.test(message) ? `the database asks for a password, and ${url.replace(/\/\/[^@/]*@/, '//…@')} has none` : message
     fail(`setup-auth failed: ${why}`, usage)
   }
+}
+
+// `edgepg-proxy token --role <role> [--claim name=value ...]`: a token to try tokens with.
+if (process.argv[2] === 'token') {
+  let mint: ReturnType<typeof parseTokenCommand>
+  try {
+    mint = parseTokenCommand(process.argv.slice(3), process.env)
+  } catch (err) {
+    if (err instanceof ConfigError) fail(err.message, TOKEN_USAGE)
+    throw err
+  }
+  process.stdout.write(mint === 'help' ? `${TOKEN_USAGE}\n` : `${await mintToken(mint)}\n`)
+  process.exit(0)
 }
 
 let parsed: ReturnType<typeof parseConfig>

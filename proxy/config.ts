@@ -5,93 +5,136 @@ import { parseArgs } from 'node:util'
 import { parseHostPort, type HostPort } from './upstream/address'
 import type { ProxyOptions } from './index'
 import type { TokenLoginOptions } from './auth/token-login'
+import type { Mint } from './auth/mint'
 
 /**
- * edgepg-proxy's settings: one table gives each its flag, environment variable, default and help,
- * so parsing, validation and `--help` cannot drift apart.
+ * edgepg-proxy's settings: one table gives each its flag, default, help and group, so parsing,
+ * validation, `--help` and the configuration reference cannot drift apart. Every environment
+ * variable is EDGEPG_ and its flag's name (`--pool-size`: EDGEPG_POOL_SIZE).
  */
 interface Setting {
+  group: keyof typeof GROUPS
   flag: string
-  env: string
   arg?: string
   kind: 'address' | 'listen' | 'addresses' | 'list' | 'count' | 'ms' | 'bytes' | 'file' | 'path' | 'text' | 'sslmode' | 'choice' | 'switch'
   default?: string
   help: string
 }
 
-export const SETTINGS = {
-  workers: { flag: 'workers', env: 'EDGEPG_WORKERS', arg: 'n', kind: 'count', default: 'cores', help: "processes accepting on the one port (cores: the machine's, at most --pool-size); limits hold for the proxy as a whole" },
-  upstream: { flag: 'upstream', env: 'EDGEPG_UPSTREAM', arg: 'host:port', kind: 'address', help: 'Postgres to relay to (required)' },
-  listen: { flag: 'listen', env: 'EDGEPG_LISTEN', arg: '[host:]port', kind: 'listen', default: '127.0.0.1:8080', help: 'where to accept WebSockets (0.0.0.0:PORT for remote clients)' },
-  adminListen: { flag: 'admin-listen', env: 'EDGEPG_ADMIN_LISTEN', arg: '[host:]port', kind: 'listen', help: 'serve /metrics and /healthz here only, not on --listen (keep it off the internet); without it, --listen serves /metrics to this machine only' },
-  allow: { flag: 'allow', env: 'EDGEPG_ALLOW', arg: 'host:port', kind: 'addresses', help: 'another upstream clients may name (?address= on /v1 and /v2, the connection string on /sql; repeatable; env: comma-separated)' },
-  cert: { flag: 'cert', env: 'EDGEPG_CERT', arg: 'file', kind: 'file', help: 'TLS certificate chain (PEM): serve wss:// and https://; reloaded on SIGHUP' },
-  key: { flag: 'key', env: 'EDGEPG_KEY', arg: 'file', kind: 'file', help: 'TLS private key (PEM), with --cert' },
-  upstreamSslmode: { flag: 'upstream-sslmode', env: 'EDGEPG_UPSTREAM_SSLMODE', arg: 'mode', kind: 'sslmode', default: 'disable', help: 'TLS to Postgres: disable, require, verify-ca or verify-full' },
-  upstreamCa: { flag: 'upstream-ca', env: 'EDGEPG_UPSTREAM_CA', arg: 'file', kind: 'file', help: "CA (PEM) for Postgres's certificate: for verify-ca / verify-full, and clients whose ssl verifies it" },
-  allowOrigin: { flag: 'allow-origin', env: 'EDGEPG_ALLOW_ORIGIN', arg: 'origin', kind: 'list', help: 'browser Origin allowed to connect (repeatable; * for any); requests without Origin are always allowed' },
-  maxSessions: { flag: 'max-sessions', env: 'EDGEPG_MAX_SESSIONS', arg: 'n', kind: 'count', default: '10000', help: 'concurrent sessions in all; more are refused with HTTP 503' },
-  maxSessionsPerIp: { flag: 'max-sessions-per-ip', env: 'EDGEPG_MAX_SESSIONS_PER_IP', arg: 'n', kind: 'count', default: '100', help: 'concurrent sessions from one client address; more get HTTP 429' },
-  handshakeTimeout: { flag: 'handshake-timeout', env: 'EDGEPG_HANDSHAKE_TIMEOUT', arg: 'ms', kind: 'ms', default: '10000', help: 'time a client has from connecting to finishing its Postgres startup' },
-  idleTimeout: { flag: 'idle-timeout', env: 'EDGEPG_IDLE_TIMEOUT', arg: 'ms', kind: 'ms', default: '900000', help: 'close a session with no traffic either way for this long (0: never)' },
-  maxMessageBytes: { flag: 'max-message-bytes', env: 'EDGEPG_MAX_MESSAGE_BYTES', arg: 'n', kind: 'bytes', default: '67108864', help: 'largest WebSocket message accepted from a logged-in client (before login: 64 KiB)' },
-  maxClientBuffer: { flag: 'max-client-buffer', env: 'EDGEPG_MAX_CLIENT_BUFFER', arg: 'n', kind: 'bytes', default: '268435456', help: "bytes all clients' unfinished messages and /sql bodies may hold; a message that does not fit is refused (1009)" },
-  maxLogins: { flag: 'max-logins', env: 'EDGEPG_MAX_LOGINS', arg: 'n', kind: 'count', default: '64', help: 'logins waiting on Postgres at once (connected, not yet accepted); more wait their turn' },
-  maxLoginsPerIp: { flag: 'max-logins-per-ip', env: 'EDGEPG_MAX_LOGINS_PER_IP', arg: 'n', kind: 'count', default: '8', help: 'logins waiting on Postgres at once from one client address; more wait their turn' },
-  maxCancelsPerIp: { flag: 'max-cancels-per-ip', env: 'EDGEPG_MAX_CANCELS_PER_IP', arg: 'n', kind: 'count', default: '20', help: 'CancelRequests a second from one client address; more are dropped' },
-  logLevel: { flag: 'log-level', env: 'EDGEPG_LOG_LEVEL', arg: 'level', kind: 'choice', default: 'info', help: 'what the log (stdout, a JSON object a line) carries: info: every session and /sql request, and the proxy\'s own events (listening, shutdown, reload); warn: only sessions and requests that did not end well (refused, failed, timed out), and the proxy\'s events; error: only what failed (a certificate that did not reload); at every level, the line saying where it listens' },
-  shutdownGrace: { flag: 'shutdown-grace', env: 'EDGEPG_SHUTDOWN_GRACE', arg: 'ms', kind: 'ms', default: '10000', help: 'on SIGTERM, time running sessions get to finish before close code 1001' },
-  sqlMaxBody: { flag: 'sql-max-body', env: 'EDGEPG_SQL_MAX_BODY', arg: 'n', kind: 'bytes', default: '10485760', help: 'POST /sql: largest request body (HTTP 413)' },
-  sqlMaxResponse: { flag: 'sql-max-response', env: 'EDGEPG_SQL_MAX_RESPONSE', arg: 'n', kind: 'bytes', default: '10485760', help: 'POST /sql: largest response (HTTP 507)' },
-  sqlStatementTimeout: { flag: 'sql-statement-timeout', env: 'EDGEPG_SQL_STATEMENT_TIMEOUT', arg: 'ms', kind: 'ms', default: '60000', help: 'POST /sql: statement timeout (0: none)' },
-  sqlMaxRequests: { flag: 'sql-max-requests', env: 'EDGEPG_SQL_MAX_REQUESTS', arg: 'n', kind: 'count', default: '500', help: 'POST /sql: requests at once; more get HTTP 503' },
-  sqlMaxRequestsPerIp: { flag: 'sql-max-requests-per-ip', env: 'EDGEPG_SQL_MAX_REQUESTS_PER_IP', arg: 'n', kind: 'count', default: '50', help: 'POST /sql: requests at once from one client address; more get HTTP 429' },
-  sqlReadTimeout: { flag: 'sql-read-timeout', env: 'EDGEPG_SQL_READ_TIMEOUT', arg: 'ms', kind: 'ms', default: '10000', help: 'POST /sql: time a client has to send its whole request body (HTTP 408)' },
-  noPool: { flag: 'no-pool', env: 'EDGEPG_NO_POOL', kind: 'switch', help: 'no warm backends: every session and /sql request logs in on a connection of its own' },
-  poolMaxBackends: { flag: 'pool-max-backends', env: 'EDGEPG_POOL_MAX_BACKENDS', arg: 'n', kind: 'count', default: '100', help: 'backends the pool owns in all (idle or lent): a login past it closes the idle one used longest ago, and with none idle gets a connection of its own' },
-  poolMode: { flag: 'pool-mode', env: 'EDGEPG_POOL_MODE', arg: 'mode', kind: 'choice', default: 'transaction', help: 'session: a session holds its backend to its end; transaction: only while it runs something' },
-  poolSize: { flag: 'pool-size', env: 'EDGEPG_POOL_SIZE', arg: 'n', kind: 'count', default: '20', help: 'backends per user, database and password: in transaction mode all, idle or lent; in session mode those kept idle (and /sql requests at once)' },
-  poolTimeout: { flag: 'pool-timeout', env: 'EDGEPG_POOL_TIMEOUT', arg: 'ms', kind: 'ms', default: '5000', help: 'transaction mode: longest wait for a backend, then SQLSTATE 53300' },
-  idleInTransactionTimeout: { flag: 'idle-in-transaction-timeout', env: 'EDGEPG_IDLE_IN_TRANSACTION_TIMEOUT', arg: 'ms', kind: 'ms', default: '60000', help: 'transaction mode: end a session idle inside a transaction this long, rolled back, as Postgres would (0: never)' },
-  maxBackendsPerClient: { flag: 'max-backends-per-client', env: 'EDGEPG_MAX_BACKENDS_PER_CLIENT', arg: 'n', kind: 'count', default: 'a quarter of --pool-size', help: "transaction mode: a key's backends one client (a token's subject, else its address) holds while another client waits (alone it may hold all); the keys it keeps warm past --pool-idle-timeout (those it used last); and, while the pool is full, its connections outside it" },
-  maxPinnedSessions: { flag: 'max-pinned-sessions', env: 'EDGEPG_MAX_PINNED_SESSIONS', arg: 'n', kind: 'count', default: 'a quarter of --pool-size', help: "transaction mode: a key's sessions kept on their backend for state they hold; one more is closed with 53400" },
-  poolStatements: { flag: 'pool-statements', env: 'EDGEPG_POOL_STATEMENTS', arg: 'n', kind: 'count', default: '100', help: "transaction mode: named statements each backend keeps for its sessions" },
-  poolIdleTimeout: { flag: 'pool-idle-timeout', env: 'EDGEPG_POOL_IDLE_TIMEOUT', arg: 'ms', kind: 'ms', default: '60000', help: "close a pooled backend idle this long (a key's last, used within --pool-keep-warm, is kept)" },
-  poolMaxLifetime: { flag: 'pool-max-lifetime', env: 'EDGEPG_POOL_MAX_LIFETIME', arg: 'ms', kind: 'ms', default: '1800000', help: 'close a pooled backend this old (a changed password stops being honoured within it)' },
-  poolKeepWarm: { flag: 'pool-keep-warm', env: 'EDGEPG_POOL_KEEP_WARM', arg: 'ms', kind: 'ms', default: '3600000', help: 'keep one backend logged in for each user and database used this recently, past --pool-idle-timeout (in transaction mode, its replacement logged in before --pool-max-lifetime ends it): no login after the first pays the link to Postgres (0: none)' },
-  replica: { flag: 'replica', env: 'EDGEPG_REPLICAS', arg: 'host:port', kind: 'addresses', help: "a hot standby of --upstream (repeatable; env: comma-separated): transaction mode sends it transactions begun read-only and autocommit reads, each once it has replayed what its session has seen (sessions by token stay on the primary)" },
-  replicaMaxLag: { flag: 'replica-max-lag', env: 'EDGEPG_REPLICA_MAX_LAG', arg: 'ms', kind: 'ms', default: '5000', help: 'pass over a replica whose replay lags more than this; its reads go to another, or the primary' },
-  replicaWait: { flag: 'replica-wait', env: 'EDGEPG_REPLICA_WAIT', arg: 'ms', kind: 'ms', default: '200', help: 'longest a read waits for a replica to replay what its session has written or seen, then it runs on the primary' },
-  noReplicaAutocommit: { flag: 'no-replica-autocommit', env: 'EDGEPG_NO_REPLICA_AUTOCOMMIT', kind: 'switch', help: 'send replicas only transactions begun read-only (BEGIN READ ONLY, or default_transaction_read_only), not autocommit reads' },
-  noSql: { flag: 'no-sql', env: 'EDGEPG_NO_SQL', kind: 'switch', help: 'turn off POST /sql' },
-  noAuthOffload: { flag: 'no-auth-offload', env: 'EDGEPG_NO_AUTH_OFFLOAD', kind: 'switch', help: 'relay the startup untouched: clients authenticate with Postgres end to end' },
-  trustProxy: { flag: 'trust-proxy', env: 'EDGEPG_TRUST_PROXY', arg: 'cidr', kind: 'list', help: "a load balancer's address range: from it, take the client's address from the PROXY protocol or X-Forwarded-For (repeatable)" },
-  jwksUrl: { flag: 'jwks-url', env: 'EDGEPG_JWKS_URL', arg: 'url', kind: 'text', help: "tokens: the issuer's JWKS (RS/PS/ES/EdDSA keys), refetched for an unknown kid" },
-  jwtSecretFile: { flag: 'jwt-secret-file', env: 'EDGEPG_JWT_SECRET_FILE', arg: 'file', kind: 'file', help: 'tokens: or an HS256/384/512 secret (at least 32 bytes), instead of --jwks-url' },
-  jwtAudience: { flag: 'jwt-audience', env: 'EDGEPG_JWT_AUDIENCE', arg: 'aud', kind: 'text', help: "tokens: the audience (aud) a token must be for (required with tokens)" },
-  jwtIssuer: { flag: 'jwt-issuer', env: 'EDGEPG_JWT_ISSUER', arg: 'iss', kind: 'text', help: 'tokens: the issuer (iss) a token must come from' },
-  jwtRoles: { flag: 'jwt-roles', env: 'EDGEPG_JWT_ROLES', arg: 'role,...', kind: 'list', help: 'tokens: the Postgres roles a token may name (each a login role with a password in --passfile); comma-separated or repeated' },
-  jwtRoleClaim: { flag: 'jwt-role-claim', env: 'EDGEPG_JWT_ROLE_CLAIM', arg: 'name', kind: 'text', default: 'role', help: 'tokens: the claim that names the role' },
-  passfile: { flag: 'passfile', env: 'EDGEPG_PASSFILE', arg: 'file', kind: 'path', help: "tokens: pgpass-format file with the roles' passwords (default PGPASSFILE, else ~/.pgpass)" },
-  allowInsecurePasswords: { flag: 'allow-insecure-passwords', env: 'EDGEPG_ALLOW_INSECURE_PASSWORDS', kind: 'switch', help: 'accept passwords over plain ws:// from non-loopback clients (TLS ends in front)' },
+/** --help's and the reference's sections, in their order. */
+export const GROUPS = {
+  essentials: 'Essentials',
+  tls: 'TLS',
+  limits: 'Limits',
+  pool: 'Pool',
+  tokens: 'Tokens (signed JWTs instead of passwords)',
+  replicas: 'Replicas',
+  sql: 'POST /sql',
+  observability: 'Observability',
+}
+
+const TABLE = {
+  upstream: { group: 'essentials', flag: 'upstream', arg: 'host:port', kind: 'address', help: 'Postgres to relay to (required)' },
+  listen: { group: 'essentials', flag: 'listen', arg: '[host:]port', kind: 'listen', default: '127.0.0.1:8080', help: 'where to accept WebSockets (0.0.0.0:PORT for remote clients)' },
+  allow: { group: 'essentials', flag: 'allow', arg: 'host:port', kind: 'addresses', help: 'another upstream clients may name (?address= on /v1 and /v2, the connection string on /sql; repeatable; env: comma-separated)' },
+  allowOrigin: { group: 'essentials', flag: 'allow-origin', arg: 'origin', kind: 'list', help: 'browser Origin allowed to connect (repeatable; * for any); requests without Origin are always allowed' },
+  workers: { group: 'essentials', flag: 'workers', arg: 'n', kind: 'count', default: 'cores', help: "processes accepting on the one port (cores: the machine's, at most --pool-size); limits hold for the proxy as a whole" },
+  cert: { group: 'tls', flag: 'cert', arg: 'file', kind: 'file', help: 'TLS certificate chain (PEM): serve wss:// and https://; reloaded on SIGHUP' },
+  key: { group: 'tls', flag: 'key', arg: 'file', kind: 'file', help: 'TLS private key (PEM), with --cert' },
+  upstreamSslmode: { group: 'tls', flag: 'upstream-sslmode', arg: 'mode', kind: 'sslmode', default: 'disable', help: 'TLS to Postgres: disable, require, verify-ca or verify-full' },
+  upstreamCa: { group: 'tls', flag: 'upstream-ca', arg: 'file', kind: 'file', help: "CA (PEM) for Postgres's certificate: for verify-ca / verify-full, and clients whose ssl verifies it" },
+  allowInsecurePasswords: { group: 'tls', flag: 'allow-insecure-passwords', kind: 'switch', help: 'accept passwords over plain ws:// from non-loopback clients (TLS ends in front)' },
+  maxSessions: { group: 'limits', flag: 'max-sessions', arg: 'n', kind: 'count', default: '10000', help: 'concurrent sessions in all; more are refused with HTTP 503' },
+  maxSessionsPerIp: { group: 'limits', flag: 'max-sessions-per-ip', arg: 'n', kind: 'count', default: '100', help: 'concurrent sessions from one client address; more get HTTP 429' },
+  maxLogins: { group: 'limits', flag: 'max-logins', arg: 'n', kind: 'count', default: '64', help: 'logins waiting on Postgres at once (connected, not yet accepted); more wait their turn' },
+  maxLoginsPerIp: { group: 'limits', flag: 'max-logins-per-ip', arg: 'n', kind: 'count', default: '8', help: 'logins waiting on Postgres at once from one client address; more wait their turn' },
+  maxCancelsPerIp: { group: 'limits', flag: 'max-cancels-per-ip', arg: 'n', kind: 'count', default: '20', help: 'CancelRequests a second from one client address; more are dropped' },
+  handshakeTimeout: { group: 'limits', flag: 'handshake-timeout', arg: 'duration', kind: 'ms', default: '10s', help: 'time a client has from connecting to finishing its Postgres startup' },
+  idleTimeout: { group: 'limits', flag: 'idle-timeout', arg: 'duration', kind: 'ms', default: '15m', help: 'close a session with no traffic either way for this long (0: never)' },
+  maxMessageBytes: { group: 'limits', flag: 'max-message-bytes', arg: 'size', kind: 'bytes', default: '64MiB', help: 'largest WebSocket message accepted from a logged-in client (before login: 64 KiB)' },
+  maxClientBuffer: { group: 'limits', flag: 'max-client-buffer', arg: 'size', kind: 'bytes', default: '256MiB', help: "bytes all clients' unfinished messages and /sql bodies may hold; a message that does not fit is refused (1009)" },
+  shutdownGrace: { group: 'limits', flag: 'shutdown-grace', arg: 'duration', kind: 'ms', default: '10s', help: 'on SIGTERM, time running sessions get to finish before close code 1001' },
+  poolMode: { group: 'pool', flag: 'pool-mode', arg: 'mode', kind: 'choice', default: 'transaction', help: 'session: a session holds its backend to its end; transaction: only while it runs something' },
+  poolSize: { group: 'pool', flag: 'pool-size', arg: 'n', kind: 'count', default: '20', help: 'backends per user, database and password: in transaction mode all, idle or lent; in session mode those kept idle (and /sql requests at once)' },
+  poolTimeout: { group: 'pool', flag: 'pool-timeout', arg: 'duration', kind: 'ms', default: '5s', help: 'transaction mode: longest wait for a backend, then SQLSTATE 53300' },
+  idleInTransactionTimeout: { group: 'pool', flag: 'idle-in-transaction-timeout', arg: 'duration', kind: 'ms', default: '1m', help: 'transaction mode: end a session idle inside a transaction this long, rolled back, as Postgres would (0: never)' },
+  maxBackendsPerClient: { group: 'pool', flag: 'max-backends-per-client', arg: 'n', kind: 'count', default: 'a quarter of --pool-size', help: "transaction mode: a key's backends one client (a token's subject, else its address) holds while another client waits (alone it may hold all); the keys it keeps warm past --pool-idle-timeout (those it used last); and, while the pool is full, its connections outside it" },
+  maxPinnedSessions: { group: 'pool', flag: 'max-pinned-sessions', arg: 'n', kind: 'count', default: 'a quarter of --pool-size', help: "transaction mode: a key's sessions kept on their backend for state they hold; one more is closed with 53400" },
+  poolStatements: { group: 'pool', flag: 'pool-statements', arg: 'n', kind: 'count', default: '100', help: "transaction mode: named statements each backend keeps for its sessions" },
+  poolMaxBackends: { group: 'pool', flag: 'pool-max-backends', arg: 'n', kind: 'count', default: '100', help: 'backends the pool owns in all (idle or lent): a login past it closes the idle one used longest ago, and with none idle gets a connection of its own' },
+  poolIdleTimeout: { group: 'pool', flag: 'pool-idle-timeout', arg: 'duration', kind: 'ms', default: '1m', help: "close a pooled backend idle this long (a key's last, used within --pool-keep-warm, is kept)" },
+  poolMaxLifetime: { group: 'pool', flag: 'pool-max-lifetime', arg: 'duration', kind: 'ms', default: '30m', help: 'close a pooled backend this old (a changed password stops being honoured within it)' },
+  poolKeepWarm: { group: 'pool', flag: 'pool-keep-warm', arg: 'duration', kind: 'ms', default: '1h', help: 'keep one backend logged in for each user and database used this recently, past --pool-idle-timeout (in transaction mode, its replacement logged in before --pool-max-lifetime ends it): no login after the first pays the link to Postgres (0: none)' },
+  noPool: { group: 'pool', flag: 'no-pool', kind: 'switch', help: 'no warm backends: every session and /sql request logs in on a connection of its own' },
+  noAuthOffload: { group: 'pool', flag: 'no-auth-offload', kind: 'switch', help: 'relay the startup untouched: clients authenticate with Postgres end to end' },
+  jwksUrl: { group: 'tokens', flag: 'jwks-url', arg: 'url', kind: 'text', help: "the issuer's JWKS (RS/PS/ES/EdDSA keys), refetched for an unknown kid" },
+  jwtSecretFile: { group: 'tokens', flag: 'jwt-secret-file', arg: 'file', kind: 'file', help: 'or an HS256/384/512 secret (at least 32 bytes), instead of --jwks-url' },
+  jwtAudience: { group: 'tokens', flag: 'jwt-audience', arg: 'aud', kind: 'text', help: "the audience (aud) a token must be for (required with tokens)" },
+  jwtIssuer: { group: 'tokens', flag: 'jwt-issuer', arg: 'iss', kind: 'text', help: 'the issuer (iss) a token must come from' },
+  jwtRoles: { group: 'tokens', flag: 'jwt-roles', arg: 'role,...', kind: 'list', help: 'the Postgres roles a token may name (each a login role with a password in --passfile); comma-separated or repeated' },
+  jwtRoleClaim: { group: 'tokens', flag: 'jwt-role-claim', arg: 'name', kind: 'text', default: 'role', help: 'the claim that names the role' },
+  passfile: { group: 'tokens', flag: 'passfile', arg: 'file', kind: 'path', help: "pgpass-format file with the roles' passwords (default PGPASSFILE, else ~/.pgpass)" },
+  replica: { group: 'replicas', flag: 'replica', arg: 'host:port', kind: 'addresses', help: "a hot standby of --upstream (repeatable; env: comma-separated): transaction mode sends it transactions begun read-only and autocommit reads, each once it has replayed what its session has seen (sessions by token stay on the primary)" },
+  replicaMaxLag: { group: 'replicas', flag: 'replica-max-lag', arg: 'duration', kind: 'ms', default: '5s', help: 'pass over a replica whose replay lags more than this; its reads go to another, or the primary' },
+  replicaWait: { group: 'replicas', flag: 'replica-wait', arg: 'duration', kind: 'ms', default: '200ms', help: 'longest a read waits for a replica to replay what its session has written or seen, then it runs on the primary' },
+  noReplicaAutocommit: { group: 'replicas', flag: 'no-replica-autocommit', kind: 'switch', help: 'send replicas only transactions begun read-only (BEGIN READ ONLY, or default_transaction_read_only), not autocommit reads' },
+  sqlMaxBody: { group: 'sql', flag: 'sql-max-body', arg: 'size', kind: 'bytes', default: '10MiB', help: 'largest request body (HTTP 413)' },
+  sqlMaxResponse: { group: 'sql', flag: 'sql-max-response', arg: 'size', kind: 'bytes', default: '10MiB', help: 'largest response (HTTP 507)' },
+  sqlStatementTimeout: { group: 'sql', flag: 'sql-statement-timeout', arg: 'duration', kind: 'ms', default: '1m', help: 'statement timeout (0: none)' },
+  sqlMaxRequests: { group: 'sql', flag: 'sql-max-requests', arg: 'n', kind: 'count', default: '500', help: 'requests at once; more get HTTP 503' },
+  sqlMaxRequestsPerIp: { group: 'sql', flag: 'sql-max-requests-per-ip', arg: 'n', kind: 'count', default: '50', help: 'requests at once from one client address; more get HTTP 429' },
+  sqlReadTimeout: { group: 'sql', flag: 'sql-read-timeout', arg: 'duration', kind: 'ms', default: '10s', help: 'time a client has to send its whole request body (HTTP 408)' },
+  noSql: { group: 'sql', flag: 'no-sql', kind: 'switch', help: 'turn off POST /sql' },
+  logLevel: { group: 'observability', flag: 'log-level', arg: 'level', kind: 'choice', default: 'info', help: "the log's weight (stdout, a JSON object a line): info, every session and /sql request and the proxy's own events (listening, shutdown, reload); warn, only sessions and requests that did not end well (refused, failed, timed out) and the proxy's events; error, only what failed (a certificate that did not reload). The line saying where it listens is written at every level" },
+  adminListen: { group: 'observability', flag: 'admin-listen', arg: '[host:]port', kind: 'listen', help: 'serve /metrics and /healthz here only, not on --listen (keep it off the internet); without it, --listen serves /metrics to this machine only' },
+  trustProxy: { group: 'observability', flag: 'trust-proxy', arg: 'cidr', kind: 'list', help: "a load balancer's address range: from it, take the client's address from the PROXY protocol or X-Forwarded-For (repeatable)" },
 } satisfies Record<string, Setting>
 
-type Key = keyof typeof SETTINGS
+/** A flag's environment variable. */
+const envOf = (flag: string) => `EDGEPG_${flag.toUpperCase().replace(/-/g, '_')}`
 
-/** Each option and what it does, the texts in one column past the longest option. */
-function helpLines(lines: Array<[string, string]>): string {
-  const width = Math.max(...lines.map(([head]) => head.length)) + 2
-  return lines.map(([head, text]) => `  ${head.padEnd(width)}${text}`).join('\n')
+export const SETTINGS = Object.fromEntries(Object.entries(TABLE).map(([key, s]) => [key, { ...s, env: envOf(s.flag) }])) as {
+  [K in keyof typeof TABLE]: (typeof TABLE)[K] & { env: string }
 }
+
+type Key = keyof typeof SETTINGS
+type Entry = Setting & { env: string }
+
+/** A setting as --help and the reference name it: `--pool-timeout duration`. */
+export const flagOf = (s: Setting) => `--${s.flag}${s.arg ? ` ${s.arg}` : ''}`
+
+/** Each option and what it does, the texts in one column past the longest option, wrapped at `columns`. */
+function helpLines(lines: Array<[string, string]>, width: number, columns = 100): string {
+  const wrap = (text: string) => {
+    const out = ['']
+    for (const word of text.split(' ')) {
+      const last = out.length - 1
+      if (out[last] && width + out[last].length + 1 + word.length > columns) out.push(word)
+      else out[last] += (out[last] ? ' ' : '') + word
+    }
+    return out.join(`\n${' '.repeat(width)}`)
+  }
+  return lines.map(([head, text]) => `  ${head.padEnd(width - 2)}${wrap(text)}`).join('\n')
+}
+
+const entries = Object.values(SETTINGS) as Entry[]
+const width = Math.max(...entries.map((s) => flagOf(s).length)) + 4
 
 export const HELP = `edgepg-proxy: relays WebSocket connections from edgepg (or @neondatabase/serverless) to Postgres.
 
 Usage: edgepg-proxy --upstream host:port [--listen [host:]port] [options]
-       edgepg-proxy setup-auth <database-url> [--neon-compat]   (what a database needs for tokens; see the README)
+       edgepg-proxy setup-auth <database-url> [--neon-compat]   what a database needs for tokens
+       edgepg-proxy token --role <role> [--claim name=value ...] [--ttl duration]
+                                                               a test token, signed with --jwt-secret-file
 
-Options (each also settable by the environment variable shown; switches take true/false there;
-durations in ms or with a unit: 500ms, 5s, 2m, 1h; sizes in bytes or with one: 64KiB, 64MiB, 10MB):
-${helpLines([...(Object.values(SETTINGS) as Setting[]).map((s): [string, string] => [`--${s.flag}${s.arg ? ` ${s.arg}` : ''}`, `${s.help}${s.default ? ` (default ${s.default})` : ''}  [${s.env}]`]), ['-h, --help', 'show this help']])}
+Each option is also read from the environment variable EDGEPG_ and its name (--pool-size:
+EDGEPG_POOL_SIZE; switches take true or false there, lists are comma-separated). Durations are in
+ms or take a unit (500ms, 5s, 2m, 1h), sizes in bytes or take one (64KiB, 64MiB, 10MB).
+${(Object.keys(GROUPS) as Array<keyof typeof GROUPS>)
+  .map((g) => `\n${GROUPS[g]}:\n${helpLines(entries.filter((s) => s.group === g).map((s) => [flagOf(s), `${s.help}${s.default ? ` (default ${s.default})` : ''}`]), width)}`)
+  .join('\n')}
+
+${helpLines([['-h, --help', 'show this help']], width)}
 
 Routes: /v2 relays to the upstream. A client naming an address (?address=host:port on /v1 or /v2,
 the connection string's host on /sql) goes there if it is the upstream or an --allow entry, to the
@@ -129,55 +172,10 @@ export interface CliConfig {
 export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig | 'help' {
   const flags = parseFlags(argv)
   if (flags.help) return 'help'
-  for (const gone of Object.keys(REPLACED)) {
-    const variable = `EDGEPG_${gone.toUpperCase().replace(/-/g, '_')}`
-    if (env[variable]) throw new ConfigError(`${variable} was replaced by ${REPLACED[gone]}`)
-  }
-  const raw = (key: Key): { text?: string; texts?: string[]; source: string } => {
-    const s: Setting = SETTINGS[key]
-    const given = flags[s.flag]
-    if (given !== undefined) return { text: Array.isArray(given) ? undefined : String(given), texts: Array.isArray(given) ? given : undefined, source: `--${s.flag}` }
-    const fromEnv = env[s.env]
-    if (fromEnv !== undefined && fromEnv !== '') return { text: fromEnv, source: s.env }
-    return { text: s.default, source: `--${s.flag}` }
-  }
-  const value = <T>(key: Key, read: (text: string, source: string, kind: Setting['kind']) => T): T | undefined => {
-    const { text, source } = raw(key)
-    return text === undefined ? undefined : read(text, source, SETTINGS[key].kind)
-  }
-  // Repeatable, and comma-separated (a flag's value as an environment variable's).
-  const list = (key: Key): string[] => {
-    const { text, texts } = raw(key)
-    return (texts ?? (text ? [text] : [])).flatMap((t) => t.split(',')).map((t) => t.trim()).filter(Boolean)
-  }
-  const address = (text: string, source: string, defaultPort?: number) => {
-    try {
-      return parseHostPort(text, defaultPort)
-    } catch (err) {
-      throw new ConfigError(`${source}: ${(err as Error).message}`)
-    }
-  }
-  // A count; a duration (ms, or with a unit) or a size (bytes, or with a unit), as the setting's kind says.
-  const number = (min: number) => (text: string, source: string, kind?: Setting['kind']) => {
-    const n = kind === 'ms' || kind === 'bytes' ? withUnit(text, UNITS[kind]) : /^\d+$/.test(text.trim()) ? Number(text) : NaN
-    if (!(n >= min)) throw new ConfigError(`${source} must be ${WANTED[kind === 'ms' || kind === 'bytes' ? kind : 'count']} ≥ ${min}, got "${text}"`)
-    return n
-  }
-  const file = (text: string, source: string) => {
-    try {
-      return readFileSync(text)
-    } catch (err) {
-      throw new ConfigError(`${source}: cannot read "${text}": ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`)
-    }
-  }
-  const on = (key: Key) => {
-    const s: Setting = SETTINGS[key]
-    if (flags[s.flag]) return true
-    const text = env[s.env]?.toLowerCase()
-    if (!text) return false
-    if (!['true', 'false', '1', '0'].includes(text)) throw new ConfigError(`${s.env} must be true or false, got "${env[s.env]}"`)
-    return text === 'true' || text === '1'
-  }
+  for (const gone of Object.keys(REPLACED)) if (env[envOf(gone)]) throw new ConfigError(`${envOf(gone)} was replaced by ${REPLACED[gone]}`)
+  for (const [old, now] of Object.entries(RENAMED)) if (env[old]) throw new ConfigError(`${old} is now ${now}: every variable is EDGEPG_ and its flag's name`)
+  const read = reader(flags, env)
+  const { raw, value, list, on } = read
 
   const upstreamText = value('upstream', (t) => t)
   if (!upstreamText) throw new ConfigError('--upstream host:port is required (or set EDGEPG_UPSTREAM)')
@@ -208,20 +206,7 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
     const max = isIPv6(address) ? 128 : 32
     if (!isIP(address) || (bits !== undefined && !(/^\d+$/.test(bits) && Number(bits) <= max))) throw new ConfigError(`${raw('trustProxy').source}: "${cidr}" is not an address or a CIDR range (such as 10.0.0.0/8)`)
   }
-  const jwksUrl = raw('jwksUrl').text
-  const secret = value('jwtSecretFile', file)
-  if (jwksUrl && secret) throw new ConfigError('--jwks-url and --jwt-secret-file: give one of them')
-  let tokens: TokenLoginOptions | undefined
-  if (jwksUrl || secret) {
-    if (jwksUrl && !/^https?:\/\//.test(jwksUrl)) throw new ConfigError(`--jwks-url must be an http(s):// URL, got "${jwksUrl}"`)
-    const key = secret && secretBytes(secret)
-    if (key && key.length < 32) throw new ConfigError(`--jwt-secret-file: the secret must be at least 32 bytes, got ${key.length}`)
-    const roles = list('jwtRoles')
-    if (!roles.length) throw new ConfigError('tokens need --jwt-roles: the Postgres roles a token may name')
-    const audience = raw('jwtAudience').text
-    if (!audience) throw new ConfigError('tokens need --jwt-audience: the audience (aud) tokens for this proxy carry')
-    tokens = { jwksUrl, secret: key || undefined, audience, issuer: raw('jwtIssuer').text, roles, roleClaim: raw('jwtRoleClaim').text, passfile: raw('passfile').text ?? env.PGPASSFILE }
-  }
+  const tokens = tokenOptions(read, env)
 
   const poolSize = value('poolSize', number(1))!
   // By default one worker per core, but no more than a key's backends can be split between.
@@ -292,6 +277,110 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
   }
 }
 
+/** A setting's text from its flag, else its environment variable, else its default; and readings of it. */
+function reader(flags: Flags, env: NodeJS.ProcessEnv) {
+  const raw = (key: Key): { text?: string; texts?: string[]; source: string } => {
+    const s: Entry = SETTINGS[key]
+    const given = flags[s.flag]
+    if (given !== undefined) return { text: Array.isArray(given) ? undefined : String(given), texts: Array.isArray(given) ? given : undefined, source: `--${s.flag}` }
+    const fromEnv = env[s.env]
+    if (fromEnv !== undefined && fromEnv !== '') return { text: fromEnv, source: s.env }
+    return { text: s.default, source: `--${s.flag}` }
+  }
+  const value = <T>(key: Key, read: (text: string, source: string, kind: Setting['kind']) => T): T | undefined => {
+    const { text, source } = raw(key)
+    return text === undefined ? undefined : read(text, source, SETTINGS[key].kind)
+  }
+  // Repeatable, and comma-separated (a flag's value as an environment variable's).
+  const list = (key: Key): string[] => {
+    const { text, texts } = raw(key)
+    return (texts ?? (text ? [text] : [])).flatMap((t) => t.split(',')).map((t) => t.trim()).filter(Boolean)
+  }
+  const on = (key: Key) => {
+    const s: Entry = SETTINGS[key]
+    if (flags[s.flag]) return true
+    const text = env[s.env]?.toLowerCase()
+    if (!text) return false
+    if (!['true', 'false', '1', '0'].includes(text)) throw new ConfigError(`${s.env} must be true or false, got "${env[s.env]}"`)
+    return text === 'true' || text === '1'
+  }
+  return { raw, value, list, on }
+}
+
+function address(text: string, source: string, defaultPort?: number) {
+  try {
+    return parseHostPort(text, defaultPort)
+  } catch (err) {
+    throw new ConfigError(`${source}: ${(err as Error).message}`)
+  }
+}
+
+/** A count; a duration (ms, or with a unit) or a size (bytes, or with a unit), as the setting's kind says. */
+const number = (min: number) => (text: string, source: string, kind?: Setting['kind']) => {
+  const n = kind === 'ms' || kind === 'bytes' ? withUnit(text, UNITS[kind]) : /^\d+$/.test(text.trim()) ? Number(text) : NaN
+  if (!(n >= min)) throw new ConfigError(`${source} must be ${WANTED[kind === 'ms' || kind === 'bytes' ? kind : 'count']} ≥ ${min}, got "${text}"`)
+  return n
+}
+
+function file(text: string, source: string) {
+  try {
+    return readFileSync(text)
+  } catch (err) {
+    throw new ConfigError(`${source}: cannot read "${text}": ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`)
+  }
+}
+
+export const TOKEN_USAGE = `Usage: edgepg-proxy token --role <role> [--claim name=value ...] [--claim name:=<json> ...] [--ttl duration]
+  Signs a token for trying tokens out with the proxy's --jwt-secret-file (HS256), for its
+  --jwt-audience and --jwt-issuer, naming <role> in its --jwt-role-claim; --ttl (default 1h) sets
+  when it expires. Those settings are read as the proxy reads them, from flags or EDGEPG_ variables.`
+
+/** `edgepg-proxy token …`'s arguments, with the proxy's token settings from flags or the environment. */
+export function parseTokenCommand(argv: string[], env: NodeJS.ProcessEnv): Mint | 'help' {
+  const flags = parseFlags(argv, { role: { type: 'string' }, claim: { type: 'string', multiple: true }, ttl: { type: 'string' } })
+  if (flags.help) return 'help'
+  const { raw, value, list } = reader(flags, env)
+  if (raw('jwksUrl').text) throw new ConfigError('token signs with --jwt-secret-file; with --jwks-url, tokens come from your issuer')
+  const secret = value('jwtSecretFile', file)
+  if (!secret) throw new ConfigError('token needs --jwt-secret-file (or EDGEPG_JWT_SECRET_FILE): the secret the proxy checks tokens with')
+  const audience = raw('jwtAudience').text
+  if (!audience) throw new ConfigError('token needs --jwt-audience (or EDGEPG_JWT_AUDIENCE): the audience the proxy checks')
+  const role = flags.role
+  if (typeof role !== 'string' || !role) throw new ConfigError('token needs --role: the Postgres role the token names')
+  const roles = list('jwtRoles')
+  if (roles.length && !roles.includes(role)) throw new ConfigError(`--role ${role} is not one of --jwt-roles (${roles.join(', ')}): the proxy would refuse the token`)
+  const claims: Record<string, unknown> = {}
+  for (const c of (flags.claim as string[] | undefined) ?? []) {
+    const m = /^([^=:]+)(:?=)(.*)$/s.exec(c)
+    if (!m) throw new ConfigError(`--claim ${c}: write name=value, or name:=<json> for a number, boolean or object`)
+    try {
+      claims[m[1]] = m[2] === '=' ? m[3] : JSON.parse(m[3])
+    } catch {
+      throw new ConfigError(`--claim ${c}: after := goes JSON (42, true, "text", {"a":1})`)
+    }
+  }
+  const ttlMs = number(1000)(typeof flags.ttl === 'string' ? flags.ttl : '1h', '--ttl', 'ms')
+  const key = secretBytes(secret)
+  if (key.length < 32) throw new ConfigError(`--jwt-secret-file: the secret must be at least 32 bytes, got ${key.length}`)
+  return { secret: key, audience, issuer: raw('jwtIssuer').text, roleClaim: raw('jwtRoleClaim').text ?? 'role', role, claims, ttlSeconds: Math.round(ttlMs / 1000) }
+}
+
+/** The token settings (--jwks-url or --jwt-secret-file, and what goes with them), if any are given. */
+function tokenOptions({ raw, value, list }: ReturnType<typeof reader>, env: NodeJS.ProcessEnv): TokenLoginOptions | undefined {
+  const jwksUrl = raw('jwksUrl').text
+  const secret = value('jwtSecretFile', file)
+  if (!jwksUrl && !secret) return undefined
+  if (jwksUrl && secret) throw new ConfigError('--jwks-url and --jwt-secret-file: give one of them')
+  if (jwksUrl && !/^https?:\/\//.test(jwksUrl)) throw new ConfigError(`--jwks-url must be an http(s):// URL, got "${jwksUrl}"`)
+  const key = secret && secretBytes(secret)
+  if (key && key.length < 32) throw new ConfigError(`--jwt-secret-file: the secret must be at least 32 bytes, got ${key.length}`)
+  const roles = list('jwtRoles')
+  if (!roles.length) throw new ConfigError('tokens need --jwt-roles: the Postgres roles a token may name')
+  const audience = raw('jwtAudience').text
+  if (!audience) throw new ConfigError('tokens need --jwt-audience: the audience (aud) tokens for this proxy carry')
+  return { jwksUrl, secret: key || undefined, audience, issuer: raw('jwtIssuer').text, roles, roleClaim: raw('jwtRoleClaim').text, passfile: raw('passfile').text ?? env.PGPASSFILE }
+}
+
 /**
  * A --jwt-secret-file's secret: text (valid UTF-8 with no control characters once trimmed, as
  * `echo secret > file` writes it) is its trimmed text's bytes; anything else (`head -c 32 /dev/urandom`)
@@ -342,9 +431,15 @@ const REPLACED: Record<string, string> = {
   'sql-pool-max': '--pool-size (EDGEPG_POOL_SIZE), which now bounds the backends /sql requests use per key',
   'pool-max-idle-per-key': '--pool-size (EDGEPG_POOL_SIZE), which now bounds the idle backends kept per key',
 }
+/** Environment variables renamed to the one rule, and their names now. */
+const RENAMED: Record<string, string> = { EDGEPG_REPLICAS: 'EDGEPG_REPLICA (--replica)' }
 
-function parseFlags(argv: string[]): Record<string, string | string[] | boolean | undefined> {
-  const options: Record<string, { type: 'string' | 'boolean'; multiple?: boolean; short?: string }> = { help: { type: 'boolean', short: 'h' } }
+type Flags = Record<string, string | string[] | boolean | undefined>
+
+type FlagOptions = Record<string, { type: 'string' | 'boolean'; multiple?: boolean; short?: string }>
+
+function parseFlags(argv: string[], extra: FlagOptions = {}): Flags {
+  const options: FlagOptions = { help: { type: 'boolean', short: 'h' }, ...extra }
   for (const s of Object.values(SETTINGS) as Setting[]) {
     options[s.flag] = { type: s.kind === 'switch' ? 'boolean' : 'string', multiple: s.kind === 'addresses' || s.kind === 'list' }
   }
@@ -353,7 +448,7 @@ function parseFlags(argv: string[]): Record<string, string | string[] | boolean 
     if (gone && REPLACED[gone]) throw new ConfigError(`--${gone} was replaced by ${REPLACED[gone]}`)
   }
   try {
-    return parseArgs({ args: argv, options, strict: true }).values as Record<string, string | string[] | boolean | undefined>
+    return parseArgs({ args: argv, options, strict: true }).values as Flags
   } catch (err) {
     const unknown = (err as NodeJS.ErrnoException).code === 'ERR_PARSE_ARGS_UNKNOWN_OPTION' && argv.map((a) => /^--([^=]+)/.exec(a)?.[1]).find((f) => f && !(f in options))
     if (!unknown) throw new ConfigError((err as Error).message)

@@ -29,3 +29,8 @@ test('an unknown flag: the nearest known one is offered, and none when nothing i
   assert.throws(() => parse(['--pool-timout', '5s']), /did you mean --pool-timeout\?$/)
   assert.throws(() => parse(['--frobnicate']), /: unknown option --frobnicate$/)
 })
+
+test('a variable renamed to the one rule (EDGEPG_ and the flag) is refused with its name now', () => {
+  assert.throws(() => parse([], { EDGEPG_REPLICAS: '127.0.0.1:5433' }), /^Error: EDGEPG_REPLICAS is now EDGEPG_REPLICA \(--replica\)/)
+  assert.deepEqual(parse([], { EDGEPG_REPLICA: '127.0.0.1:5433,127.0.0.1:5434' }).options.replicas?.addresses, ['127.0.0.1:5433', '127.0.0.1:5434'])
+})

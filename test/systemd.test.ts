@@ -1,9 +1,9 @@
 /**
- * The README's systemd unit as an operator runs it (no systemd runs here, so this test does what it
+ * The systemd unit of docs/deployment.md as an operator runs it (no systemd runs here, so this test does what it
  * would do): the packed tarball installed with `npm install --global`, the unit's ExecStart command
  * line run from / with nothing but the EnvironmentFile's variables and a PATH, ExecReload's command
  * line with $MAINPID, then KillSignal. The unit and the environment file are deploy/'s, the ones the
- * package ships; the README's unit must be the same text.
+ * package ships; the page's unit must be the same text.
  */
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
@@ -55,9 +55,9 @@ function assignments(text: string, line = /^(\w+)=(.*)$/): Map<string, string> {
 const directives = (unit: string) => assignments(unit)
 const environment = (file: string) => assignments(file, /^(EDGEPG_\w+)=(.*)$/)
 
-test("the README's systemd unit is the one the package ships (deploy/edgepg-proxy.service), and ships it", async () => {
-  const readme = await readFile(join(root, 'README.md'), 'utf8')
-  const block = /\*\*systemd\*\*[\s\S]*?```ini\n([\s\S]*?)```/.exec(readme)?.[1]
+test("docs/deployment.md's systemd unit is the one the package ships (deploy/edgepg-proxy.service), and ships it", async () => {
+  const page = await readFile(join(root, 'docs/deployment.md'), 'utf8')
+  const block = /\*\*systemd\*\*[\s\S]*?```ini\n([\s\S]*?)```/.exec(page)?.[1]
   assert.equal(block, await readFile(UNIT, 'utf8'))
   const pkg = JSON.parse(await readFile(join(root, 'package.json'), 'utf8'))
   assert.ok(pkg.files.includes('deploy'), 'package.json files: deploy')

@@ -652,3 +652,43 @@ test('JWKS: while the issuer fails, unknown kids do not each fetch it (once per 
     jwks.close()
   }
 })
+
+test('`edgepg-proxy token` (the built CLI) mints a token the proxy takes: its role, its claims, its expiry', async () => {
+  const dir = await mkdtemp(join(tmpdir(), 'edgepg-token-'))
+  const p = await tokenProxy('transaction', 1)
+  try {
+    await writeFile(join(dir, 'jwt.key'), SECRET)
+    const cli = fileURLToPath(new URL('../dist/cli.mjs', import.meta.url))
+    const run = (args: string[], env: Record<string, string> = {}) =>
+      new Promise<{ code: number | null; out: string; err: string }>((resolve) => {
+        const child = spawn(process.execPath, [cli, 'token', ...args], { env: { PATH: process.env.PATH!, ...env } })
+        let out = ''
+        let err = ''
+        child.stdout.on('data', (d) => (out += d))
+        child.stderr.on('data', (d) => (err += d))
+        child.on('close', (code) => resolve({ code, out, err }))
+      })
+    // The proxy's settings as an operator's environment file gives them; the token's own on the command line.
+    const env = { EDGEPG_JWT_SECRET_FILE: join(dir, 'jwt.key'), EDGEPG_JWT_AUDIENCE: AUDIENCE, EDGEPG_JWT_ISSUER: ISSUER, EDGEPG_JWT_ROLES: `${WEB_USER},${WEB_ADMIN}` }
+    const minted = await run(['--role', WEB_USER, '--claim', 'sub=alice', '--claim', 'tier:=3', '--ttl', '10m'], env)
+    assert.equal(minted.code, 0, minted.err)
+    const client = tokenClient(p, minted.out.trim())
+    await client.connect()
+    const { rows } = await client.query(`SELECT current_user AS u, edgepg.claims() AS c`)
+    assert.equal(rows[0].u, WEB_USER)
+    assert.equal(rows[0].c.sub, 'alice')
+    assert.equal(rows[0].c.tier, 3)
+    assert.ok(Math.abs(rows[0].c.exp - (Date.now() / 1000 + 600)) < 60, `exp ten minutes ahead, got ${rows[0].c.exp}`)
+    assert.deepEqual(await owners(client), ['alice'])
+    await client.end()
+
+    const refused = await run(['--role', 'postgres', '--claim', 'sub=alice'], env)
+    assert.equal(refused.code, 2)
+    assert.match(refused.err, /--role postgres is not one of --jwt-roles .*: the proxy would refuse the token\nUsage: edgepg-proxy token --role/)
+    const noSecret = await run(['--role', WEB_USER], { EDGEPG_JWT_AUDIENCE: AUDIENCE })
+    assert.match(noSecret.err, /token needs --jwt-secret-file \(or EDGEPG_JWT_SECRET_FILE\)/)
+  } finally {
+    await p.close()
+    await rm(dir, { recursive: true, force: true })
+  }
+})
