@@ -95,7 +95,7 @@ test("the README's Worker, with its wrangler.toml's settings, answers from Postg
   const vars = Object.fromEntries(['WS_PROXY', 'DATABASE_URL'].map((k) => [k, setting(k, toml.slice(toml.indexOf('[vars]')))!]))
   // wrangler's bundling: esbuild, ES modules, the workerd conditions, from the app's node_modules.
   await esbuild.build({ entryPoints: [join(app, setting('main')!)], outfile: join(app, 'dist/worker.mjs'), bundle: true, format: 'esm', conditions: ['workerd', 'worker', 'browser'], logLevel: 'error' })
-  const mf = new Miniflare({ modules: true, scriptPath: join(app, 'dist/worker.mjs'), compatibilityDate: setting('compatibility_date'), bindings: vars })
+  const mf = new Miniflare({ modules: true, modulesRoot: app, scriptPath: join(app, 'dist/worker.mjs'), compatibilityDate: setting('compatibility_date'), bindings: vars })
   try {
     const res = await within(30_000, 'the Worker to answer', mf.dispatchFetch('http://my-app.test/'))
     const body = await res.text()
