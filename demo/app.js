@@ -144,12 +144,12 @@ $('#compare').addEventListener('click', () =>
   })
 )
 
-/** The three runs of "Compare all three", side by side: one table of round trips and milliseconds, above the last run's rows. */
+/** The three runs of "Compare all three", side by side: one table of round trips, milliseconds and outcome (rows, or why it failed), above the last run's rows. */
 function compare(three) {
   const table = document.createElement('table')
   table.id = 'comparison'
   const head = table.createTHead().insertRow()
-  for (const name of ['transport', 'round trips', 'first result']) head.append(Object.assign(document.createElement('th'), { textContent: name }))
+  for (const name of ['transport', 'round trips', 'first result', 'outcome']) head.append(Object.assign(document.createElement('th'), { textContent: name }))
   const body = table.createTBody()
   for (const r of three) {
     const tr = body.insertRow()
@@ -158,6 +158,7 @@ function compare(three) {
     tr.insertCell().textContent = r.label
     Object.assign(tr.insertCell(), { className: 'num', textContent: r.error ? 'failed' : tr.dataset.roundTrips })
     Object.assign(tr.insertCell(), { className: 'num', textContent: `${Math.round(r.duration)} ms` })
+    Object.assign(tr.insertCell(), { className: r.error ? 'error' : '', textContent: r.error ? describe(r.error).split('\n')[0] : `${r.rowCount} row${r.rowCount === 1 ? '' : 's'}` })
   }
   const rt = $('#round-trips')
   rt.textContent = `the three runs below, compared above at ${three[0].rtt} ms RTT`

@@ -49,6 +49,21 @@ function readReason(res: RefusedUpgrade): Promise<string> {
   })
 }
 
+/**
+ * Why a WebSocket that a browser (or a Worker) could not open was refused: the proxy answers a
+ * plain GET of the URL with the status and text it refused the upgrade with, which browsers show
+ * no one. Undefined when it has nothing to add (no refusal, no answer within 2 s, no proxy).
+ */
+async function askWhy(url: string): Promise<string | undefined> {
+  try {
+    const res = await fetch(url.replace(/^ws/, 'http'), { signal: AbortSignal.timeout(2000) })
+    const text = (await res.text()).slice(0, 1024).replace(/\s+/g, ' ').trim()
+    return res.status === 426 || res.ok ? undefined : `was refused (HTTP ${res.status})${text ? `: ${text}` : ''}`
+  } catch {
+    return undefined
+  }
+}
+
 /** pg's words when Postgres refuses TLS, which the proxy reports as they are. */
 const NO_TLS = 'The server does not support SSL connections'
 const NO_TLS_HINT =
@@ -106,6 +121,8 @@ export class WebSocketSocket extends QueuedSocket {
   refusal?: Error
   private ws?: WebSocket
   private opened = false
+  /** Where a browser's WebSocket did not open: the proxy asked why (askWhy), and the failure waits on it. */
+  private askingWhy?: Promise<unknown>
   /** Closes the WebSocket from the request that opened it (see open()). */
   private closeFromOrigin?: () => void
   private referenced = true
@@ -151,6 +168,7 @@ export class WebSocketSocket extends QueuedSocket {
     const offered = [SUBPROTOCOL_POSITIONS, SUBPROTOCOL_POSITIONS_FRAMED, SUBPROTOCOL_CANCEL, SUBPROTOCOL]
     const protocols = !offer ? undefined : fits ? [...offered, LOGIN_PREFIX + login] : offered
     let ws: WebSocket
+    this.askingWhy = undefined
     try {
       ws = this.ws = this.transport = new this.cfg!.webSocketConstructor(this.url, protocols) as WebSocket
     } catch (err) {
@@ -189,7 +207,8 @@ export class WebSocketSocket extends QueuedSocket {
     else ws.addEventListener('message', ({ data }: MessageEvent) => onMessage(data, typeof data === 'string'))
     // Node's `ws` shows a refused upgrade's response, whose text is the proxy's reason (browsers show nothing).
     const refusals = ws as unknown as { on?: (event: 'unexpected-response', listener: (req: { destroy(): void }, res: RefusedUpgrade) => void) => void }
-    if (typeof refusals.on === 'function') {
+    const showsRefusals = typeof refusals.on === 'function'
+    if (refusals.on) {
       refusals.on('unexpected-response', (req, res) =>
         readReason(res).then((reason) => {
           if (ws === this.ws) this.fail(this.unopened(`was refused (HTTP ${res.statusCode})${reason ? `: ${reason}` : ''}`))
@@ -206,10 +225,13 @@ export class WebSocketSocket extends QueuedSocket {
         refusesSubprotocol.add(this.url)
         return this.open(first, false)
       }
-      this.fail(this.opened ? new Error(`edgepg: WebSocket to ${this.url} failed${detail ? `: ${detail}` : ''}`) : this.unopened(`could not be opened${detail ? `: ${detail}` : ''}`))
+      if (this.opened) return this.fail(new Error(`edgepg: WebSocket to ${this.url} failed${detail ? `: ${detail}` : ''}`))
+      const failed = `could not be opened${detail ? `: ${detail}` : ''}`
+      if (showsRefusals) return this.fail(this.unopened(failed))
+      this.askingWhy ??= askWhy(this.url).then((why) => ws === this.ws && this.fail(this.unopened(why ?? failed)))
     })
     ws.addEventListener('close', ({ code, reason }: CloseEvent) => {
-      if (ws !== this.ws || this.closed) return
+      if (ws !== this.ws || this.closed || this.askingWhy) return
       // A normal close from the other side is TCP's end: Postgres (or the proxy) hung up. Any
       // other code says what went wrong.
       if (this.ending || code === 1000) this.emit('end')

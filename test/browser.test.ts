@@ -72,7 +72,8 @@ const TRY_REFUSED = `async ({ url, options }) => {
   const sql = httpSql('postgresql://scram_user:' + encodeURIComponent(password) + '@' + host + ':' + port + '/' + database, {
     fetchEndpoint: 'http://127.0.0.1:' + proxyPort + '/sql',
   })
-  return { client: await failure(client.connect()), http: await failure(sql\`SELECT 1\`) }
+  const elsewhere = new Client({ host, port, database, user: 'scram_user', password, wsProxy: () => 'ws://127.0.0.1:' + proxyPort + '/v3' })
+  return { client: await failure(client.connect()), http: await failure(sql\`SELECT 1\`), wrongPath: await failure(elsewhere.connect()) }
 }`
 
 /** Calls one of the functions above in the page with `arg`; resolves with its (JSON) result. */
@@ -215,13 +216,15 @@ test('Chromium runs dist/index.mjs with its own WebSocket and fetch: Client, Poo
   }
 })
 
-test("a proxy with the default (no allowed Origins) refuses the page's WebSocket and its /sql preflight", async () => {
+test("a proxy with the default (no allowed Origins) refuses the page's WebSocket, saying why in the Client's error, and its /sql preflight", async () => {
   const { proxy, sqlLogs } = await proxyFor()
   const { page, report, close } = await openPage()
   try {
     const run = inPage(page, TRY_REFUSED, { url: `${origin}/dist/index.mjs`, options: checkOptions(proxy.port) })
     const got: any = await bounded('the refused attempts in Chromium', run, report)
-    assert.match(got.client, /^Error: edgepg: WebSocket to ws:\/\/127\.0\.0\.1:\d+\/v2 could not be opened/, `the WebSocket was refused; ${report()}`)
+    // The browser hides the refused upgrade's answer; the client asked the proxy why, and says it.
+    assert.equal(got.client, `Error: edgepg: WebSocket to ws://127.0.0.1:${proxy.port}/v2 was refused (HTTP 403): origin ${origin} is not allowed (--allow-origin)`, report())
+    assert.equal(got.wrongPath, `Error: edgepg: WebSocket to ws://127.0.0.1:${proxy.port}/v3 was refused (HTTP 404): no WebSocket route at /v3; use /v1 or /v2`, report())
     assert.match(got.http, /^HttpSqlError: /, `httpSql failed; ${report()}`)
 
     // The proxy refused them for their Origin (the browser's own), not for anything else.

@@ -277,6 +277,15 @@ test('Compare all three ends with one table: each transport, its round trips and
   assert.equal(next, 'TABLE', "the last run's rows follow")
 })
 
+test('Compare all three: a run that failed says why in its row, and the others their rows', async () => {
+  await page.fill('#sql', 'SELECT * FROM no_such_table')
+  await page.click('#compare')
+  await page.waitForFunction(() => document.querySelectorAll('#comparison tbody tr').length === 3 && document.querySelector('#comparison td.error'), undefined, { timeout: 60_000 })
+  const outcomes = await page.evaluate(() => Array.from(document.querySelectorAll<HTMLTableRowElement>('#comparison tbody tr'), (tr) => [tr.dataset.transport, tr.cells[1].textContent, tr.cells[3].textContent]))
+  same(outcomes, ['ws', 'ws-e2e', 'http'].map((t) => [t, 'failed', 'ERROR 42P01: relation "no_such_table" does not exist']), 'each transport failed, saying why')
+  await page.fill('#sql', CUSTOMERS_SQL)
+})
+
 test("a Postgres error is shown with its SQLSTATE, and the waterfall still draws the run", async () => {
   const r = await runQuery('SELECT * FROM no_such_table', 'ws')
   assert.equal(r.state, 'error', `the run should fail, state ${r.state}`)

@@ -354,6 +354,14 @@ describe('routes and the allow-list', () => {
     const res = await fetch(`http://127.0.0.1:${p.port}/v2`)
     assert.equal(res.status, 426)
     await res.text()
+    // A plain GET is answered with what the upgrade is refused with, for any page to read (a browser's client asks it why).
+    for (const path of ['/v3', `/v2?address=${encodeURIComponent('127.0.0.9:5432')}`, '/v1?address=nonsense:port']) {
+      const refused = await upgrade(p.url(path))
+      const asked = await fetch(`http://127.0.0.1:${p.port}${path}`)
+      assert.equal(asked.status, refused.status, path)
+      assert.equal(asked.headers.get('access-control-allow-origin'), '*', path)
+      assert.equal((await asked.text()).trim(), refused.body.trim(), path)
+    }
   })
 })
 

@@ -133,6 +133,29 @@ export class WebSocketRoutes {
     return this.sessions.size + this.upgrading.size
   }
 
+  /**
+   * What refuses an upgrade before any limit is counted: the proxy closing, the path, the browser's
+   * Origin, the address it names. Also answers a plain GET of the same URL, which is how a browser's
+   * client learns why (a browser shows a refused upgrade's status and text to no one).
+   */
+  check(req: http.IncomingMessage, url = new URL(req.url ?? '/', 'http://proxy')): { refused: [number, string, RefusalReason] } | { address?: string; named?: HostPort } {
+    if (this.closing) return { refused: [503, SHUTDOWN_REASON, 'shutting_down'] }
+    if (url.pathname !== '/v1' && url.pathname !== '/v2') return { refused: [404, `no WebSocket route at ${url.pathname}; use /v1 or /v2`, 'not_found'] }
+    const origin = req.headers.origin
+    if (origin !== undefined && !this.origins.has('*') && !this.origins.has(origin)) return { refused: [403, `origin ${origin} is not allowed (--allow-origin)`, 'origin'] }
+    const address = url.searchParams.get('address') ?? undefined
+    if (!address) return {}
+    let named: HostPort
+    try {
+      named = parseHostPort(address)
+    } catch (err) {
+      return { refused: [400, (err as Error).message, 'bad_address'] }
+    }
+    const picked = this.o.upstreams.pick(named, req.headers.host)
+    if (!picked) return { refused: [403, `address ${notAllowed(named, this.o.upstreams.upstream)}`, 'forbidden_address'] }
+    return { address, named: picked }
+  }
+
   /** An upgrade request: refused (with a status saying why), or on its way to a session. */
   handle(req: http.IncomingMessage, socket: Duplex, head: Buffer) {
     const { metrics, upstreams } = this.o
@@ -146,22 +169,9 @@ export class WebSocketRoutes {
     socket.on('error', destroyed)
     const maxSessions = this.o.maxSessions ?? 10_000
     const maxPerIp = this.o.maxSessionsPerIp ?? 100
-    if (this.closing) return refuse(503, SHUTDOWN_REASON, 'shutting_down')
-    if (url.pathname !== '/v1' && url.pathname !== '/v2') return refuse(404, `no WebSocket route at ${url.pathname}; use /v1 or /v2`, 'not_found')
-    const origin = req.headers.origin
-    if (origin !== undefined && !this.origins.has('*') && !this.origins.has(origin)) return refuse(403, `origin ${origin} is not allowed (--allow-origin)`, 'origin')
-    const address = url.searchParams.get('address')
-    let named: HostPort | undefined
-    if (address) {
-      try {
-        named = parseHostPort(address)
-      } catch (err) {
-        return refuse(400, (err as Error).message, 'bad_address')
-      }
-      const picked = upstreams.pick(named, req.headers.host)
-      if (!picked) return refuse(403, `address ${notAllowed(named, upstreams.upstream)}`, 'forbidden_address')
-      named = picked
-    }
+    const checked = this.check(req, url)
+    if ('refused' in checked) return refuse(...checked.refused)
+    const { address, named } = checked
     // The limits before anything that costs more (a name's lookup, a login).
     const client = limitKey(peer)
     const held: Wanted = [[this.inAll, ''], [this.perIp, client]]
