@@ -14,6 +14,7 @@ import { fileURLToPath } from 'node:url'
 import { promisify } from 'node:util'
 import { freePort, testPostgres } from './support/stack'
 import { eventually } from './support/helpers'
+import { docBlock } from './support/doc-blocks'
 
 const run = promisify(execFile)
 const root = fileURLToPath(new URL('..', import.meta.url))
@@ -58,6 +59,12 @@ async function container(upstream: string) {
 }
 
 test("ENTRYPOINT after the runtime stage's npm ci --omit=dev: the proxy runs on production dependencies; HEALTHCHECK passes; SIGTERM exits 0", async () => {
+  // docs/deployment.md's `docker run`: the port it publishes is the one the image listens on, and what it sets is the upstream this test gives.
+  const shown = docBlock('docs/deployment.md', 'docker run').code
+  const [, published, variable] = /docker run .*-p \d+:(\d+) -e (\w+)=\S+ edgepg-proxy/.exec(shown)!
+  assert.equal(`0.0.0.0:${published}`, env.EDGEPG_LISTEN)
+  assert.match(stage, new RegExp(`^EXPOSE ${published}$`, 'm'))
+  assert.equal(variable, 'EDGEPG_UPSTREAM')
   const { host, port } = testPostgres()
   const c = await container(`${host}:${port}`)
   try {

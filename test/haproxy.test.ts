@@ -1,6 +1,6 @@
 /**
- * Two edgepg-proxy processes behind a real HAProxy (Debian's; .ci/run installs it), as the README's
- * "Running it for real" configures it (issue 23): a TCP frontend that sends the PROXY protocol
+ * Two edgepg-proxy processes behind a real HAProxy (Debian's; .ci/run installs it), as
+ * docs/deployment.md configures it (issue 23): a TCP frontend that sends the PROXY protocol
  * (v2) and an HTTP frontend that adds X-Forwarded-For, both health-checking /healthz. Sessions log
  * in through it (the login in the upgrade, pg-exact connect()), /sql answers through it, per-IP
  * limits count the real client (clients bind 127.0.0.2 and 127.0.0.3; HAProxy reaches the proxies
@@ -19,6 +19,8 @@ import { Client } from '../src/index'
 import { startChildProxy, type ChildProxy } from './support/child-proxy'
 import { edgeConfig, eventually, testPostgres, within } from './support/helpers'
 import { freePort, PASSWORD } from './support/stack'
+import { generateCerts } from './support/certs'
+import { docBlock } from './support/doc-blocks'
 
 const binary = (() => {
   try {
@@ -183,4 +185,58 @@ test('one proxy stopped with SIGTERM: its sessions end with 1001 and a clear err
   }
   assert.ok(staying.child.exitCode === null)
   await Promise.all(sessions.map((s) => s.end().catch(() => {})))
+})
+
+test("docs/deployment.md's config as written (its addresses this machine's): TLS end to end through TCP mode, PROXY v2, health checks over TLS", async () => {
+  const certs = await generateCerts()
+  const own = await Promise.all(
+    [0, 1].map(() => startChildProxy(`${testPostgres().host}:${testPostgres().port}`, { flags: ['--cert', certs.server.certFile, '--key', certs.server.keyFile, '--trust-proxy', '127.0.0.1'] }))
+  )
+  const port = await freePort()
+  const shown = docBlock('docs/deployment.md', 'frontend edge').code
+  const config = shown
+    .replace('bind :443', `bind 127.0.0.1:${port}`)
+    .replace('10.0.0.11:443', `127.0.0.1:${own[0].port}`)
+    .replace('10.0.0.12:443', `127.0.0.1:${own[1].port}`)
+  assert.notEqual(config.indexOf(`127.0.0.1:${own[1].port}`), -1, 'the page has the two servers it had')
+  const file = join(dir, 'docs-haproxy.cfg')
+  await writeFile(file, config)
+  const balancer = spawn(binary!, ['-db', '-f', file], { stdio: ['ignore', 'ignore', 'pipe'] })
+  let stderr = ''
+  balancer.stderr!.on('data', (d) => (stderr += d))
+  // Trusting the tests' CA, from 127.0.0.8: a client HAProxy's PROXY header names.
+  const Trusting = class extends WebSocket {
+    constructor(url: string, protocols?: string | string[]) {
+      super(url, protocols, { ca: certs.ca.cert, localAddress: '127.0.0.8' } as any)
+    }
+  }
+  const connect = async () => {
+    const c = new Client({ ...edgeConfig(port, 'scram_user'), webSocketConstructor: Trusting as any, wsProxy: () => `wss://localhost:${port}/v2` })
+    c.on('error', () => {})
+    await c.connect()
+    return c
+  }
+  try {
+    // Sessions one after another until each proxy has served one (both servers pass their health
+    // check, over TLS with the PROXY header, a moment after HAProxy starts), each logged with the real client.
+    const served = () => own.map((p) => p.logs.filter((l) => l.peer === '127.0.0.8').length)
+    for (let i = 0; i < 40 && served().some((n) => n === 0) && balancer.exitCode === null; i++) {
+      const c = await connect().catch(() => undefined)
+      if (!c) {
+        await new Promise((r) => setTimeout(r, 250))
+        continue
+      }
+      assert.deepEqual((await c.query('SELECT 1 AS one')).rows, [{ one: 1 }])
+      const before = served().reduce((a, b) => a + b)
+      await c.end()
+      await eventually(() => served().reduce((a, b) => a + b) > before, 'the session logged')
+    }
+    assert.equal(balancer.exitCode, null, `HAProxy exited: ${stderr}`)
+    assert.ok(served().every((n) => n > 0), `each proxy served a session through HAProxy, logged as 127.0.0.8: ${served()}`)
+    assert.ok(!own.flatMap((p) => p.logs).some((l) => l.peer === '127.0.0.1'), 'no session logged as HAProxy')
+  } finally {
+    balancer.kill('SIGTERM')
+    await Promise.all(own.map((p) => p.stop()))
+    await certs.cleanup()
+  }
 })

@@ -1,6 +1,6 @@
 /**
  * Moving from Neon in one line, as a user does it: the packed tarball installed under Neon's name
- * in a fresh project (package.json as the README's "Moving from Neon" says, `overrides` included),
+ * in a fresh project (package.json as docs/neon.md says, `overrides` included),
  * with Drizzle's neon-serverless and neon-http drivers and Prisma's Neon adapters from the registry,
  * unchanged. The app in test/neon-app/ runs against edgepg-proxy and is type-checked with the
  * project's own `tsc`.
@@ -16,6 +16,7 @@ import { promisify } from 'node:util'
 import pg from 'pg'
 import { startProxy, pgConfig, scratchTable } from './support/helpers'
 import { PASSWORD } from './support/stack'
+import { docBlock } from './support/doc-blocks'
 import { packedTarball } from './support/pack'
 
 const run = promisify(execFile)
@@ -33,11 +34,16 @@ before(async () => {
   scratch = await scratchTable('neon_app', 'tag text NOT NULL, name text NOT NULL')
   const tarball = await packedTarball()
   cpSync(join(root, 'test/neon-app'), app, { recursive: true })
+  // docs/neon.md's package.json, with the packed tarball where the page has the published version.
+  const shown = JSON.parse(docBlock('docs/neon.md', 'overrides').code)
+  assert.equal(shown.dependencies['@neondatabase/serverless'], 'npm:edgepg@^0.1.0')
   const pkg = {
     name: 'neon-app',
     private: true,
     type: 'module',
+    ...shown,
     dependencies: {
+      ...shown.dependencies,
       '@neondatabase/serverless': `file:${tarball}`,
       'drizzle-orm': version('drizzle-orm'),
       '@prisma/adapter-neon': version('@prisma/adapter-neon'),
@@ -45,8 +51,6 @@ before(async () => {
       ws: version('ws'),
     },
     devDependencies: { typescript: version('typescript'), '@types/ws': version('@types/ws'), '@types/node': version('@types/node') },
-    // The README's line: npm's peer check takes edgepg's version for Neon's (drizzle-orm asks >= 0.10).
-    overrides: { '@neondatabase/serverless': '$@neondatabase/serverless' },
   }
   writeFileSync(join(app, 'package.json'), JSON.stringify(pkg, null, 2))
   await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund', '--loglevel=error'], { cwd: app, timeout: 240_000 })

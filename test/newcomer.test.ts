@@ -16,27 +16,16 @@ import { promisify } from 'node:util'
 import * as esbuild from 'esbuild'
 import { Miniflare } from 'miniflare'
 import { packedTarball } from './support/pack'
+import { docBlock } from './support/doc-blocks'
 import { freePort, PASSWORD } from './support/stack'
 import { testPostgres, within, eventually } from './support/helpers'
 import { launchChromium } from './support/chromium'
 
 const run = promisify(execFile)
-const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8')
-const section = readme.slice(readme.indexOf('## Quick start: your app'), readme.indexOf('\n## ', readme.indexOf('## Quick start: your app') + 1))
-/** The section's code blocks, in order, each with its language. */
-const blocks = [...section.matchAll(/^```(\w*)\n([\s\S]*?)^```$/gm)].map((m) => ({ lang: m[1], code: m[2] }))
-/** The block whose first line names `file` (`// app.mjs`, `# wrangler.toml`, `<!-- index.html -->`). */
-const file = (name: string) => {
-  const found = blocks.find((b) => b.code.split('\n')[0].includes(` ${name}`))
-  assert.ok(found, `the quick start has a block for ${name}`)
-  return found.code
-}
-/** The shell line that starts with `start`. */
-const line = (start: string) => {
-  const found = blocks.filter((b) => b.lang === 'sh').flatMap((b) => b.code.split('\n')).find((l) => l.includes(start))
-  assert.ok(found, `the quick start has a line with ${start}`)
-  return found.replace(/\s+#.*$/, '')
-}
+/** The quick start's block whose first line names its file (`// app.mjs`, `# wrangler.toml`, `<!-- index.html -->`). */
+const file = (firstLine: string) => docBlock('README.md', firstLine).code
+/** The quick start's shell line containing `text`. */
+const line = (text: string) => docBlock('README.md', text).code.split('\n').find((l) => l.includes(text))!.replace(/\s+#.*$/, '')
 
 const work = mkdtempSync(join(tmpdir(), 'edgepg-newcomer-'))
 const app = join(work, 'my-app')
@@ -66,7 +55,7 @@ before(async () => {
   const install = line('npm install ').replace(/^cd \S+ && /, '').replace(/\S+edgepg-0\.1\.0\.tgz/, await packedTarball())
   await sh(install)
   // Step 2: the proxy, as the README starts it (it listens where EDGEPG_LISTEN says: the test's free port, not 8080).
-  proxy = spawn('sh', ['-c', `exec ${ours(line('npx -p edgepg edgepg-proxy --upstream'))}`], { cwd: app, env: { ...process.env, EDGEPG_LISTEN: `127.0.0.1:${proxyPort}` }, stdio: ['ignore', 'pipe', 'pipe'], detached: true })
+  proxy = spawn('sh', ['-c', `exec ${ours(line('edgepg-proxy --upstream 127.0.0.1:5432'))}`], { cwd: app, env: { ...process.env, EDGEPG_LISTEN: `127.0.0.1:${proxyPort}` }, stdio: ['ignore', 'pipe', 'pipe'], detached: true })
   let said = ''
   proxy.stdout!.on('data', (d) => (said += d))
   proxy.stderr!.on('data', (d) => (said += d))
@@ -81,7 +70,7 @@ after(async () => {
 })
 
 test("the README's Node script prints the row its comment says", async () => {
-  const code = file('app.mjs')
+  const code = file('// app.mjs')
   writeFileSync(join(app, 'app.mjs'), ours(code))
   const { stdout } = await sh(ours(line('node app.mjs')))
   const expected = /console\.log\(rows\) \/\/ (.*)$/m.exec(code)![1]
@@ -89,8 +78,8 @@ test("the README's Node script prints the row its comment says", async () => {
 })
 
 test("the README's Worker, with its wrangler.toml's settings, answers from Postgres in workerd", async () => {
-  writeFileSync(join(app, 'worker.mjs'), ours(file('worker.mjs')))
-  const toml = ours(file('wrangler.toml'))
+  writeFileSync(join(app, 'worker.mjs'), ours(file('// worker.mjs')))
+  const toml = ours(file('# wrangler.toml'))
   const setting = (key: string, text = toml) => new RegExp(`^${key} = "([^"]*)"`, 'm').exec(text)?.[1]
   const vars = Object.fromEntries(['WS_PROXY', 'DATABASE_URL'].map((k) => [k, setting(k, toml.slice(toml.indexOf('[vars]')))!]))
   // wrangler's bundling: esbuild, ES modules, the workerd conditions, from the app's node_modules.
@@ -109,7 +98,7 @@ test("the README's Worker, with its wrangler.toml's settings, answers from Postg
 })
 
 test("the README's browser page, served from the app's folder, shows Postgres's version", async () => {
-  writeFileSync(join(app, 'index.html'), ours(file('index.html')))
+  writeFileSync(join(app, 'index.html'), ours(file('<!-- index.html')))
   const types: Record<string, string> = { '.html': 'text/html', '.mjs': 'text/javascript', '.js': 'text/javascript' }
   // Stands in for `python3 -m http.server 3000`: the folder's files, as they are.
   pages = createServer((req, res) => {

@@ -23,6 +23,7 @@ import { WebSocket } from 'ws'
 import { startProxy, testPostgres, pgConfig, eventually, within } from './support/helpers'
 import { PASSWORD } from './support/stack'
 import { bundleWorker } from './workers/bundle'
+import { docBlock } from './support/doc-blocks'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
 const here = join(root, 'test/prisma')
@@ -98,5 +99,48 @@ test('Prisma inside workerd (miniflare), with and without nodejs_compat', async 
     } finally {
       await mf.dispose()
     }
+  }
+})
+
+test("docs/driver.md's Prisma Worker, bundled (its generated client the workerd one) and run in workerd", async () => {
+  const { code } = docBlock('docs/driver.md', 'PrismaPg')
+  const entry = join(here, `doc-worker-${process.pid}.mjs`)
+  writeFileSync(entry, code)
+  try {
+    await bundleWorker(entry, join(work, 'doc-worker.mjs'), {
+      plugins: [
+        {
+          name: 'doc-paths',
+          setup: (b) => {
+            // The page's generated client is this test's workerd one; its wasm a module of its own, as above.
+            b.onResolve({ filter: /^\.\/generated\/client$/ }, () => ({ path: join(here, 'generated/workerd/client.ts') }))
+            b.onResolve({ filter: /\.wasm\?module$/ }, ({ path }) => ({ path: `./${path.split('/').pop()!.replace(/\?module$/, '')}`, external: true }))
+          },
+        },
+      ],
+    })
+  } finally {
+    rmSync(entry, { force: true })
+  }
+  const wasm = 'query_compiler_fast_bg.wasm'
+  copyFileSync(join(here, 'generated/workerd/internal', wasm), join(work, wasm))
+  const { host, port, database } = testPostgres()
+  const mf = new Miniflare({
+    modulesRoot: work,
+    modules: [
+      { type: 'ESModule', path: join(work, 'doc-worker.mjs') },
+      { type: 'CompiledWasm', path: join(work, wasm) },
+    ],
+    compatibilityDate: '2026-04-01',
+    bindings: { WS_PROXY: proxy.url, DATABASE_URL: `postgres://scram_user:${encodeURIComponent(PASSWORD)}@${host}:${port}/${database}` },
+  })
+  try {
+    const res = await within(60_000, 'the Prisma Worker', mf.dispatchFetch('http://worker.test/'))
+    const body = await res.text()
+    assert.equal(res.status, 200, body)
+    assert.ok(Array.isArray(JSON.parse(body)), `users with their posts: ${body}`)
+    await eventually(() => proxy.sessionCount === 0, "the Worker's sessions closed (ctx.waitUntil)")
+  } finally {
+    await mf.dispose()
   }
 })

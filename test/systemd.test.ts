@@ -17,6 +17,7 @@ import { promisify } from 'node:util'
 import { WebSocket } from 'ws'
 import { Client } from '../src/index'
 import { SETTINGS } from '../proxy/config'
+import { docBlock } from './support/doc-blocks'
 import { generateCerts, presented, type TestCerts } from './support/certs'
 import { packedTarball } from './support/pack'
 import { freePort, PASSWORD, testPostgres } from './support/stack'
@@ -56,9 +57,7 @@ const directives = (unit: string) => assignments(unit)
 const environment = (file: string) => assignments(file, /^(EDGEPG_\w+)=(.*)$/)
 
 test("docs/deployment.md's systemd unit is the one the package ships (deploy/edgepg-proxy.service), and ships it", async () => {
-  const page = await readFile(join(root, 'docs/deployment.md'), 'utf8')
-  const block = /\*\*systemd\*\*[\s\S]*?```ini\n([\s\S]*?)```/.exec(page)?.[1]
-  assert.equal(block, await readFile(UNIT, 'utf8'))
+  assert.equal(docBlock('docs/deployment.md', '[Unit]').code, await readFile(UNIT, 'utf8'))
   const pkg = JSON.parse(await readFile(join(root, 'package.json'), 'utf8'))
   assert.ok(pkg.files.includes('deploy'), 'package.json files: deploy')
   const installed = join(prefix, 'lib/node_modules/edgepg/deploy')
