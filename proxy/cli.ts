@@ -34,7 +34,7 @@ process.on('exit', () => unwritten && writeLog())
 process.stdout.on('error', () => {})
 
 /** Exits with `message`, then how to run the command that failed. */
-function fail(message: string, usage = 'Run edgepg-proxy --help for usage.'): never {
+function fail(message: string, usage = 'Usage: edgepg-proxy --upstream host:port [--listen [host:]port] [options]; --help lists them'): never {
   process.stderr.write(`edgepg-proxy: ${message}\n${usage}\n`)
   process.exit(2)
 }

@@ -231,10 +231,8 @@ export function createProxy(options: ProxyOptions): Proxy {
     const path = pathOf(req.url)
     if (!options.adminApart && onAdmin(req, res, path, true)) return
     if (path === '/sql' && sql) return sql.handle(req, res)
-    // What an upgrade here would be refused with, readable by any page: a browser's client asks
-    // this when its WebSocket did not open, since browsers hide a refused upgrade's answer.
-    const checked = routes.check(req)
-    const [status, reason] = 'refused' in checked ? checked.refused : [426, 'edgepg-proxy: connect with a WebSocket to /v1 or /v2']
+    // Why an upgrade here is refused, readable by any page (Routes.answer).
+    const [status, reason] = routes.answer(req)
     res.writeHead(status, { 'content-type': 'text/plain', 'access-control-allow-origin': '*', ...(status === 426 && { upgrade: 'websocket' }) })
     res.end(`${reason}\n`)
   }

@@ -237,3 +237,28 @@ test("a proxy with the default (no allowed Origins) refuses the page's WebSocket
     await close()
   }
 })
+
+test("a limit's refusal reaches the page's Client too: the proxy tells the client that asks what it refused it", async () => {
+  const { proxy } = await proxyFor({ allowedOrigins: [origin], maxSessionsPerIp: 1 })
+  const { page, report, close } = await openPage()
+  try {
+    const run = inPage(
+      page,
+      `async ({ url, options }) => {
+        const { Client } = await import(url)
+        const { proxyPort, host, port, database, password } = options
+        const open = () => new Client({ host, port, database, user: 'scram_user', password, wsProxy: () => 'ws://127.0.0.1:' + proxyPort + '/v2' })
+        const first = open()
+        await first.connect()
+        const second = await open().connect().then(() => 'no error', (err) => err.message)
+        await first.end()
+        return second
+      }`,
+      { url: `${origin}/dist/index.mjs`, options: checkOptions(proxy.port) }
+    )
+    const second: string = await bounded('two sessions from the page', run, report)
+    assert.equal(second, `edgepg: WebSocket to ws://127.0.0.1:${proxy.port}/v2 was refused (HTTP 429): too many sessions from 127.0.0.1 (1)`, report())
+  } finally {
+    await close()
+  }
+})

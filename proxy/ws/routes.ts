@@ -88,6 +88,9 @@ const PRELOGINS_MAX = 4
 
 /** Sent to clients whose session is cut by a shutdown. */
 const SHUTDOWN_REASON = 'edgepg-proxy is shutting down'
+/** How long, and how many, refusals are kept for their clients to ask about. */
+const REFUSAL_KEPT_MS = 10_000
+const REFUSALS_KEPT = 10_000
 
 export class WebSocketRoutes {
   /** Open sessions, by their WebSocket. */
@@ -106,6 +109,8 @@ export class WebSocketRoutes {
   /** Sessions on a connection of their own to Postgres, made while the pool was full, by client (a token's subject, else an address). */
   private readonly outside = new Map<string, number>()
   private closing = false
+  /** Upgrades refused in the last seconds, by client and URL: what its client asks why about (see `answer`). */
+  private readonly refusals = new Map<string, { status: number; reason: string; at: number }>()
 
   constructor(private readonly o: RouteOptions) {
     this.origins = new Set(o.allowedOrigins ?? [])
@@ -156,6 +161,25 @@ export class WebSocketRoutes {
     return { address, named: picked }
   }
 
+  /**
+   * The answer to a plain GET of an upgrade's URL, which a browser's client asks when its WebSocket
+   * did not open (browsers show a refused upgrade's answer to no one): the refusal this client got
+   * at this URL in the last 10 s (a limit's, say), else what the checks say of it now.
+   */
+  answer(req: http.IncomingMessage): [status: number, reason: string] {
+    const peer = this.o.clientAddress?.(req) ?? req.socket.remoteAddress ?? '?'
+    const last = this.refusals.get(`${peer} ${req.url}`)
+    if (last && Date.now() - last.at < REFUSAL_KEPT_MS) return [last.status, last.reason]
+    const checked = this.check(req)
+    return 'refused' in checked ? [checked.refused[0], checked.refused[1]] : [426, 'edgepg-proxy: connect with a WebSocket to /v1 or /v2']
+  }
+
+  private remember(key: string, status: number, reason: string) {
+    this.refusals.delete(key) // (to the end: the map's order is the refusals')
+    this.refusals.set(key, { status, reason, at: Date.now() })
+    if (this.refusals.size > REFUSALS_KEPT) this.refusals.delete(this.refusals.keys().next().value!)
+  }
+
   /** An upgrade request: refused (with a status saying why), or on its way to a session. */
   handle(req: http.IncomingMessage, socket: Duplex, head: Buffer) {
     const { metrics, upstreams } = this.o
@@ -164,6 +188,7 @@ export class WebSocketRoutes {
     const refuse = (status: number, reason: string, why: RefusalReason) => {
       metrics.refused(why)
       this.o.refusalLog?.({ peer, path: url.pathname, status, reason })
+      this.remember(`${peer} ${req.url}`, status, reason)
       socket.end(`HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n${reason}\n`)
     }
     socket.on('error', destroyed)
