@@ -1,5 +1,6 @@
 #!/usr/bin/env node
-import { ConfigError, HELP, LOG_LEVELS, TOKEN_USAGE, parseConfig, parseTokenCommand, type LogLevel } from './config'
+import { ConfigError, LOG_LEVELS, parseConfig, parseTokenCommand, type LogLevel } from './config'
+import { HELP, TOKEN_USAGE } from './settings'
 import { mintToken } from './auth/mint'
 import { createProxy } from './index'
 import { setupAuth } from './auth/setup'

@@ -1,16 +1,16 @@
 /**
  * Writes what the docs take from the code: edgepg-proxy's configuration reference
  * (docs/configuration.md, between its markers) and the systemd environment file
- * (deploy/edgepg-proxy.env), both from proxy/config.ts's table. `npm run docs`; test/docs.test.ts
+ * (deploy/edgepg-proxy.env), both from proxy/settings.ts's table. `npm run docs`; test/docs.test.ts
  * fails when either differs from what this writes.
  */
 import { readFileSync, writeFileSync } from 'node:fs'
-import { GROUPS, SETTINGS, flagOf } from '../proxy/config'
+import { GROUPS, SETTINGS, flagOf } from '../proxy/settings'
 
 const root = new URL('../', import.meta.url)
 export const REFERENCE_FILE = new URL('docs/configuration.md', root)
 export const ENV_FILE = new URL('deploy/edgepg-proxy.env', root)
-const START = '<!-- proxy-reference: written by `npm run docs` from proxy/config.ts -->'
+const START = '<!-- proxy-reference: written by `npm run docs` from proxy/settings.ts -->'
 const END = '<!-- end of proxy-reference -->'
 
 const settings = Object.values(SETTINGS)

@@ -1,13 +1,13 @@
 /**
  * The docs against the code: every driver option with its default (src/config.ts) in
  * docs/configuration.md, and the parts `npm run docs` writes from edgepg-proxy's table
- * (proxy/config.ts) as it writes them, so the docs cannot drift from what runs.
+ * (proxy/settings.ts) as it writes them, so the docs cannot drift from what runs.
  */
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { readFileSync } from 'node:fs'
 import { config, configKeys } from '../src/config'
-import { HELP, SETTINGS } from '../proxy/config'
+import { HELP, SETTINGS } from '../proxy/settings'
 import { ENV_FILE, REFERENCE_FILE, environmentFile, referencePage } from '../scripts/docs'
 
 const page = readFileSync(REFERENCE_FILE, 'utf8')
