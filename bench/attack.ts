@@ -6,7 +6,7 @@
  * sockets are destroyed:
  * - memory: upgrades each sending one WebSocket frame that stops a byte short of complete, before
  *   login and after it (the password in the upgrade), the latter also with glibc told to hand
- *   freed socket buffers back (MALLOC_MMAP_THRESHOLD_, as the README advises);
+ *   freed socket buffers back (MALLOC_MMAP_THRESHOLD_, as docs/deployment.md advises);
  * - logins: upgrades whose login is a StartupMessage for a real role with no password, so that
  *   Postgres asks the client to authenticate, and it never does;
  * - /sql: POSTs whose bodies never finish.

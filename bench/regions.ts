@@ -1,5 +1,5 @@
 /**
- * `regions`: reads far from the database (README, "Read replicas"). Delay relays on loopback: the
+ * `regions`: reads far from the database (docs/replicas.md). Delay relays on loopback: the
  * user 10 ms (RTT) from a proxy near it, the primary 90 ms beyond; a hot standby of the primary next
  * to that proxy. Paths: A (the proxy at the primary, the user 100 ms away), B (the proxy near the
  * user), B with the replica (--replica); Neon's driver through A beside them. Then stale reads: write

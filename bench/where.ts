@@ -1,5 +1,5 @@
 /**
- * `where`: where to put the proxy (README, "Where to put the proxy"). A: next to Postgres, the
+ * `where`: where to put the proxy (docs/replicas.md, "Where to put the proxy"). A: next to Postgres, the
  * client 100 ms away; B: 10 ms from the client, Postgres 90 ms beyond. Delay relays on loopback
  * stand for the links (they delay data, not TCP handshakes); the same edgepg Client and httpSql on
  * both, through an in-process proxy per topology with a short --pool-idle-timeout.

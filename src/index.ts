@@ -17,7 +17,7 @@ export type { QueryResult, QueryResultRow, FieldDef, PoolClient, QueryConfig, No
 export { httpSql, HttpQuery, HttpSqlError } from './http'
 export type { HttpSql, HttpQueryFunction, HttpSqlOptions, HttpQueryOptions, HttpTransactionOptions, HttpTransportOptions, HttpQueryResult, HttpPoolConfig, HttpTypes, IsolationLevel } from './http'
 
-// @neondatabase/serverless's names, where the meaning is the same (README: "Moving from Neon").
+// @neondatabase/serverless's names, where the meaning is the same (docs/neon.md).
 export { httpSql as neon, config as neonConfig, HttpQuery as NeonQueryPromise, NeonDbError, errorFields, warnIfBrowser, parseIntoClientConfig }
 import type { HttpSql, HttpQueryOptions, HttpTransactionOptions, HttpQueryResult } from './http'
 import type { GlobalConfig } from './config'

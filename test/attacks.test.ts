@@ -165,7 +165,7 @@ function drainedOrClosed(socket: net.Socket): Promise<void> {
  * after a full GC, asked again for up to 20 s until both are down (a loaded machine's CI ran past
  * 10 s once). V8 frees Buffers as it sweeps, after the GC. What glibc gives back to the system of
  * what was freed varies from run to run: the reads a message came in, small ones in its heap, are
- * freed as V8 collects them, and a heap gives back only its top (README, "Facing the internet").
+ * freed as V8 collects them, and a heap gives back only its top (docs/deployment.md, "Facing the internet").
  */
 async function givenBack(child: GcProxy, base: MemoryUsage) {
   let now = await child.memoryAfterGc()
@@ -181,7 +181,7 @@ async function givenBack(child: GcProxy, base: MemoryUsage) {
 
 describe('memory', { concurrency: false }, () => {
   let child: GcProxy
-  // glibc keeps freed 64 KiB socket buffers in its heap; with this (README, "Facing the internet") it hands them back.
+  // glibc keeps freed 64 KiB socket buffers in its heap; with this (docs/deployment.md, "Facing the internet") it hands them back.
   before(async () => (child = await startGcProxy(`${host}:${port}`, ['--max-client-buffer', String(BUDGET)], { MALLOC_MMAP_THRESHOLD_: '65536' })))
   after(() => child?.stop())
 

@@ -2,7 +2,7 @@
  * `npm start`'s demo, end to end: demo/start.ts as a child process (as `npm start` runs it, after
  * the build `npm test` has done), on a temp data directory and free ports, driven in headless
  * Chromium. Checks the rows the SQL console renders from the seeded shop, the round trips its
- * waterfall counts (the README's budget: the WebSocket upgrade carrying the login, then one flight), that the
+ * waterfall counts (the budget in docs/how-it-works.md: the WebSocket upgrade carrying the login, then one flight), that the
  * injected delay is real, that Ctrl-C stops everything (Postgres included) with exit code 0, and
  * that a second start reuses the data.
  */
@@ -220,7 +220,7 @@ test('Client: the seeded rows; the login rides in the WebSocket upgrade, then on
   for (const m of ['RowDescription', 'DataRow', 'CommandComplete', 'ReadyForQuery']) {
     assert.ok(names(r.flights[3]).has(m), `the flight back should hold ${m}: ${r.flights[3].messages}`)
   }
-  assert.equal(r.run.roundTrips, '2', `round trips (README: upgrade + 1), got ${r.run.roundTrips}`)
+  assert.equal(r.run.roundTrips, '2', `round trips (upgrade + 1), got ${r.run.roundTrips}`)
   assert.equal(r.run.afterOpen, '1', `round trips after the WebSocket opened, got ${r.run.afterOpen}`)
   assert.equal(r.roundTripsShown, '2', `#round-trips should show the latest run's count, got ${r.roundTripsShown}`)
 })

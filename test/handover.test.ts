@@ -1,5 +1,5 @@
 /**
- * Replacing a running proxy on one host without refusing anyone (README, "Replacing a running proxy"):
+ * Replacing a running proxy on one host without refusing anyone (docs/deployment.md, "Replacing a running proxy"):
  * SIGUSR2 to the primary of `--workers 2` replaces each worker in turn from the code on disk while
  * new sessions, /sql requests and health checks keep arriving on the one port, and a session open
  * on a retiring worker goes on until it ends by itself.

@@ -36,7 +36,7 @@ let proxies: ChildProxy[] = []
 let tcpPort: number
 let httpPort: number
 
-/** HAProxy's config: what the README shows, with this test's ports. */
+/** HAProxy's config for the tests below: docs/deployment.md's, over plain TCP and HTTP, with this test's ports. */
 const config = (backends: number[]) => `
 global
   maxconn 2000

@@ -2,7 +2,7 @@
  * ORMs inside workerd (miniflare), with and without nodejs_compat: Drizzle (node-postgres driver)
  * and Kysely on edgepg's Pool made per request, and Drizzle's neon-http driver on
  * @neondatabase/serverless pointed at edgepg-proxy's POST /sql. test/workers/orm-worker.mjs is
- * bundled as a user's Worker is (README: "Using it with…"): esbuild, `pg` and `edgepg` aliased to
+ * bundled as a user's Worker is (docs/driver.md, "Using it with…"): esbuild, `pg` and `edgepg` aliased to
  * the built driver. Each request runs CRUD and a committed and a rolled-back transaction on a
  * table of its own; the rows left are checked over TCP, and no session may stay open.
  */

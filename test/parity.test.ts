@@ -36,7 +36,7 @@ async function endAll(...xs: Array<{ end(): Promise<void> }>) {
 
 before(async () => {
   // Session mode: pg-exact down to processID, which transaction mode shares among a key's sessions
-  // (README, "Transaction pooling"; test/transaction-pool.test.ts shows it).
+  // (docs/pooling.md; test/transaction-pool.test.ts shows it).
   proxy = await startProxy({ pool: { mode: 'session' } })
   admin = new pg.Client(pgConfig('trust_user'))
   await admin.connect()

@@ -618,7 +618,7 @@ test('a password over plain http:// from a non-loopback client is refused unless
   await Promise.all([strict.close(), flagged.close()])
 })
 
-test('through PgBouncer (transaction mode) with the pool off, as the README says: nothing is SET, the proxy enforces the timeout', async (t) => {
+test('through PgBouncer (transaction mode) with the pool off, as docs/pooling.md says: nothing is SET, the proxy enforces the timeout', async (t) => {
   if (!pgbouncerBinary()) return t.skip('pgbouncer is not installed (.ci/run installs it)')
   const bouncer = await startPgBouncer(PG, { default_pool_size: 4 })
   const port = bouncer.port

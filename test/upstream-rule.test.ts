@@ -14,7 +14,7 @@ import { pgConfig, startProxy, testPostgres } from './support/helpers'
 
 const PG = testPostgres()
 const { user, password, database } = pgConfig('scram_user')
-/** The name the proxy is reached by in a deployment (README: db.example.com), sent as the Host header. */
+/** The name the proxy is reached by in a deployment (docs/proxy.md: db.example.com), sent as the Host header. */
 const PUBLIC_NAME = 'db.example.com'
 
 let proxy: Awaited<ReturnType<typeof startProxy>>

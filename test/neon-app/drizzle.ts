@@ -1,5 +1,5 @@
 // A Drizzle app written for @neondatabase/serverless, unchanged, with edgepg installed under Neon's
-// name (README: "Moving from Neon"). Run by test/neon-alias.test.ts in a fresh project, on the packed
+// name (docs/neon.md). Run by test/neon-alias.test.ts in a fresh project, on the packed
 // tarball; it is also type-checked there with `tsc`, with no casts. Prints one JSON line.
 import { Pool, neon, neonConfig, NeonDbError, type NeonQueryFunction } from '@neondatabase/serverless'
 import { drizzle as drizzleWs } from 'drizzle-orm/neon-serverless'

@@ -1,6 +1,6 @@
 // A Worker (module syntax): Prisma (its workerd client) on @prisma/adapter-pg on edgepg's Pool,
 // all made and ended inside the request. Bindings: PROXY_PORT, DATABASE_URL. Bundled by
-// prisma.test.ts with `pg` aliased to edgepg, as the README shows.
+// prisma.test.ts with `pg` aliased to edgepg, as docs/driver.md shows.
 import { Pool } from 'edgepg'
 import { PrismaPg } from '@prisma/adapter-pg'
 import { PrismaClient, Prisma } from './generated/workerd/client'

@@ -4,7 +4,7 @@ import * as esbuild from 'esbuild'
 const driver = fileURLToPath(new URL('../../dist/index.mjs', import.meta.url))
 
 /**
- * Bundles a Worker as a user's app is (README, "Bundling for the edge"): one ES module for workerd,
+ * Bundles a Worker as a user's app is (docs/driver.md, "Bundling for the edge"): one ES module for workerd,
  * with `pg` (imported by libraries written for node-postgres) and `edgepg` both the built driver.
  */
 export function bundleWorker(entry: string, outfile: string, more: esbuild.BuildOptions = {}) {
