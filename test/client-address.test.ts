@@ -6,11 +6,13 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import net from 'node:net'
+import tls from 'node:tls'
 import { WebSocket } from 'ws'
 import { readProxyHeader } from '../proxy/listen/proxy-protocol'
 import { ClientAddresses, limitKey } from '../proxy/listen/client-address'
 import { Client } from '../src/index'
-import { edgeConfig, eventually, startProxy, testPostgres } from './support/helpers'
+import { edgeConfig, eventually, startProxy, testPostgres, within } from './support/helpers'
+import { generateCerts } from './support/certs'
 import { PASSWORD } from './support/stack'
 
 const HTTP = Buffer.from('GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n')
@@ -277,5 +279,32 @@ test('/sql behind a trusted HTTP balancer: the client is the X-Forwarded-For add
     } finally {
       await p.close()
     }
+  }
+})
+
+test('with TLS behind a trusted balancer: the ClientHello reaches TLS whether it comes in the PROXY header\'s packet, after it, or with no header at all', async () => {
+  const certs = await generateCerts()
+  const p = await startProxy({ trustProxy: ['127.0.0.1/32'], tls: { cert: certs.server.cert, key: certs.server.key } })
+  try {
+    const signature = Buffer.from([0x0d, 0x0a, 0x0d, 0x0a, 0x00, 0x0d, 0x0a, 0x51, 0x55, 0x49, 0x54, 0x0a])
+    const local = Buffer.concat([signature, Buffer.from([0x20, 0x00, 0, 0])]) // a health check's: LOCAL
+    const proxied = Buffer.concat([signature, Buffer.from([0x21, 0x11, 0, 12, 127, 0, 0, 9, 127, 0, 0, 1, 0x30, 0x39, 0x01, 0xbb])])
+    // What a balancer's check asks over TLS (its PROXY header, if any, in the ClientHello's packet or apart).
+    const healthz = async (header: Buffer | undefined, apart: boolean) => {
+      const socket = net.connect(p.port, '127.0.0.1')
+      await new Promise((resolve) => socket.once('connect', resolve))
+      if (header && apart) await new Promise((resolve) => socket.write(header, resolve))
+      else if (header) socket.cork(), socket.write(header), process.nextTick(() => socket.uncork())
+      const secure = tls.connect({ socket, ca: certs.ca.cert, servername: 'localhost' })
+      return within(5000, `/healthz over TLS (${header ? (apart ? 'header apart' : 'header with the ClientHello') : 'no header'})`, new Promise<string>((resolve, reject) => {
+        let text = ''
+        secure.once('secureConnect', () => secure.write('GET /healthz HTTP/1.0\r\n\r\n'))
+        secure.on('data', (d) => (text += d)).once('end', () => resolve(text.split('\r\n')[0])).once('error', reject)
+      }))
+    }
+    for (const header of [local, proxied, undefined]) for (const apart of [false, true]) assert.equal(await healthz(header, apart), 'HTTP/1.1 200 OK')
+  } finally {
+    await p.close()
+    await certs.cleanup()
   }
 })

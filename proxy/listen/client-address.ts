@@ -139,7 +139,9 @@ export class ClientAddresses {
       }
       if (rest.length) socket.unshift(rest)
       accept(socket)
-      socket.resume()
+      // (HTTP reads on, through its 'data' listener; TLS took the socket's handle and the bytes put back, and a
+      // resumed socket with no listener would drop them.)
+      if (socket.listenerCount('data')) socket.resume()
     }
     socket.on('data', onData)
     socket.once('error', () => clearTimeout(timer))
