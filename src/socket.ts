@@ -36,12 +36,12 @@ interface RefusedUpgrade {
   on(event: 'end' | 'error', listener: () => void): void
 }
 
-/** The text of a refused upgrade's response (its first KiB, one line), or '' if it has none; what came within a second, from a server that never ends it. */
+/** A refused upgrade's status and text (its first KiB, one line; what came within a second, from a server that never ends it), as the error says them. */
 function readReason(res: RefusedUpgrade): Promise<string> {
   return new Promise((resolve) => {
     let text = ''
     const timer = setTimeout(() => done(), 1000)
-    const done = () => (clearTimeout(timer), resolve(text.slice(0, 1024).replace(/\s+/g, ' ').trim()))
+    const done = () => (clearTimeout(timer), resolve(refused(res.statusCode, text)))
     res.setEncoding('utf8')
     res.on('data', (chunk) => void (text.length < 1024 && (text += chunk)))
     res.on('end', done)
@@ -49,26 +49,18 @@ function readReason(res: RefusedUpgrade): Promise<string> {
   })
 }
 
+const refused = (status: number | undefined, text: string) => `was refused (HTTP ${status})${(text = text.slice(0, 1024).replace(/\s+/g, ' ').trim()) && `: ${text}`}`
+
 /**
  * Why a WebSocket that a browser (or a Worker) could not open was refused: the proxy answers a
  * plain GET of the URL with the status and text it refused the upgrade with, which browsers show
  * no one. Undefined when it has nothing to add (no refusal, no answer within 2 s, no proxy).
  */
-async function askWhy(url: string): Promise<string | undefined> {
-  try {
-    const res = await fetch(url.replace(/^ws/, 'http'), { signal: AbortSignal.timeout(2000) })
-    const text = (await res.text()).slice(0, 1024).replace(/\s+/g, ' ').trim()
-    return res.status === 426 || res.ok ? undefined : `was refused (HTTP ${res.status})${text ? `: ${text}` : ''}`
-  } catch {
-    return undefined
-  }
-}
-
-/** pg's words when Postgres refuses TLS, which the proxy reports as they are. */
-const NO_TLS = 'The server does not support SSL connections'
-const NO_TLS_HINT =
-  " (edgepg: pg's `ssl`, or sslmode in the connection string, asks edgepg-proxy for TLS to Postgres, and this Postgres offers none. " +
-  'The WebSocket is the connection from here to the proxy (use wss:// beyond this machine): to set `ssl` aside, as Neon\'s driver does, set config.forceDisablePgSSL = true, or drop sslmode)'
+const askWhy = (url: string): Promise<string | undefined> =>
+  fetch(url.replace(/^ws/, 'http'), { signal: AbortSignal.timeout(2000) }).then(
+    async (res) => (res.status === 426 || res.ok ? undefined : refused(res.status, await res.text())),
+    () => undefined
+  )
 
 /**
  * A text frame from edgepg-proxy reports a failure below the Postgres protocol (TLS to Postgres),
@@ -77,7 +69,7 @@ const NO_TLS_HINT =
 function reportedError(text: string, url: string): Error {
   try {
     const { message, code } = JSON.parse(text)
-    if (typeof message === 'string') return Object.assign(new Error(message === NO_TLS ? message + NO_TLS_HINT : message), typeof code === 'string' ? { code } : {})
+    if (typeof message === 'string') return Object.assign(new Error(message), typeof code === 'string' ? { code } : {})
   } catch {}
   return new Error(`edgepg: the proxy at ${url} sent a text frame; expected binary Postgres protocol data`)
 }
@@ -211,7 +203,7 @@ export class WebSocketSocket extends QueuedSocket {
     if (refusals.on) {
       refusals.on('unexpected-response', (req, res) =>
         readReason(res).then((reason) => {
-          if (ws === this.ws) this.fail(this.unopened(`was refused (HTTP ${res.statusCode})${reason ? `: ${reason}` : ''}`))
+          if (ws === this.ws) this.fail(this.unopened(reason))
           req.destroy()
         })
       )

@@ -6,6 +6,13 @@ import { cancelRequest, UpstreamError, type BackendKey } from '../wire/startup'
 import { SslAnswer } from '../wire/codes'
 
 /**
+ * pg's words when Postgres refuses TLS, and what to do: the client's `ssl` (a Neon URL's
+ * sslmode=require, say) asked for TLS to a Postgres that has none.
+ */
+const NO_TLS =
+  "The server does not support SSL connections (edgepg: `ssl` or sslmode asks edgepg-proxy for TLS to Postgres, which has none; the WebSocket (wss://) is what crosses the network. As Neon's driver does: set config.forceDisablePgSSL = true, or drop sslmode)"
+
+/**
  * TCP keepalive on links to Postgres, after this long idle: a link across a WAN (NATs and firewalls
  * drop idle flows) is kept open, and one that died is noticed by the kernel rather than at its next use.
  */
@@ -157,7 +164,7 @@ export class Upstream {
       const answer = (await this.queue.read(1))[0]
       if (answer !== SslAnswer.Yes) {
         if (!asked) throw new UpstreamError(`Postgres at ${this.name} does not accept TLS (upstream sslmode=${options.mode})`)
-        throw new TlsError(answer === SslAnswer.No ? 'The server does not support SSL connections' : 'There was an error establishing an SSL connection')
+        throw new TlsError(answer === SslAnswer.No ? NO_TLS : 'There was an error establishing an SSL connection')
       }
     }
     this.tcp.off('data', this.fromTcp)
