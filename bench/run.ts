@@ -29,11 +29,12 @@ import { regions } from './regions'
 import { crowd } from './crowd'
 import { firstLogin } from './first-login'
 import { poolWays } from './pool-ways'
+import { listen } from './listen'
 import { passes, type BenchContext, type ProxyMode, type Row, type Section } from './lib'
 import { startProxy, type RunningProxy } from './proxy'
 
 const SECTIONS: Section[] = [core, connect, sessions, proxycost, loadBench]
-SECTIONS.push(httpBench, bundle, stop, workerd, attack, pool, workers, isolation, where, regions, crowd, firstLogin, poolWays)
+SECTIONS.push(httpBench, bundle, stop, workerd, attack, pool, workers, isolation, where, regions, crowd, firstLogin, poolWays, listen)
 
 const args = process.argv.slice(2)
 const proxyArg = args.find((a) => a.startsWith('--proxy='))?.slice('--proxy='.length) ?? 'child'
