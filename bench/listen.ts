@@ -38,12 +38,7 @@ export const listen: Section = {
       for (const n of [100, 250]) {
         // (A proxy of its own each time: no idle backend of an earlier run is counted as a listener's.)
         const p = await startChildProxy(`${host}:${port}`, { built: true, flags: ['--pool-mode', 'session', '--max-sessions-per-ip', '100000', '--shutdown-grace', '0'] })
-        let edge
-        try {
-          edge = await measure(n, APP, () => new Client({ host, port, database, user: 'scram_user', password: PASSWORD, application_name: APP, webSocketConstructor: WebSocket as any, wsProxy: () => p.url } as any), admin, ctx.pgConfig(), () => p.rss())
-        } finally {
-          await p.stop()
-        }
+        const edge = await measure(n, APP, () => new Client({ host, port, database, user: 'scram_user', password: PASSWORD, application_name: APP, webSocketConstructor: WebSocket as any, wsProxy: () => p.url } as any), admin, ctx.pgConfig(), () => p.rss()).finally(() => p.stop())
         const tcp = await measure(n, `${APP}-tcp`, () => new pg.Client({ ...ctx.pgConfig(), application_name: `${APP}-tcp` }), admin, ctx.pgConfig())
         rows.push(
           { metric: `${n} listeners: Postgres backends held`, edgepg: String(edge.backends), baseline: String(tcp.backends) },

@@ -194,9 +194,10 @@ function file(text: string, source: string) {
 export function parseTokenCommand(argv: string[], env: NodeJS.ProcessEnv): Mint | 'help' {
   const flags = parseFlags(argv, { role: { type: 'string' }, claim: { type: 'string', multiple: true }, ttl: { type: 'string' } })
   if (flags.help) return 'help'
-  const { raw, value, list } = reader(flags, env)
+  const read = reader(flags, env)
+  const { raw, list } = read
   if (raw('jwksUrl').text) throw new ConfigError('token signs with --jwt-secret-file; with --jwks-url, tokens come from your issuer')
-  const secret = value('jwtSecretFile', file)
+  const secret = secretOf(read)
   if (!secret) throw new ConfigError('token needs --jwt-secret-file (or EDGEPG_JWT_SECRET_FILE): the secret the proxy checks tokens with')
   const audience = raw('jwtAudience').text
   if (!audience) throw new ConfigError('token needs --jwt-audience (or EDGEPG_JWT_AUDIENCE): the audience the proxy checks')
@@ -215,25 +216,29 @@ export function parseTokenCommand(argv: string[], env: NodeJS.ProcessEnv): Mint 
     }
   }
   const ttlMs = number(1000)(typeof flags.ttl === 'string' ? flags.ttl : '1h', '--ttl', 'ms')
-  const key = secretBytes(secret)
-  if (key.length < 32) throw new ConfigError(`--jwt-secret-file: the secret must be at least 32 bytes, got ${key.length}`)
-  return { secret: key, audience, issuer: raw('jwtIssuer').text, roleClaim: raw('jwtRoleClaim').text ?? 'role', role, claims, ttlSeconds: Math.round(ttlMs / 1000) }
+  return { secret, audience, issuer: raw('jwtIssuer').text, roleClaim: raw('jwtRoleClaim').text!, role, claims, ttlSeconds: Math.round(ttlMs / 1000) }
 }
 
 /** The token settings (--jwks-url or --jwt-secret-file, and what goes with them), if any are given. */
-function tokenOptions({ raw, value, list }: ReturnType<typeof reader>, env: NodeJS.ProcessEnv): TokenLoginOptions | undefined {
+function tokenOptions(read: ReturnType<typeof reader>, env: NodeJS.ProcessEnv): TokenLoginOptions | undefined {
+  const { raw, list } = read
   const jwksUrl = raw('jwksUrl').text
-  const secret = value('jwtSecretFile', file)
+  const secret = secretOf(read)
   if (!jwksUrl && !secret) return undefined
   if (jwksUrl && secret) throw new ConfigError('--jwks-url and --jwt-secret-file: give one of them')
   if (jwksUrl && !/^https?:\/\//.test(jwksUrl)) throw new ConfigError(`--jwks-url must be an http(s):// URL, got "${jwksUrl}"`)
-  const key = secret && secretBytes(secret)
-  if (key && key.length < 32) throw new ConfigError(`--jwt-secret-file: the secret must be at least 32 bytes, got ${key.length}`)
   const roles = list('jwtRoles')
   if (!roles.length) throw new ConfigError('tokens need --jwt-roles: the Postgres roles a token may name')
   const audience = raw('jwtAudience').text
   if (!audience) throw new ConfigError('tokens need --jwt-audience: the audience (aud) tokens for this proxy carry')
-  return { jwksUrl, secret: key || undefined, audience, issuer: raw('jwtIssuer').text, roles, roleClaim: raw('jwtRoleClaim').text, passfile: raw('passfile').text ?? env.PGPASSFILE }
+  return { jwksUrl, secret, audience, issuer: raw('jwtIssuer').text, roles, roleClaim: raw('jwtRoleClaim').text, passfile: raw('passfile').text ?? env.PGPASSFILE }
+}
+
+/** --jwt-secret-file's secret (see secretBytes), if given: at least 32 bytes. */
+function secretOf({ value }: ReturnType<typeof reader>): Buffer | undefined {
+  const key = value('jwtSecretFile', (text, source) => secretBytes(file(text, source)))
+  if (key && key.length < 32) throw new ConfigError(`--jwt-secret-file: the secret must be at least 32 bytes, got ${key.length}`)
+  return key
 }
 
 /**

@@ -96,16 +96,18 @@ export const flagOf = (s: Setting) => `--${s.flag}${s.arg ? ` ${s.arg}` : ''}`
 
 /** Each option and what it does, the texts in one column past the longest option, wrapped at `columns`. */
 function helpLines(lines: Array<[string, string]>, width: number, columns = 100): string {
-  const wrap = (text: string) => {
-    const out = ['']
-    for (const word of text.split(' ')) {
-      const last = out.length - 1
-      if (out[last] && width + out[last].length + 1 + word.length > columns) out.push(word)
-      else out[last] += (out[last] ? ' ' : '') + word
-    }
-    return out.join(`\n${' '.repeat(width)}`)
+  return lines.map(([head, text]) => `  ${head.padEnd(width - 2)}${wrap(text, columns - width).join(`\n${' '.repeat(width)}`)}`).join('\n')
+}
+
+/** `text`'s words in lines of at most `room` characters (a longer word on a line of its own). */
+export function wrap(text: string, room: number): string[] {
+  const out = ['']
+  for (const word of text.split(' ')) {
+    const last = out.length - 1
+    if (out[last] && out[last].length + 1 + word.length > room) out.push(word)
+    else out[last] += (out[last] ? ' ' : '') + word
   }
-  return lines.map(([head, text]) => `  ${head.padEnd(width - 2)}${wrap(text)}`).join('\n')
+  return out
 }
 
 const entries = Object.values(SETTINGS) as Entry[]

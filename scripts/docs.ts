@@ -5,7 +5,7 @@
  * fails when either differs from what this writes.
  */
 import { readFileSync, writeFileSync } from 'node:fs'
-import { GROUPS, SETTINGS, flagOf } from '../proxy/settings'
+import { GROUPS, SETTINGS, flagOf, wrap } from '../proxy/settings'
 
 const root = new URL('../', import.meta.url)
 export const REFERENCE_FILE = new URL('docs/configuration.md', root)
@@ -34,15 +34,8 @@ const EXAMPLE: Record<string, string> = {
   EDGEPG_KEY: '/etc/edgepg/key.pem',
 }
 
-/** `# ` and `text`, wrapped at 100 columns. */
-const comment = (text: string) => {
-  const lines = ['#']
-  for (const word of text.split(' ')) {
-    if (lines[lines.length - 1].length + word.length + 1 > 100) lines.push('#')
-    lines[lines.length - 1] += ` ${word}`
-  }
-  return lines.join('\n')
-}
+/** `text` as comment lines of 100 columns at most. */
+const comment = (text: string) => wrap(text, 98).map((line) => `# ${line}`).join('\n')
 
 export function environmentFile(): string {
   const head = comment(

@@ -49,7 +49,10 @@ function readReason(res: RefusedUpgrade): Promise<string> {
   })
 }
 
-const refused = (status: number | undefined, text: string) => `was refused (HTTP ${status})${(text = text.slice(0, 1024).replace(/\s+/g, ' ').trim()) && `: ${text}`}`
+function refused(status: number | undefined, text: string): string {
+  const reason = text.slice(0, 1024).replace(/\s+/g, ' ').trim()
+  return `was refused (HTTP ${status})${reason ? `: ${reason}` : ''}`
+}
 
 /**
  * Why a WebSocket that a browser (or a Worker) could not open was refused: the proxy answers a

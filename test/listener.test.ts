@@ -73,3 +73,11 @@ test('a terminated backend: reported at once, replaced by one listening to every
   await eventually(() => heard.length > 0, 'a notification on the new backend')
   assert.deepEqual(heard.map((n) => [n.channel, n.payload]), [['with "quotes"', 'after the loss']])
 })
+
+test('close(): the backend goes, and nothing is reported lost', async () => {
+  const lostBefore = events.filter((e) => e.startsWith('lost: ')).length
+  await listener.close()
+  await eventually(async () => (await backends()).length === 0, 'the listening backend gone')
+  await new Promise((resolve) => setTimeout(resolve, 200))
+  assert.equal(events.filter((e) => e.startsWith('lost: ')).length, lostBefore)
+})

@@ -69,25 +69,47 @@ test("Prisma in Node: @prisma/adapter-pg on edgepg's Pool (the package's Node bu
   await eventually(() => proxy.sessionCount === 0, 'every session through the proxy closed')
 })
 
-test('Prisma inside workerd (miniflare), with and without nodejs_compat', async () => {
-  await bundleWorker(join(here, 'worker.ts'), join(work, 'worker.mjs'), {
-    // The query compiler's wasm stays a module of its own: workerd compiles no wasm at run time.
-    plugins: [{ name: 'wasm-module', setup: (b) => b.onResolve({ filter: /\.wasm\?module$/ }, ({ path }) => ({ path: `./${path.split('/').pop()!.replace(/\?module$/, '')}`, external: true })) }],
-  })
-  const wasm = 'query_compiler_fast_bg.wasm'
-  copyFileSync(join(here, 'generated/workerd/internal', wasm), join(work, wasm))
+const WASM = 'query_compiler_fast_bg.wasm'
+const DATABASE_URL = () => {
   const { host, port, database } = testPostgres()
-  for (const nodejsCompat of [false, true]) {
-    const mf = new Miniflare({
+  return `postgres://scram_user:${encodeURIComponent(PASSWORD)}@${host}:${port}/${database}`
+}
+
+/**
+ * `entry` bundled as a Worker (`pg` aliased to edgepg) with this test's workerd client, for which a
+ * page's `./generated/client` stands; the query compiler's wasm stays a module of its own (workerd
+ * compiles no wasm at run time). Gives a workerd for it, with `bindings`.
+ */
+async function prismaWorker(entry: string, name: string) {
+  await bundleWorker(entry, join(work, `${name}.mjs`), {
+    plugins: [
+      {
+        name: 'prisma-paths',
+        setup: (b) => {
+          b.onResolve({ filter: /^\.\/generated\/client$/ }, () => ({ path: join(here, 'generated/workerd/client.ts') }))
+          b.onResolve({ filter: /\.wasm\?module$/ }, ({ path }) => ({ path: `./${path.split('/').pop()!.replace(/\?module$/, '')}`, external: true }))
+        },
+      },
+    ],
+  })
+  copyFileSync(join(here, 'generated/workerd/internal', WASM), join(work, WASM))
+  return (bindings: Record<string, string>, compatibilityFlags: string[] = []) =>
+    new Miniflare({
       modulesRoot: work,
       modules: [
-        { type: 'ESModule', path: join(work, 'worker.mjs') },
-        { type: 'CompiledWasm', path: join(work, wasm) },
+        { type: 'ESModule', path: join(work, `${name}.mjs`) },
+        { type: 'CompiledWasm', path: join(work, WASM) },
       ],
       compatibilityDate: '2026-04-01',
-      compatibilityFlags: nodejsCompat ? ['nodejs_compat'] : [],
-      bindings: { PROXY_PORT: String(proxy.port), DATABASE_URL: `postgres://scram_user:${encodeURIComponent(PASSWORD)}@${host}:${port}/${database}` },
+      compatibilityFlags,
+      bindings,
     })
+}
+
+test('Prisma inside workerd (miniflare), with and without nodejs_compat', async () => {
+  const worker = await prismaWorker(join(here, 'worker.ts'), 'worker')
+  for (const nodejsCompat of [false, true]) {
+    const mf = worker({ PROXY_PORT: String(proxy.port), DATABASE_URL: DATABASE_URL() }, nodejsCompat ? ['nodejs_compat'] : [])
     try {
       for (let i = 0; i < 2; i++) {
         const res = await within(60_000, 'a Prisma request', mf.dispatchFetch(`http://worker.test/?tag=w${Number(nodejsCompat)}${i}-${process.pid}`))
@@ -103,37 +125,10 @@ test('Prisma inside workerd (miniflare), with and without nodejs_compat', async 
 })
 
 test("docs/driver.md's Prisma Worker, bundled (its generated client the workerd one) and run in workerd", async () => {
-  const { code } = docBlock('docs/driver.md', 'PrismaPg')
   const entry = join(here, `doc-worker-${process.pid}.mjs`)
-  writeFileSync(entry, code)
-  try {
-    await bundleWorker(entry, join(work, 'doc-worker.mjs'), {
-      plugins: [
-        {
-          name: 'doc-paths',
-          setup: (b) => {
-            // The page's generated client is this test's workerd one; its wasm a module of its own, as above.
-            b.onResolve({ filter: /^\.\/generated\/client$/ }, () => ({ path: join(here, 'generated/workerd/client.ts') }))
-            b.onResolve({ filter: /\.wasm\?module$/ }, ({ path }) => ({ path: `./${path.split('/').pop()!.replace(/\?module$/, '')}`, external: true }))
-          },
-        },
-      ],
-    })
-  } finally {
-    rmSync(entry, { force: true })
-  }
-  const wasm = 'query_compiler_fast_bg.wasm'
-  copyFileSync(join(here, 'generated/workerd/internal', wasm), join(work, wasm))
-  const { host, port, database } = testPostgres()
-  const mf = new Miniflare({
-    modulesRoot: work,
-    modules: [
-      { type: 'ESModule', path: join(work, 'doc-worker.mjs') },
-      { type: 'CompiledWasm', path: join(work, wasm) },
-    ],
-    compatibilityDate: '2026-04-01',
-    bindings: { WS_PROXY: proxy.url, DATABASE_URL: `postgres://scram_user:${encodeURIComponent(PASSWORD)}@${host}:${port}/${database}` },
-  })
+  writeFileSync(entry, docBlock('docs/driver.md', 'PrismaPg').code)
+  const worker = await prismaWorker(entry, 'doc-worker').finally(() => rmSync(entry, { force: true }))
+  const mf = worker({ WS_PROXY: proxy.url, DATABASE_URL: DATABASE_URL() })
   try {
     const res = await within(60_000, 'the Prisma Worker', mf.dispatchFetch('http://worker.test/'))
     const body = await res.text()

@@ -108,9 +108,10 @@ export class Listener {
   private lost(upstream: Upstream) {
     if (this.upstream === undefined) return
     this.upstream = undefined
-    this.replacing = true
     const err = new Error(`edgepg-proxy's listening connection to Postgres (${upstream.name}) was lost: notifications sent meanwhile were not delivered`)
     for (const command of this.sent.splice(0)) command.done(err)
+    if (this.closed) return // (closed on purpose: nothing was lost)
+    this.replacing = true
     this.on.onLost(err)
     this.reopen(100)
   }

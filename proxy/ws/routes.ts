@@ -28,6 +28,7 @@ import { SUBPROTOCOL, SUBPROTOCOL_CANCEL, SUBPROTOCOL_POSITIONS, SUBPROTOCOL_POS
 import { readOnlyLogin, serializableLogin, type Replicas } from '../replicas/replicas'
 import type { SessionReplicas } from '../replicas/session-reads'
 import { isLoopback, limitKey } from '../listen/client-address'
+import { Refusals } from './refusals'
 import { giveAll, takeAll, type Places, type PlacesOf, type Wanted } from '../cluster/places'
 import type { KeyMessage } from '../cluster/worker'
 import { EMPTY } from '../wire/bytes'
@@ -88,9 +89,6 @@ const PRELOGINS_MAX = 4
 
 /** Sent to clients whose session is cut by a shutdown. */
 const SHUTDOWN_REASON = 'edgepg-proxy is shutting down'
-/** How long, and how many, refusals are kept for their clients to ask about. */
-const REFUSAL_KEPT_MS = 10_000
-const REFUSALS_KEPT = 10_000
 
 export class WebSocketRoutes {
   /** Open sessions, by their WebSocket. */
@@ -109,8 +107,8 @@ export class WebSocketRoutes {
   /** Sessions on a connection of their own to Postgres, made while the pool was full, by client (a token's subject, else an address). */
   private readonly outside = new Map<string, number>()
   private closing = false
-  /** Upgrades refused in the last seconds, by client and URL: what its client asks why about (see `answer`). */
-  private readonly refusals = new Map<string, { status: number; reason: string; at: number }>()
+  /** Upgrades refused in the last seconds: what their clients ask about (see `answer`). */
+  private readonly refusals = new Refusals()
 
   constructor(private readonly o: RouteOptions) {
     this.origins = new Set(o.allowedOrigins ?? [])
@@ -167,28 +165,26 @@ export class WebSocketRoutes {
    * at this URL in the last 10 s (a limit's, say), else what the checks say of it now.
    */
   answer(req: http.IncomingMessage): [status: number, reason: string] {
-    const peer = this.o.clientAddress?.(req) ?? req.socket.remoteAddress ?? '?'
-    const last = this.refusals.get(`${peer} ${req.url}`)
-    if (last && Date.now() - last.at < REFUSAL_KEPT_MS) return [last.status, last.reason]
+    const last = this.refusals.last(this.peerOf(req), req.url ?? '/')
+    if (last) return last
     const checked = this.check(req)
     return 'refused' in checked ? [checked.refused[0], checked.refused[1]] : [426, 'edgepg-proxy: connect with a WebSocket to /v1 or /v2']
   }
 
-  private remember(key: string, status: number, reason: string) {
-    this.refusals.delete(key) // (to the end: the map's order is the refusals')
-    this.refusals.set(key, { status, reason, at: Date.now() })
-    if (this.refusals.size > REFUSALS_KEPT) this.refusals.delete(this.refusals.keys().next().value!)
+  /** Who sent `req`: its client's address (behind a trusted balancer, the one it declared). */
+  private peerOf(req: http.IncomingMessage): string {
+    return this.o.clientAddress?.(req) ?? req.socket.remoteAddress ?? '?'
   }
 
   /** An upgrade request: refused (with a status saying why), or on its way to a session. */
   handle(req: http.IncomingMessage, socket: Duplex, head: Buffer) {
     const { metrics, upstreams } = this.o
     const url = new URL(req.url ?? '/', 'http://proxy')
-    const peer = this.o.clientAddress?.(req) ?? req.socket.remoteAddress ?? '?'
+    const peer = this.peerOf(req)
     const refuse = (status: number, reason: string, why: RefusalReason) => {
       metrics.refused(why)
       this.o.refusalLog?.({ peer, path: url.pathname, status, reason })
-      this.remember(`${peer} ${req.url}`, status, reason)
+      this.refusals.remember(peer, req.url ?? '/', status, reason)
       socket.end(`HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n${reason}\n`)
     }
     socket.on('error', destroyed)
