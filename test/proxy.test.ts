@@ -949,3 +949,23 @@ describe('@neondatabase/serverless pointed at the proxy', () => {
     assert.ok(urls.length >= 2 && urls.every((u) => u === `/v1?address=${UPSTREAM}`), urls.join())
   })
 })
+
+test("a limit's refusal is what its client's GET gets for a while; the refusals kept are bounded (1,000 others later, it is gone)", async () => {
+  await withProxy({ maxSessionsPerIp: 1 }, async (p) => {
+    const held = await openWs(p.url('/v2'))
+    try {
+      const refused = await upgrade(p.url('/v2'))
+      assert.equal(refused.status, 429)
+      const ask = async () => {
+        const res = await fetch(`http://127.0.0.1:${p.port}/v2`)
+        return `${res.status} ${(await res.text()).trim()}`
+      }
+      assert.equal(await ask(), `429 ${refused.body.trim()}`)
+      // Refusals at 1,000 other URLs (long ones too): the first is no longer kept, and the GET gets what the checks say.
+      for (let i = 0; i < 1000; i++) await upgrade(p.url(`/elsewhere-${i}-${'x'.repeat(i % 10 ? 10 : 4000)}`))
+      assert.equal(await ask(), '426 edgepg-proxy: connect with a WebSocket to /v1 or /v2')
+    } finally {
+      held.close()
+    }
+  })
+})
