@@ -6,6 +6,7 @@ import { parseHostPort, type HostPort } from './upstream/address'
 import type { ProxyOptions } from './index'
 import type { TokenLoginOptions } from './auth/token-login'
 import type { Mint } from './auth/mint'
+import { policyName } from './notify/policy'
 import { SETTINGS, envOf, type Entry, type Key, type Setting } from './settings'
 
 export class ConfigError extends Error {}
@@ -114,6 +115,12 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
         timeoutMs: value('poolTimeout', number(1)),
         statements: value('poolStatements', number(1)),
         idleInTransactionMs: value('idleInTransactionTimeout', number(0)),
+        listenBufferBytes: value('listenBuffer', number(1)),
+        listenPolicy: value('listenPolicy', (t, s) => {
+          const name = policyName(t)
+          if (!name) throw new ConfigError(`${s} must name a function as schema.function, not "${t}"`)
+          return name
+        }),
         maxPerClient: value('maxBackendsPerClient', (t, s) => (t === SETTINGS.maxBackendsPerClient.default ? undefined : number(1)(t, s))),
         maxPinned: value('maxPinnedSessions', (t, s) => (t === SETTINGS.maxPinnedSessions.default ? undefined : number(1)(t, s))),
       },

@@ -142,7 +142,7 @@ export function createProxy(options: ProxyOptions): Proxy {
   const poolOptions = { keepWarmMs: 3_600_000, ...options.pool, maxIdlePerKey: options.pool?.maxIdlePerKey ?? size }
   const pool = new BackendPool({ ...poolOptions, hmacKey: options.cluster?.poolSecret }, (event) => metrics.poolEvent(event))
   const budget = new BufferBudget(options.maxClientBufferBytes ?? 256 << 20, options.maxMessageBytes ?? 64 << 20)
-  const metrics = createMetrics(() => ({ pool: pool.size, logins: logins.counts, buffered: budget.total, lending: lenders?.counts ?? { lent: 0, waiting: 0 }, keys: lenders?.keys ?? [] }), options.cluster?.metrics)
+  const metrics = createMetrics(() => ({ pool: pool.size, logins: logins.counts, buffered: budget.total, lending: lenders?.counts ?? { lent: 0, waiting: 0, listening: 0 }, keys: lenders?.keys ?? [] }), options.cluster?.metrics)
   const handshakeTimeoutMs = options.handshakeTimeoutMs ?? 10_000
   const { mode = 'transaction', enabled = true, timeoutMs = 5000, statements = 100, maxLifetimeMs: lifetimeMs = 30 * 60_000, reader = read } = options.pool ?? {}
   // No one client, and no sessions that keep state, take every backend of a key: unpinned work always has some,
@@ -173,6 +173,8 @@ export function createProxy(options: ProxyOptions): Proxy {
     offload: options.authOffload !== false,
     handshakeTimeoutMs,
     idleInTransactionMs: options.pool?.idleInTransactionMs ?? 60_000,
+    listenBuffer: options.pool?.listenBufferBytes,
+    listenPolicy: options.pool?.listenPolicy,
     signals,
     announce: options.cluster?.announce,
   })
@@ -294,6 +296,7 @@ export function createProxy(options: ProxyOptions): Proxy {
       const sqlClosed = sql?.close(left())
       await routes.close(left())
       pool.close()
+      lenders?.close()
       await sqlClosed
       server.closeAllConnections()
       await stopped

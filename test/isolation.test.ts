@@ -51,10 +51,9 @@ const forms = [
   'CREATE TEMP TABLE left_behind (x int)',
   'CREATE TEMP VIEW left_view AS SELECT 1 AS x',
   'DECLARE left_c CURSOR WITH HOLD FOR SELECT 1',
-  'LISTEN left_channel',
 ]
 
-test("a reader that calls everything plain is caught by the backend: settings, role and SQL prepared statements follow their session (the next session on the backend finds none of them), the rest pin it", async () => {
+test("a reader that calls everything plain is caught by the backend: settings, role, SQL prepared statements and LISTEN channels follow their session (the next session on the backend finds none of them), the rest pin it", async () => {
   const p = await proxy(() => NOTHING)
   try {
     const probe = await session(p)
@@ -64,10 +63,11 @@ test("a reader that calls everything plain is caught by the backend: settings, r
     await a.query("SELECT set_config('search_path', 'pg_temp, public', false)")
     await a.query('SET ROLE trust_user')
     await a.query("PREPARE left_p AS SELECT 'mine' AS x")
+    await a.query('LISTEN left_channel')
     for (let round = 0; round < 3; round++) {
       assert.deepEqual((await within(3000, 'the probe', probe.query(LOOK))).rows[0], fresh, 'the backend is lent on, without the settings')
       const mine = (await a.query(LOOK)).rows[0]
-      assert.deepEqual([mine.st, mine.sp, mine.who, mine.prepared], ['4321ms', 'pg_temp, public', 'trust_user', 1], 'the session keeps its state, backend after backend')
+      assert.deepEqual([mine.st, mine.sp, mine.who, mine.prepared, mine.listens], ['4321ms', 'pg_temp, public', 'trust_user', 1, 1], 'the session keeps its state, backend after backend')
       assert.deepEqual((await a.query('EXECUTE left_p')).rows, [{ x: 'mine' }])
     }
     assert.equal(await counter(p, 'pinned_sessions_total'), 0)

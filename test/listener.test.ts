@@ -38,7 +38,7 @@ after(async () => {
 })
 
 const notify = async (channel: string, payload: string) => (await sender.query('SELECT pg_notify($1, $2), pg_backend_pid() AS pid', [channel, payload])).rows[0].pid as number
-const backends = async () => (await sender.query('SELECT pid FROM pg_stat_activity WHERE application_name = $1', [APP])).rows.map((r) => r.pid as number)
+const backends = async () => (await sender.query('SELECT pid FROM pg_stat_activity WHERE application_name = $1', [`edgepg-proxy listener: ${APP}`])).rows.map((r) => r.pid as number)
 
 test('channels listened on one backend, registered once listen() resolves: a NOTIFY committed after it arrives, with its sender, channel and payload', async () => {
   const channels = ['orders', 'Mixed Case', 'with "quotes"', 'ünïcode']

@@ -515,7 +515,7 @@ test('through PgBouncer (session mode) and over upstream TLS, warm backends work
 test('the pool’s flags and environment variables reach the proxy’s options; bad values are refused', async () => {
   const { parseConfig } = await import('../proxy/config')
   const options = (argv: string[], env: Record<string, string> = {}) => (parseConfig(['--upstream', '127.0.0.1:5432', ...argv], env) as any).options.pool
-  const lending = { mode: 'transaction', size: 20, timeoutMs: 5000, statements: 100, idleInTransactionMs: 60_000, maxPerClient: undefined, maxPinned: undefined }
+  const lending = { mode: 'transaction', size: 20, timeoutMs: 5000, statements: 100, idleInTransactionMs: 60_000, listenBufferBytes: 1 << 20, listenPolicy: undefined, maxPerClient: undefined, maxPinned: undefined }
   assert.deepEqual(options([]), { enabled: true, maxBackends: 100, idleTimeoutMs: 60_000, maxLifetimeMs: 1_800_000, keepWarmMs: 3_600_000, ...lending })
   assert.deepEqual(options(['--no-pool', '--pool-size', '3', '--pool-max-backends', '7', '--pool-idle-timeout', '500', '--pool-max-lifetime', '9000', '--pool-keep-warm', '0']), {
     enabled: false, maxBackends: 7, idleTimeoutMs: 500, maxLifetimeMs: 9000, keepWarmMs: 0, ...lending, size: 3,

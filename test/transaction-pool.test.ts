@@ -98,7 +98,6 @@ const forms: Form[] = [
   { name: 'settings past what follow a session (64 KiB)', make: ["SELECT set_config('search_path', repeat('a, ', 25000) || 'public', false)"], look: "SELECT length(current_setting('search_path')) AS v", made: 75006 },
   { name: 'more SQL prepared statements than follow a session', make: [Array.from({ length: 101 }, (_, i) => `PREPARE many_${i} AS SELECT ${i}`).join('; ')], look: "SELECT count(*)::int AS v FROM pg_prepared_statements WHERE name LIKE 'many%'", made: 101 },
   { name: 'a cursor WITH HOLD', make: ['DECLARE c CURSOR WITH HOLD FOR SELECT 1'], look: 'SELECT count(*)::int AS v FROM pg_cursors', made: 1 },
-  { name: 'LISTEN', make: ['LISTEN chan'], look: 'SELECT count(*)::int AS v FROM pg_listening_channels()', made: 1 },
   { name: 'a session advisory lock', make: ['SELECT pg_advisory_lock(4343)'], look: "SELECT count(*)::int AS v FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()", made: 1 },
   { name: 'a state-setting call in a function of its own', make: ["CREATE OR REPLACE FUNCTION pg_temp.sneak() RETURNS void LANGUAGE sql AS $$ SELECT set_config('app.sneak', 'x', false) $$", 'SELECT pg_temp.sneak()'], look: "SELECT current_setting('app.sneak', true) AS v", made: 'x' },
 ]
@@ -364,21 +363,6 @@ test('a busy session keeps its backend between transactions while no other needs
     assert.equal(await metric(p, 'lends_total'), 1, 'lent once')
   } finally {
     await a.end()
-    await p.close()
-  }
-})
-
-test("a notification's processId names the backend that ran the NOTIFY, whichever session it lent it to (test/process-id.test.ts: the sessions' own processIDs)", async () => {
-  const p = await txProxy(2)
-  const [a, b] = [await session(p.port), await session(p.port)]
-  try {
-    await a.query('LISTEN txpool_pid') // pins a to its backend
-    const pidB = (await b.query('SELECT pg_backend_pid() AS pid')).rows[0].pid
-    const heard = new Promise<any>((resolve) => a.once('notification', resolve))
-    await b.query("NOTIFY txpool_pid, 'hi'")
-    assert.equal((await within(3000, 'the notification', heard)).processId, pidB, "the notifying backend's pid, whichever session ran it")
-  } finally {
-    await Promise.all([a.end(), b.end()])
     await p.close()
   }
 })

@@ -115,11 +115,11 @@ export interface Load {
   /** Bytes held (or declared) by clients' unfinished messages and /sql bodies. */
   buffered: number
   /** Transaction pooling: backends lent now and sessions waiting for one, and backends per upstream, user and database. */
-  lending: { lent: number; waiting: number }
+  lending: { lent: number; waiting: number; listening: number }
   keys: KeyBackends[]
 }
 
-const NO_LOAD: Load = { pool: { pooled: 0, idle: 0 }, logins: { running: 0, waiting: 0 }, buffered: 0, lending: { lent: 0, waiting: 0 }, keys: [] }
+const NO_LOAD: Load = { pool: { pooled: 0, idle: 0 }, logins: { running: 0, waiting: 0 }, buffered: 0, lending: { lent: 0, waiting: 0, listening: 0 }, keys: [] }
 
 /** `source`: the text /metrics serves, when not this registry's alone (a worker's: the whole proxy's, proxy/cluster/). */
 export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => Promise<string>): Metrics {
@@ -192,6 +192,7 @@ export function createMetrics(load: () => Load = () => NO_LOAD, source?: () => P
   const preparedAgain = new Counter({ name: `${PREFIX}statements_prepared_again_total`, help: 'Transaction pooling: named statements prepared again on another backend', registers })
   const moves = new Counter({ name: `${PREFIX}backend_moves_total`, help: 'Transaction pooling with --workers: backends handed to another worker, whose sessions waited for one', registers })
   new Gauge({ name: `${PREFIX}lent_backends`, help: 'Transaction pooling: backends lent to sessions now (pinned ones included)', registers, collect() { this.set(load().lending.lent) } })
+  new Gauge({ name: `${PREFIX}listening_sessions`, help: 'Transaction pooling: sessions listening on channels through the proxy\'s listening backends (one per user and database)', registers, collect() { this.set(load().lending.listening) } })
   new Gauge({ name: `${PREFIX}lend_waiting`, help: 'Transaction pooling: sessions and /sql requests waiting for a backend now', registers, collect() { this.set(load().lending.waiting) } })
   new Gauge({
     name: `${PREFIX}key_backends`,

@@ -21,6 +21,8 @@ export interface Found {
   settings: Record<string, string>
   role?: string
   prepared: [name: string, text: string][]
+  /** The channels it listens on (pg_listening_channels()). */
+  channels: string[]
 }
 
 /** SQL prepared statements a session may have follow it, and the text of the query strings that made them (and of its settings' values: proxy/pool/session-state.ts); past either, they pin. */
@@ -109,7 +111,8 @@ export function verificationSql(user: string): string {
   (SELECT pg_catalog.json_object_agg(name, setting) FROM pg_catalog.pg_settings WHERE ${session} AND NOT ${custom}),
   CASE WHEN NOT current_user ${EQ} ${literal(user)} THEN pg_catalog.current_setting('role') END,
   (SELECT CASE WHEN pg_catalog.count(*) OPERATOR(pg_catalog.>) ${CARRIED_STATEMENTS} OR pg_catalog.sum(pg_catalog.octet_length(statement)) OPERATOR(pg_catalog.>) ${CARRIED_TEXT_BYTES} THEN 'false'::pg_catalog.json
-    ELSE pg_catalog.json_agg(pg_catalog.json_build_array(name, statement) ORDER BY prepare_time) END FROM pg_catalog.pg_prepared_statements WHERE from_sql))`
+    ELSE pg_catalog.json_agg(pg_catalog.json_build_array(name, statement) ORDER BY prepare_time) END FROM pg_catalog.pg_prepared_statements WHERE from_sql),
+  (SELECT pg_catalog.json_agg(c) FROM pg_catalog.pg_listening_channels() c))`
 }
 
 /** The verification as a simple Query (see verificationSql). */
@@ -119,10 +122,10 @@ export const verification = (user: string): Buffer => serialize.query(verificati
 export function found(rows: string[]): Found | undefined {
   if (rows.length !== 1) return undefined
   try {
-    const [words, statements, settings, role, prepared] = JSON.parse(rows[0]) as [string, number, Record<string, string> | null, string | null, [string, string][] | false | null]
+    const [words, statements, settings, role, prepared, channels] = JSON.parse(rows[0]) as [string, number, Record<string, string> | null, string | null, [string, string][] | false | null, string[] | null]
     const left = words ? words.split(' ') : []
     if (prepared === false) left.push('prepare')
-    return { left, statements, settings: settings ?? {}, ...(role !== null && { role }), prepared: prepared || [] }
+    return { left, statements, settings: settings ?? {}, ...(role !== null && { role }), prepared: prepared || [], channels: channels ?? [] }
   } catch {
     return undefined
   }
@@ -132,22 +135,28 @@ export function found(rows: string[]): Found | undefined {
  * A session's state made again on a backend it borrows, ahead of its messages, in their Sync group:
  * its settings, then its role, by pg_catalog.set_config, names and values passed as one JSON
  * parameter (nothing read as SQL); then its SQL prepared statements, each by the PREPARE that made
- * it. In a transaction block of its own, as extended messages: what Postgres refuses makes it skip
+ * it; then a LISTEN for each channel it listens on (proxy/notify/), so that pg_listening_channels()
+ * answers for the session wherever it runs (notifications come to it from the hub, not from there). In a transaction block of its own, as extended messages: what Postgres refuses makes it skip
  * the rest of the group, the session's messages with it, which then go to another backend; and the
  * block's COMMIT leaves no transaction open under what follows (a statement outside a block would
  * leave the implicit one of extended messages open through the session's). Each part answers with
  * a CommandComplete (`ends`).
  */
-export function carry(settings: Record<string, string>, role: string | undefined, prepares: string[]): Carried | undefined {
+export function carry(settings: Record<string, string>, role: string | undefined, prepares: string[], channels: readonly string[] = []): Carried | undefined {
   const names = Object.keys(settings)
   if (role !== undefined) (settings = { ...settings, role }), names.push('role')
-  if (!names.length && !prepares.length) return undefined
+  if (!names.length && !prepares.length && !channels.length) return undefined
   const parts = [BEGIN]
   if (names.length) parts.push(extended(SET_CONFIG, [JSON.stringify(settings)]))
   for (const text of prepares) parts.push(extended(text, []))
+  for (const channel of channels) parts.push(extended(`LISTEN ${quoted(channel)}`, []))
   parts.push(COMMIT)
-  return { names: [...names, ...(prepares.length ? [`${prepares.length} prepared statement${prepares.length > 1 ? 's' : ''}`] : [])], bytes: Buffer.concat(parts), ends: parts.length }
+  const counted = (n: number, what: string) => (n ? [`${n} ${what}${n > 1 ? 's' : ''}`] : [])
+  return { names: [...names, ...counted(prepares.length, 'prepared statement'), ...counted(channels.length, 'LISTEN channel')], bytes: Buffer.concat(parts), ends: parts.length }
 }
+
+/** A name as a quoted identifier: Postgres reads back its exact text. */
+export const quoted = (name: string) => `"${name.replace(/"/g, '""')}"`
 export type Carried = { names: string[]; bytes: Buffer; ends: number }
 
 const extended = (text: string, values: string[]) => Buffer.concat([serialize.parse({ text }), serialize.bind({ values }), serialize.execute({})])

@@ -14,12 +14,15 @@ import type { Upstream } from '../upstream/connection'
 import { Framer } from '../wire/bytes'
 import { ServerMessage } from '../wire/codes'
 import { parseErrorFields } from '../wire/startup'
+import { quoted } from '../isolation/verify'
 
 export interface Notification {
   /** The sending backend's process ID, as Postgres gives it. */
   pid: number
   channel: string
   payload: string
+  /** As the NotificationResponse its listeners are sent (proxy/notify/session-listening.ts). */
+  bytes?: Buffer
 }
 
 export interface ListenerEvents {
@@ -33,6 +36,9 @@ interface Command {
   done(err?: Error): void
   error?: Error
 }
+
+/** The listener's name in pg_stat_activity: its login's application_name, behind what it is. */
+const NAMED = serialize.query("SELECT pg_catalog.set_config('application_name', 'edgepg-proxy listener: ' OPERATOR(pg_catalog.||) pg_catalog.current_setting('application_name'), false)")
 
 export class Listener {
   private upstream?: Promise<Upstream>
@@ -52,12 +58,12 @@ export class Listener {
 
   listen(channel: string): Promise<void> {
     this.channels.add(channel)
-    return this.run(`LISTEN ${identifier(channel)}`)
+    return this.run(`LISTEN ${quoted(channel)}`)
   }
 
   unlisten(channel: string): Promise<void> {
     this.channels.delete(channel)
-    return this.run(`UNLISTEN ${identifier(channel)}`)
+    return this.run(`UNLISTEN ${quoted(channel)}`)
   }
 
   async close() {
@@ -81,10 +87,12 @@ export class Listener {
     read(upstream.relay(read))
     upstream.on('error', () => {}) // (its close follows, which says it)
     upstream.on('close', () => this.lost(upstream))
+    this.sent.push({ done: () => {} })
+    upstream.write(NAMED)
     // A replacement listens again to every channel, ahead of any command of its own.
     if (this.replacing && this.channels.size) {
       this.sent.push({ done: (err) => (err ? upstream.close() : ((this.replacing = false), this.on.onRestored?.())) })
-      upstream.write(serialize.query([...this.channels].map((c) => `LISTEN ${identifier(c)}`).join('; ')))
+      upstream.write(serialize.query([...this.channels].map((c) => `LISTEN ${quoted(c)}`).join('; ')))
     }
     return upstream
   }
@@ -128,5 +136,3 @@ export class Listener {
   }
 }
 
-/** A channel's name as a quoted identifier (what pg_listening_channels() gives is its exact text). */
-const identifier = (name: string) => `"${name.replace(/"/g, '""')}"`

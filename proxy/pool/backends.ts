@@ -63,6 +63,10 @@ export interface PoolOptions {
   maxPinned?: number
   /** Transaction mode: end a session idle inside a transaction this long (ms; 0: never). Default 60 s. */
   idleInTransactionMs?: number
+  /** Transaction mode: bytes of notifications a listening session may fall behind by (--listen-buffer; default 1 MiB). */
+  listenBufferBytes?: number
+  /** Transaction mode: the function that says whether a token session may LISTEN on a channel (--listen-policy; a qualified name). */
+  listenPolicy?: string
   /** Transaction mode: the first reading of what statements leave (default proxy/isolation/reader.ts; tests put a wrong one here). */
   reader?: (sql: string) => Reading
   /** What a key's password is known by, an HMAC with this (default: random; with --workers, the same in each, proxy/cluster/worker.ts). */
@@ -495,7 +499,7 @@ export class BackendPool {
     return this.exchange(backend, [SYNC])
   }
 
-  /** While idle, Postgres may report a changed setting; anything else (a FATAL, say) ends the backend. */
+  /** While idle, Postgres may report a changed setting, or a notification (its last session listened there: proxy/notify/); anything else (a FATAL, say) ends the backend. */
   private watchIdle(backend: Backend, queue = new ByteQueue()) {
     if (backend.upstream.gone) queue.fail(new Error('Postgres closed the connection'))
     if (backend.queue !== queue) {
@@ -507,7 +511,7 @@ export class BackendPool {
         (msg) => {
           if (backend.queue !== queue) return
           if (msg.type === 'S') backend.noteParameter(msg.raw)
-          if (msg.type === 'S' || msg.type === 'N') return next()
+          if (msg.type === 'S' || msg.type === 'N' || msg.type === 'A') return next()
           this.evict(backend)
         },
         () => void (backend.queue === queue && this.evict(backend))

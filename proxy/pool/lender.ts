@@ -20,6 +20,7 @@ import type { Reading } from '../isolation/reader'
 import { verification } from '../isolation/verify'
 import { KeyPins, type PinCount } from './pin'
 import { Asks, type Moves } from './asks'
+import type { Hub } from '../notify/hub'
 
 /** Random bytes for cancel secrets, drawn from a pool refilled 4 KiB at a time (one call per ~1,000 logins, not one each). */
 let randomPool = Buffer.alloc(0)
@@ -147,6 +148,9 @@ export class Lender {
 
   /** When its answer was Postgres's: it answers logins for the pool's lifetime from then. */
   born = Date.now()
+
+  /** Where the key's sessions listen (proxy/notify/hub.ts): the key's, outliving its lenders. */
+  notifications?: Hub
 
   /** A login of this key, answered as the first was, with a processID and a cancel secret of its own: the answer, and the key it tells. */
   welcome(pid: number): { outcome: LoginOutcome; told: BackendKey } {

@@ -9,10 +9,11 @@ import type { Socket } from 'node:net'
 import type { HostPort } from '../upstream/address'
 import type { LoginOutcome } from '../login/in-upgrade'
 import type { Backend, BackendPool } from './backends'
-import { CLEAN, Lender, type LendingMetrics, type Shares } from './lender'
+import { CLEAN, Lender, LoginRefused, type LendingMetrics, type Shares } from './lender'
 import type { PinCount } from './pin'
 import { parseStartupPacket } from '../wire/startup'
 import type { Reading } from '../isolation/reader'
+import { Hub } from '../notify/hub'
 
 export interface LendingOptions {
   /** Backends per key, idle or lent (--pool-size). */
@@ -89,10 +90,33 @@ export class Lenders {
     const size = this.byKey.get(key)?.size ?? this.held.get(key) ?? this.o.size
     this.held.delete(key)
     const lender = new Lender(this.pool, key, opened.backend, size, this.o.timeoutMs, relogin, this.events, this.o.reader, this.o.shares, this.o.pins, this.movesOf(key))
+    lender.notifications = this.hubOf(key, relogin)
     this.forgetExpired()
     this.byKey.set(key, lender)
     made?.()
     return lender
+  }
+
+  /** Each key's one listening backend (proxy/notify/hub.ts), logged in as the key's backends are, none of the pool's. */
+  private readonly hubs = new Map<string, Hub>()
+  private hubOf(key: string, relogin: Login): Hub {
+    let hub = this.hubs.get(key)
+    if (!hub)
+      this.hubs.set(
+        key,
+        (hub = new Hub(async () => {
+          const { upstream, outcome } = await relogin()
+          if (outcome.kind === 'ready') return upstream
+          upstream.close()
+          throw new LoginRefused(outcome.kind === 'refused' ? outcome.message : 'Postgres did not take the login', outcome.kind === 'refused' ? outcome.code : '08006')
+        }))
+      )
+    return hub
+  }
+
+  /** The listening backends close (the pool's are the pool's to close). */
+  close() {
+    for (const hub of this.hubs.values()) hub.close()
   }
 
   private movesOf(key: string) {
@@ -142,12 +166,14 @@ export class Lenders {
     return [...this.byKey.values()].map((lender) => ({ ...describe(lender.key), idle: this.pool.idleCount(lender.key), lent: lender.lentCount }))
   }
 
-  /** Backends lent now, and sessions and requests waiting for one, over all keys. */
-  get counts(): { lent: number; waiting: number } {
+  /** Backends lent now, sessions and requests waiting for one, and sessions listening, over all keys. */
+  get counts(): { lent: number; waiting: number; listening: number } {
     let lent = 0
     let waiting = 0
+    let listening = 0
     for (const lender of this.byKey.values()) (lent += lender.lentCount), (waiting += lender.waitingCount)
-    return { lent, waiting }
+    for (const hub of this.hubs.values()) listening += hub.sessions
+    return { lent, waiting, listening }
   }
 }
 

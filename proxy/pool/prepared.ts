@@ -163,6 +163,18 @@ export class StatementRelay {
   onParameter?: (msg: Buffer) => boolean
   /** Postgres said it ran something other than plain reads and writes (a command tag, a function call's answer) since this was last cleared. */
   unusual = false
+  /** Postgres's tags said LISTEN or UNLISTEN ran since the last ReadyForQuery(I). */
+  private listened = false
+  /**
+   * From a transaction's last ReadyForQuery on, what Postgres sends is held here rather than passed
+   * (see releaseOut): after LISTEN or UNLISTEN, or where `holdsAtIdle` says (the session listens, and
+   * Postgres's account of its channels after the transaction comes first: proxy/notify/).
+   */
+  heldOut?: Buffer[]
+  private holdFrom = 0
+  holdsAtIdle?: () => boolean
+  /** A notification on this backend: what goes to the client in its place (`msg` itself, another, or false: nothing). */
+  onNotification?: (msg: Buffer) => Buffer | false
 
   constructor(
     private readonly session: SessionStatements,
@@ -218,7 +230,14 @@ export class StatementRelay {
 
   /** Nothing under way: every answer in, nothing held or half read (as at the end of a lend, as a rule). */
   get quiet(): boolean {
-    return !this.awaited.length && !this.held && !this.ahead && !this.run && !this.server.holding
+    return !this.awaited.length && !this.held && !this.ahead && !this.run && !this.server.holding && !this.heldOut
+  }
+
+  /** What was held from a transaction's end on (see heldOut), for the client now. */
+  releaseOut(): Buffer {
+    const out = this.heldOut ?? []
+    this.heldOut = undefined
+    return out.length === 1 ? out[0] : Buffer.concat(out)
   }
 
   /** The session's next backend, for a relay that is quiet: it serves that one from now on, as a new relay would. */
@@ -227,7 +246,7 @@ export class StatementRelay {
     this.toBackend = toBackend
     this.checked = undefined
     this.unnamed.statement = this.unnamed.portal = false
-    this.unusual = false
+    this.unusual = this.listened = false
   }
 
   /** Client → backend: whole messages, with the proxy's own before those that name a statement. */
@@ -251,6 +270,7 @@ export class StatementRelay {
     this.server.each(chunk, this.answer)
     this.endRun()
     const runs = this.runs
+    if (this.heldOut) this.heldOut.push(...runs.splice(this.holdFrom)), (this.holdFrom = 0)
     if (runs.length < 2) return runs.pop() ?? EMPTY
     this.runs = []
     return Buffer.concat(runs)
@@ -290,6 +310,12 @@ export class StatementRelay {
       if (type !== ServerMessage.ParameterDescription) this.awaited.shift(), own.described?.(resultType(bytes.subarray(start, end)))
       return
     }
+    if (type === ServerMessage.NotificationResponse && this.onNotification) {
+      const msg = bytes.subarray(start, end)
+      const out = this.onNotification(msg)
+      if (!out) return
+      if (out !== msg) return (this.passedLast = type), this.pass(out, 0, out.length)
+    }
     // A notification comes whenever, and is the session's; so is a FATAL, the backend's last word.
     if (own?.swallow && type !== ServerMessage.NotificationResponse && !(type === ServerMessage.ErrorResponse && fatal(bytes.subarray(start, end)))) {
       if (type === ServerMessage.DataRow && bytes.readInt16BE(start + 5) > 0 && bytes.readInt32BE(start + 7) >= 0) own.onRow?.(bytes.toString('utf8', start + 11, start + 11 + bytes.readInt32BE(start + 7)))
@@ -323,8 +349,14 @@ export class StatementRelay {
       const tag = bytes.toString('utf8', start + 5, end - 1)
       this.undo(tag)
       if (!plainTag(tag)) this.unusual = true
+      if (tag === 'LISTEN' || tag === 'UNLISTEN') this.listened = true
     } else if (type === ServerMessage.FunctionCallResponse) this.unusual = true
-    if (type === ServerMessage.ReadyForQuery) this.passedReadies++, (this.passedStatus = bytes[start + 5])
+    if (type === ServerMessage.ReadyForQuery) {
+      this.passedReadies++
+      this.passedStatus = bytes[start + 5]
+      if (this.passedStatus === TxStatus.Idle && !this.heldOut && this.holdsAtIdle && (this.listened || this.holdsAtIdle())) this.endRun(), (this.heldOut = []), (this.holdFrom = this.runs.length)
+      if (this.passedStatus === TxStatus.Idle) this.listened = false
+    }
     this.passedLast = type
     this.pass(bytes, start, end)
   }

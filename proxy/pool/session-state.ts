@@ -1,6 +1,6 @@
 /**
  * What a session made that follows it from backend to backend (transaction pooling): its settings
- * (SET, RESET, set_config(…, false), SET ROLE) and its SQL prepared statements. Learned only from
+ * (SET, RESET, set_config(…, false), SET ROLE), its SQL prepared statements and its LISTEN channels. Learned only from
  * what Postgres says: the values it reports (ParameterStatus), and its account of the session's
  * state after a transaction that did more than plain reads and writes (proxy/isolation/verify.ts).
  * Made again on each backend the session borrows, at the head of its next write (`carried`).
@@ -27,6 +27,8 @@ export class SessionState {
   private settings: Record<string, string> = {}
   private role?: string
   private prepared = NONE_PREPARED
+  /** The channels it listens on (through the hub: proxy/notify/session-listening.ts). */
+  private channels: readonly string[] = []
   /** The messages that make it all again, and all but the prepared statements, for a standby (false: nothing to make; undefined: to be made). */
   private made?: Carried | false
   private madeForReplica?: Carried | false
@@ -75,9 +77,15 @@ export class SessionState {
     return cannot
   }
 
+  /** The session listens on `channels` now: each backend it borrows on the primary listens there too. */
+  listenOn(channels: readonly string[]) {
+    this.channels = channels
+    this.made = undefined
+  }
+
   /**
    * The messages that make the session's state again on another backend (undefined: it has none).
-   * On a standby, no prepared statements: what runs them (EXECUTE) goes to the primary.
+   * On a standby, no prepared statements (what runs them, EXECUTE, goes to the primary) and no channels (a standby refuses LISTEN).
    */
   carried(onReplica = false): Carried | undefined {
     const made = onReplica ? this.madeForReplica : this.made
@@ -89,7 +97,7 @@ export class SessionState {
       else delete settings[name.toLowerCase()]
     }
     const prepares = onReplica ? [] : [...this.prepared.values()].map((p) => p.prepare)
-    const carried = carry(settings, this.role, prepares) ?? false
+    const carried = carry(settings, this.role, prepares, onReplica ? [] : this.channels) ?? false
     onReplica ? (this.madeForReplica = carried) : (this.made = carried)
     return carried || undefined
   }

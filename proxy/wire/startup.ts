@@ -139,11 +139,11 @@ export function parseErrorFields(body: Buffer): { code: string; message: string 
   return { code: fields.C ?? '', message: fields.M ?? '' }
 }
 
-/** An ErrorResponse (FATAL unless told), as Postgres would send it. */
-export function errorResponse(code: string, message: string, severity: 'FATAL' | 'ERROR' = 'FATAL'): Buffer {
+/** An ErrorResponse (FATAL unless told), or a NoticeResponse (WARNING, NOTICE), as Postgres would send it. */
+export function errorResponse(code: string, message: string, severity: 'FATAL' | 'ERROR' | 'WARNING' | 'NOTICE' = 'FATAL'): Buffer {
   const fields = Buffer.from(`S${severity}\0V${severity}\0C${code}\0M${message}\0\0`, 'utf8')
   const head = Buffer.alloc(5)
-  head[0] = ServerMessage.ErrorResponse
+  head[0] = severity === 'FATAL' || severity === 'ERROR' ? ServerMessage.ErrorResponse : ServerMessage.NoticeResponse
   head.writeInt32BE(fields.length + 4, 1)
   return Buffer.concat([head, fields])
 }

@@ -14,12 +14,16 @@ import type { SessionPin } from '../pool/pin'
 import { statementsOn, type Own } from '../pool/prepared'
 import type { SessionState } from '../pool/session-state'
 import { NOTHING } from '../isolation/reader'
-import { found, handoverReset, HANDOVER_ENDS, type Carried } from '../isolation/verify'
+import { found, handoverReset, HANDOVER_ENDS, type Carried, type Found } from '../isolation/verify'
 import { REPLICA_CLAIMS_ENDS } from '../auth/claims'
 import { EMPTY } from '../wire/bytes'
 import { TxStatus } from '../wire/codes'
 import type { OutcomeKind } from './session'
 import type { Lend } from './lend'
+import type { Refusals, SessionListening } from '../notify/session-listening'
+import { quoted } from '../isolation/verify'
+import { errorResponse } from '../wire/startup'
+import { serialize } from 'pg-protocol'
 
 /** What of the session a handover acts through. */
 export interface HandoverHost {
@@ -44,6 +48,10 @@ export interface HandoverHost {
   lendOn(lend: Lend): void
   /** A standby refused the session's claims or settings: its reads stay on the primary. */
   refusedOnReplica(): void
+  /** Its LISTEN channels, through the key's hub (proxy/notify/session-listening.ts). */
+  readonly listening?: SessionListening
+  /** What Postgres sent from a transaction's end on, held until its channels were registered, to the client now (behind `first`, if any). */
+  release(lend: Lend, first?: Buffer): void
 }
 
 /** What a backend given to the session lacks: the reset (it changed hands) and the session's state (the session did not use it last). */
@@ -114,6 +122,7 @@ export class LentHandover {
     const { host, pin } = this
     if (host.parked || host.verifying) return
     const e = lend.effects
+    const heldOut = !!lend.relay.heldOut // (the channels may have changed: the question comes first)
     const plain = (e.plain && !lend.relay.unusual) || !!lend.onReplica
     lend.effects = NOTHING
     lend.relay.unusual = false
@@ -124,8 +133,8 @@ export class LentHandover {
       return host.next()
     }
     if (e.unseen) (pin.forGood = true), pin.pin('unseen')
-    if (pin.forGood || (pin.reason && plain)) return pin.mayLeave(false)
-    if (plain) return host.lendOn(lend)
+    if (!heldOut && (pin.forGood || (pin.reason && plain))) return pin.mayLeave(false)
+    if (plain && !heldOut) return host.lendOn(lend)
     lend.relay.ownQuery(this.question(lend))
     host.verifying++
     host.lender.events.verified()
@@ -141,19 +150,34 @@ export class LentHandover {
     const { host, pin } = this
     const rows: string[] = []
     const ready = (status: number) => {
-      host.verifying--
-      if (host.lend === lend) {
-        // (Asked inside a transaction, the answer says nothing of what the transaction will leave.)
-        const f = status === TxStatus.Idle ? found(rows) : undefined
-        const stays = f && this.state.learn(f)
-        const statements = statementsOn(lend.backend, this.statementsPerBackend).held.size
-        const left = f ? (f.left[0] ?? stays ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
-        if (left) pin.pin(left)
-        else pin.unpin(), this.afterOwn(lend)
-      }
-      pin.mayLeave(host.lend === lend && lend.watch.pending > 0)
+      // (Asked inside a transaction, the answer says nothing of what the transaction will leave.)
+      const f = status === TxStatus.Idle ? found(rows) : undefined
+      if (!lend.relay.heldOut || !host.listening) return this.decide(lend, f)
+      // The transaction's end waits for its channels: registered, the client hears of it.
+      host.listening.update(f?.channels ?? [...host.listening.channels]).then((refusals) => {
+        this.state.listenOn([...host.listening!.channels])
+        if (!refusals.length || host.lend !== lend) return host.release(lend), this.decide(lend, f)
+        // (Refused ones are the session's no more, on its backend either.)
+        const unlisten = serialize.query(refusals.map((r) => `UNLISTEN ${quoted(r.channel)}`).join('; '))
+        lend.relay.ownQuery({ query: unlisten, ready: () => (host.release(lend, refused(refusals)), this.decide(lend, f)) })
+      })
     }
     return { query: host.lender.verification, onRow: (value) => rows.push(value), ready }
+  }
+
+  /** The question's answer is in: the backend stays with the session for what is left, or goes on. */
+  private decide(lend: Lend, f: Found | undefined) {
+    const { host, pin } = this
+    host.verifying--
+    if (host.lend === lend) {
+      const stays = f && this.state.learn(f)
+      const statements = statementsOn(lend.backend, this.statementsPerBackend).held.size
+      // (A session listening through the hub leaves its channels to it.)
+      const left = f ? (f.left.find((l) => l !== 'listen' || !host.listening) ?? stays ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
+      if (left) pin.pin(left)
+      else pin.unpin(), this.afterOwn(lend)
+    }
+    pin.mayLeave(host.lend === lend && lend.watch.pending > 0)
   }
 
   /** An answer of the proxy's own is in: the transaction, if it is over, is decided now. */
@@ -161,4 +185,10 @@ export class LentHandover {
     const host = this.host
     if (!host.verifying && lend.watch.settled === TxStatus.Idle && (!host.waiting.length || lend.onReplica)) this.ended(lend)
   }
+}
+
+/** Channels not listened on, as Postgres says no: one error ahead of the transaction's end. */
+function refused(refusals: Refusals): Buffer {
+  const { code } = refusals[0]
+  return errorResponse(code, refusals.map((r) => r.message).join('; '), 'ERROR')
 }

@@ -31,6 +31,7 @@ import { POSITION_MESSAGE, SUBPROTOCOL_POSITIONS } from '../../src/config'
 import { READY_IDLE, type Lend } from './lend'
 import { LentReads, waitsOnReplica, type ReadsHost } from './lent-reads'
 import { LentHandover, type HandoverHost } from './lent-handover'
+import { SessionListening, type ListeningHost, type ListenPolicy } from '../notify/session-listening'
 
 export interface LentSessionOptions {
   lender: Lender
@@ -57,6 +58,10 @@ export interface LentSessionOptions {
   signals: Signals
   /** Reads to the upstream's hot standbys (proxy/replicas/), for a session whose login they can serve. */
   replicas?: SessionReplicas
+  /** Bytes of notifications a listening session may fall behind by (--listen-buffer). */
+  listenBuffer?: number
+  /** The function that says whether a token session may listen on a channel (--listen-policy, a qualified name); none: it may not. */
+  listenPolicy?: string
 }
 
 const HIGH_WATER = 1 << 20
@@ -65,6 +70,12 @@ const RESOLVED = Promise.resolve()
 const soon = (f: () => void) => void RESOLVED.then(f)
 /** What a message waiting for a backend costs beside its bytes (its Buffer: ~110 bytes of heap, measured). */
 const QUEUED_COST = 128
+/** How long a listener closed for falling behind has to read what is queued for it, its error last. */
+const SLOW_READER_GRACE_MS = 10_000
+/** --listen-buffer's default. */
+const DEFAULT_LISTEN_BUFFER = 1 << 20
+/** Token sessions without --listen-policy may not listen. */
+const noPolicy: ListenPolicy = async () => 'LISTEN is refused to sessions signed in with a token unless edgepg-proxy names a policy that allows the channel (--listen-policy schema.function)'
 
 export function runLentSession(ws: WebSocket, o: LentSessionOptions): RunningSession {
   return new LentSession(ws, o)
@@ -116,6 +127,8 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
   private readonly state: SessionState
   /** Its backend changing hands, and the question after each transaction (proxy/ws/lent-handover.ts). */
   private readonly handovers: LentHandover
+  /** Its LISTEN channels, through its key's one listening backend (proxy/notify/). */
+  readonly listening?: SessionListening
 
   constructor(private readonly ws: WebSocket, private readonly o: LentSessionOptions) {
     this.bytesIn = o.loginBytes
@@ -140,6 +153,12 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
     this.unfollow = o.follow(() => (this.lend && !this.parked ? this.lend.backend.key : undefined))
     this.state = new SessionState(loginReports(o.answer))
     this.handovers = new LentHandover(this, this.pin, this.state, o.statementsPerBackend)
+    const hub = o.lender.notifications
+    if (hub) {
+      const { claims, listenPolicy: fn } = o
+      const policy: ListenPolicy | undefined = claims === undefined ? undefined : fn ? (channel) => hub.checks.ask(fn, claims, channel) : noPolicy
+      this.listening = new SessionListening(hub, this.listeningHost(), o.listenBuffer ?? DEFAULT_LISTEN_BUFFER, policy)
+    }
     this.reading = new SessionReading(o.lender.read, this.statements)
     this.toClient(o.answer)
     ws.on('message', this.onClientMessage)
@@ -427,6 +446,10 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
     relay.onParameter = this.parameter
     const lend: Lend = (this.lend = { backend, lender, onReplica, delivered: 0, positionDue: 0, relay, watch: watch ?? new IdleWatch(), effects: NOTHING })
     lend.watch.framer = relay
+    const listening = this.listening
+    // (A session that listens hears others' notifications from the hub; its own, from its backend. A standby refuses LISTEN.)
+    relay.onNotification = listening && ((msg) => (listening.channels.size ? listening.fromBackend(msg, backend.key.pid) : msg))
+    relay.holdsAtIdle = listening && !onReplica ? () => listening.channels.size > 0 && !(lend.effects.plain && !relay.unusual) : undefined
     backend.upstream.onDrain = this.resumeClient
     backend.upstream.onClose = this.onBackendClose
     const early = backend.upstream.relay(this.fromBackend)
@@ -450,6 +473,7 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
       if (this.reads.answered(lend, visible)) return
     } else if (visible.length) this.reads.deliver(lend, visible)
     this.signalsDue.send(this.readies)
+    this.listening?.flush()
     // A parked backend speaks only to say it is going away (a FATAL): it stays with this session
     // (which ends as it closes), and no other may take it meanwhile.
     if (this.parked && lend.watch.last === ServerMessage.ErrorResponse) return lend.lender.unpark(lend.backend), void (this.parked = false)
@@ -477,11 +501,11 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
    * Ends the session as Postgres ends a connection it will not keep: a FATAL error, then the close.
    * Its backend is reset by the pool (rolled back first), or closed if it is busy or holds what no reset takes.
    */
-  evict(kind: OutcomeKind, code: string, message: string) {
+  evict(kind: OutcomeKind, code: string, message: string, graceMs?: number) {
     this.end(kind, message)
     this.toClient(errorResponse(code, message, 'FATAL'))
     this.finish()
-    closeWebSocket(this.ws, 1000)
+    closeWebSocket(this.ws, 1000, undefined, graceMs)
   }
 
   /** Postgres's answers of a lend to the client, counting its ReadyForQuery messages. */
@@ -503,6 +527,29 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
 
   afterOwn(lend: Lend) {
     this.handovers.afterOwn(lend)
+  }
+
+  release(lend: Lend, first?: Buffer) {
+    const held = lend.relay.releaseOut()
+    if (!this.ended) this.deliver(lend, first ? Buffer.concat([first, held]) : held)
+    this.listening?.flush()
+  }
+
+  private listeningHost(): ListeningHost {
+    const session = this
+    return {
+      pid: this.o.pid,
+      idle: () => {
+        const lend = session.lend
+        return !lend || session.parked || (lend.watch.pending === 0 && lend.watch.status === TxStatus.Idle && !lend.relay.heldOut)
+      },
+      toClient: (bytes) => this.toClient(bytes),
+      get unsent() {
+        return session.ws.bufferedAmount
+      },
+      // (Behind what it has yet to read: a slow client is given time to reach why.)
+      evict: (code, message) => this.evict('over_budget', code, message, SLOW_READER_GRACE_MS),
+    }
   }
 
   /** A transaction that left nothing: the backend stays with this session while no other needs it, else goes back. */
@@ -583,6 +630,7 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
     this.waiting = []
     this.leaveLine?.(new Error('the session ended'))
     this.unfollow()
+    this.listening?.end()
     const lend = this.lend
     if (!lend) return
     this.detach(lend)

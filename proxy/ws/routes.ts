@@ -50,6 +50,9 @@ export interface UpgradeRefusal {
 export interface RouteOptions {
   /** Transaction mode: end a session idle inside a transaction this long (ms; 0: never). */
   idleInTransactionMs?: number
+  /** Transaction mode's listening sessions: --listen-buffer, --listen-policy. */
+  listenBuffer?: number
+  listenPolicy?: string
   /** Transaction mode: sessions by the processID they were told. */
   signals: Signals
   upstreams: Upstreams
@@ -395,6 +398,8 @@ export class WebSocketRoutes {
                 claims: identity?.claims,
                 client: identity ? `token ${subjectOf(identity.claims)}` : limitKey(peer),
                 idleInTransactionMs: this.o.idleInTransactionMs,
+                listenBuffer: this.o.listenBuffer,
+                listenPolicy: this.o.listenPolicy,
                 signals: this.o.signals,
                 pid: lent!.told.pid,
                 replicas: replicas || undefined,

@@ -78,10 +78,10 @@ const CLOSE_ANSWER_MS = 1000
  * (and dropped), or its close reply would wait behind that. One that never answers the close is cut
  * after CLOSE_ANSWER_MS, so that it holds its slot no longer.
  */
-export function closeWebSocket(ws: WebSocket, code: number, reason?: string) {
+export function closeWebSocket(ws: WebSocket, code: number, reason?: string, graceMs = CLOSE_ANSWER_MS) {
   ws.resume()
   ws.close(code, reason)
-  const cut = setTimeout(() => ws.terminate(), CLOSE_ANSWER_MS).unref()
+  const cut = setTimeout(() => ws.terminate(), graceMs).unref()
   ws.once('close', () => clearTimeout(cut))
 }
 
