@@ -1,9 +1,11 @@
 /**
  * Section "listen" (issue 50): listening sessions, and notifications from 4 writers delivered to
- * them. Today's way through edgepg-proxy, session mode (a Postgres backend held by each listener),
- * beside pg over TCP (a connection each), as far as Postgres's connection limit lets either go:
- * Postgres backends held, the proxy's RSS per idle listener, and the delay from a writer's NOTIFY
- * (autocommit, stamped as it is sent) to the listener's `notification` event, p50 and p99.
+ * them. Transaction pooling (one listening backend for all of them) with 1,000 and 10,000 sessions;
+ * then, as far as Postgres's connection limit lets them go, session mode (a backend held by each
+ * listener) beside pg over TCP (a connection each). Postgres backends held, the proxy's RSS per idle
+ * listener, and the delay from a writer's NOTIFY (autocommit, stamped as it is sent) to the
+ * listener's `notification` event, p50 and p99; notifications lost or duplicated; and, with the
+ * listening backend killed, how long until every session is told, and listens again.
  */
 import pg from 'pg'
 import { WebSocket } from 'ws'
@@ -35,6 +37,7 @@ export const listen: Section = {
     await admin.connect()
     const rows: Row[] = []
     try {
+      for (const n of FAN_OUT) rows.push(...(await fanOut(n, ctx.pg, admin, ctx.pgConfig())))
       for (const n of [100, 250]) {
         // (A proxy of its own each time: no idle backend of an earlier run is counted as a listener's.)
         const p = await startChildProxy(`${host}:${port}`, { built: true, flags: ['--pool-mode', 'session', '--max-sessions-per-ip', '100000', '--shutdown-grace', '0'] })
@@ -50,8 +53,8 @@ export const listen: Section = {
     } finally {
       await admin.end()
     }
-    printTable(`Listening sessions: session mode through edgepg-proxy (a backend each), ${PER_CHANNEL} per channel, ${WRITERS} writers at ${RATE} NOTIFY/s`, rows, 'pg (TCP)', [
-      'Transaction pooling with one listening backend per database (issue 50) is to join this table; session mode stops at Postgres max_connections.',
+    printTable(`Listening sessions through edgepg-proxy: transaction mode (one listening backend), then session mode (a backend each) beside pg; ${WRITERS} writers`, rows, 'pg (TCP)', [
+      `Transaction mode: ${FAN_RATE} NOTIFY/s on ${PER_CHANNEL} listeners a channel (${LOSS_SECONDS} s at 10,000: the loss count), then ${ONE_CHANNEL_DELIVERIES.toLocaleString()} deliveries/s to all on one channel. Session mode: ${RATE} NOTIFY/s; it stops at Postgres max_connections.`,
     ])
     return rows
   },
@@ -97,4 +100,127 @@ async function measure(n: number, app: string, open: () => Listening & { connect
   await Promise.all([...writers, ...clients].map((c) => c.end()))
   if (delays.length < expected) console.warn(`listen: ${delays.length} of ${expected} notifications arrived`)
   return { backends, rssPerListener, p50: percentile(delays, 50), p99: percentile(delays, 99) }
+}
+
+/** Transaction mode: listening sessions, and their workloads' NOTIFY rates. */
+const FAN_OUT = (process.env.EDGEPG_BENCH_LISTENERS ?? '1000,10000').split(',').map(Number)
+const FAN_RATE = 2000
+const FAN_SECONDS = 5
+/** At 10,000 listeners the first workload runs this long: 100,000 NOTIFYs, each listener's counted. */
+const LOSS_SECONDS = Number(process.env.EDGEPG_BENCH_LISTEN_SECONDS ?? 50)
+const ONE_CHANNEL_DELIVERIES = 20_000
+
+type Notice = { code?: string }
+type Session = Client & { got: Map<string, number>; notices: Notice[] }
+
+/**
+ * `n` WebSocket sessions through a transaction-mode proxy: first PER_CHANNEL to a channel with the
+ * writers at FAN_RATE, then all on one channel at ONE_CHANNEL_DELIVERIES / n NOTIFYs a second; then the
+ * listening backend is killed.
+ */
+async function fanOut(n: number, target: { host: string; port: number; database: string }, admin: pg.Client, writer: pg.ClientConfig): Promise<Row[]> {
+  const { host, port, database } = target
+  const app = `${APP}-tx`
+  const p = await startChildProxy(`${host}:${port}`, { built: true, flags: ['--pool-mode', 'transaction', '--max-sessions', '100000', '--max-sessions-per-ip', '100000', '--max-logins-per-ip', '100000', '--shutdown-grace', '0'] })
+  const rows: Row[] = []
+  const at = `${n.toLocaleString()} listeners`
+  try {
+    const before = p.rss()
+    const sessions: Session[] = []
+    for (let i = 0; i < n; i += 250) {
+      const batch = await Promise.all(
+        Array.from({ length: Math.min(250, n - i) }, async () => {
+          const c = new Client({ host, port, database, user: 'scram_user', password: PASSWORD, application_name: app, webSocketConstructor: WebSocket as any, wsProxy: () => p.url } as any) as Session
+          c.got = new Map()
+          c.notices = []
+          c.on('notice', (m: Notice) => c.notices.push(m))
+          await c.connect()
+          return c
+        })
+      )
+      sessions.push(...batch)
+    }
+    const channels = n / PER_CHANNEL
+    await Promise.all(sessions.map((c, i) => c.query(`LISTEN bench_${i % channels}`)))
+    await sleep(500)
+    const rssPer = (p.rss() - before) / n
+    const held = await admin.query("SELECT count(*) FILTER (WHERE application_name = $1)::int AS pool, count(*) FILTER (WHERE application_name = 'edgepg-proxy listener: ' || $1)::int AS listening FROM pg_stat_activity", [app])
+    rows.push(
+      { metric: `transaction mode, ${at}: Postgres backends held (listening + pool)`, edgepg: `${held.rows[0].listening} + ${held.rows[0].pool}`, baseline: '' },
+      { metric: `transaction mode, ${at}: proxy RSS per idle listener`, edgepg: `${(rssPer / 1024).toFixed(1)} KiB`, baseline: '' }
+    )
+    const seconds = n >= 10_000 ? LOSS_SECONDS : FAN_SECONDS
+    const many = await deliver(sessions, writer, (i) => `bench_${i % channels}`, FAN_RATE, seconds, PER_CHANNEL)
+    rows.push(
+      { metric: `transaction mode, ${at}, ${channels} channels, ${(FAN_RATE * PER_CHANNEL).toLocaleString()} deliveries/s: p50`, edgepg: ms(many.p50), baseline: '' },
+      { metric: `transaction mode, ${at}, ${channels} channels: p99`, edgepg: ms(many.p99), baseline: '' },
+      { metric: `transaction mode, ${at}: of ${many.sent.toLocaleString()} NOTIFYs, deliveries lost / duplicated`, edgepg: `${many.lost} / ${many.duplicated}`, baseline: '' }
+    )
+    await Promise.all(sessions.map((c) => c.query('UNLISTEN *; LISTEN bench_all')))
+    const rate = ONE_CHANNEL_DELIVERIES / n
+    const one = await deliver(sessions, writer, () => 'bench_all', rate, FAN_SECONDS, n)
+    rows.push(
+      { metric: `transaction mode, ${at}, one channel, ${ONE_CHANNEL_DELIVERIES.toLocaleString()} deliveries/s: p50`, edgepg: ms(one.p50), baseline: '' },
+      { metric: `transaction mode, ${at}, one channel: p99`, edgepg: ms(one.p99), baseline: '' }
+    )
+    // The listening backend killed: how long until every session is told, and until it listens again.
+    const killed = performance.now()
+    await admin.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'edgepg-proxy listener: ' || $1", [app])
+    const told = await allHave(sessions, '08006', killed)
+    const again = await allHave(sessions, '00000', killed)
+    rows.push({ metric: `transaction mode, ${at}: listener killed → every session told / listening again`, edgepg: `${ms(told)} / ${ms(again)}`, baseline: '' })
+    await Promise.all(sessions.map((c) => c.end()))
+  } finally {
+    await p.stop()
+  }
+  return rows
+}
+
+/** Until every session has a notice with `code`: the time from `since` (Infinity if some never do, within 10 s). */
+async function allHave(sessions: Session[], code: string, since: number): Promise<number> {
+  for (let waited = 0; waited < 10_000; waited += 2) {
+    if (sessions.every((c) => c.notices.some((m) => m.code === code))) return performance.now() - since
+    await sleep(2)
+  }
+  return Infinity
+}
+
+/** WRITERS writers at `rate` NOTIFYs a second for `seconds`, on `channel(i)` for the i-th: delays, and each session's count against what its channels were sent. */
+async function deliver(sessions: Session[], writer: pg.ClientConfig, channel: (i: number) => string, rate: number, seconds: number, perChannel: number) {
+  const delays: number[] = []
+  const seen = sessions.map(() => new Set<string>())
+  let duplicated = 0
+  const handlers = sessions.map((c, k) => {
+    const f = (msg: { payload?: string }) => {
+      const [id, stamp] = msg.payload!.split(' ')
+      if (seen[k].has(id)) duplicated++
+      seen[k].add(id)
+      delays.push(performance.now() - Number(stamp))
+    }
+    c.on('notification', f)
+    return f
+  })
+  const clients = await Promise.all(
+    Array.from({ length: WRITERS }, async () => {
+      const w = new pg.Client(writer)
+      await w.connect()
+      return w
+    })
+  )
+  const sends = Math.round(rate * seconds)
+  const start = performance.now()
+  await Promise.all(
+    clients.map(async (w, k) => {
+      for (let i = k; i < sends; i += WRITERS) {
+        await w.query('SELECT pg_notify($1, $2)', [channel(i), `${i} ${performance.now()}`])
+        const due = start + ((i + WRITERS) / rate) * 1000
+        await sleep(Math.max(0, due - performance.now()))
+      }
+    })
+  )
+  const expected = sends * perChannel
+  for (let waited = 0; delays.length < expected && waited < 10_000; waited += 50) await sleep(50)
+  await Promise.all(clients.map((w) => w.end()))
+  sessions.forEach((c, k) => c.off('notification', handlers[k]))
+  return { sent: sends, lost: expected - (delays.length - duplicated), duplicated, p50: percentile(delays, 50), p99: percentile(delays, 99) }
 }

@@ -117,9 +117,8 @@ export function parseConfig(argv: string[], env: NodeJS.ProcessEnv): CliConfig |
         idleInTransactionMs: value('idleInTransactionTimeout', number(0)),
         listenBufferBytes: value('listenBuffer', number(1)),
         listenPolicy: value('listenPolicy', (t, s) => {
-          const name = policyName(t)
-          if (!name) throw new ConfigError(`${s} must name a function as schema.function, not "${t}"`)
-          return name
+          if (!policyName(t)) throw new ConfigError(`${s} must name a function as schema.function, not "${t}"`)
+          return t
         }),
         maxPerClient: value('maxBackendsPerClient', (t, s) => (t === SETTINGS.maxBackendsPerClient.default ? undefined : number(1)(t, s))),
         maxPinned: value('maxPinnedSessions', (t, s) => (t === SETTINGS.maxPinnedSessions.default ? undefined : number(1)(t, s))),

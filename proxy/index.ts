@@ -6,6 +6,7 @@ import type { SessionLog } from './ws/session'
 import type { UpstreamTls } from './upstream/connection'
 import { BackendPool, type PoolOptions } from './pool/backends'
 import { Lenders } from './pool/lenders'
+import { policyName } from './notify/policy'
 import { pinnedCap } from './pool/pin'
 import { Replicas, type ReplicaOptions } from './replicas/replicas'
 import { createMetrics, type Metrics } from './admin/metrics'
@@ -157,6 +158,8 @@ export function createProxy(options: ProxyOptions): Proxy {
   const logins = new LoginGate(options.maxLogins ?? 64, options.maxLoginsPerIp ?? 8, places)
   const signals = new Signals(options.cluster?.index ?? 0, options.cluster?.signal)
   if (options.cluster) options.cluster.onSignal = (m) => signals.hear(m)
+  const listenPolicy = options.pool?.listenPolicy === undefined ? undefined : policyName(options.pool.listenPolicy)
+  if (options.pool?.listenPolicy !== undefined && !listenPolicy) throw new Error(`edgepg-proxy: listenPolicy must name a function as schema.function, not "${options.pool.listenPolicy}"`)
   const routes = new WebSocketRoutes({
     ...options,
     upstreams,
@@ -174,7 +177,7 @@ export function createProxy(options: ProxyOptions): Proxy {
     handshakeTimeoutMs,
     idleInTransactionMs: options.pool?.idleInTransactionMs ?? 60_000,
     listenBuffer: options.pool?.listenBufferBytes,
-    listenPolicy: options.pool?.listenPolicy,
+    listenPolicy,
     signals,
     announce: options.cluster?.announce,
   })

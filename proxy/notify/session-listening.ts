@@ -51,6 +51,11 @@ export class SessionListening implements Subscriber {
     return this.hubChannels
   }
 
+  /** Its channels are a policy's to allow (a token session): whatever changes them, LISTEN or database code, goes through the hub. */
+  get guarded(): boolean {
+    return this.policy !== undefined
+  }
+
   /**
    * Postgres's account of the session's channels after a transaction (pg_listening_channels()):
    * the new ones registered with the hub (their LISTEN answered there) or refused, the gone ones

@@ -152,28 +152,27 @@ export class LentHandover {
     const ready = (status: number) => {
       // (Asked inside a transaction, the answer says nothing of what the transaction will leave.)
       const f = status === TxStatus.Idle ? found(rows) : undefined
-      if (!lend.relay.heldOut || !host.listening) return this.decide(lend, f)
+      if (!lend.relay.heldOut || !host.listening) return this.decide(lend, f, false)
       // The transaction's end waits for its channels: registered, the client hears of it.
       host.listening.update(f?.channels ?? [...host.listening.channels]).then((refusals) => {
         this.state.listenOn([...host.listening!.channels])
-        if (!refusals.length || host.lend !== lend) return host.release(lend), this.decide(lend, f)
+        if (!refusals.length || host.lend !== lend) return host.release(lend), this.decide(lend, f, true)
         // (Refused ones are the session's no more, on its backend either.)
         const unlisten = serialize.query(refusals.map((r) => `UNLISTEN ${quoted(r.channel)}`).join('; '))
-        lend.relay.ownQuery({ query: unlisten, ready: () => (host.release(lend, refused(refusals)), this.decide(lend, f)) })
+        lend.relay.ownQuery({ query: unlisten, ready: () => (host.release(lend, refused(refusals)), this.decide(lend, f, true)) })
       })
     }
     return { query: host.lender.verification, onRow: (value) => rows.push(value), ready }
   }
 
-  /** The question's answer is in: the backend stays with the session for what is left, or goes on. */
-  private decide(lend: Lend, f: Found | undefined) {
+  /** The question's answer is in: the backend stays with the session for what is left, or goes on (`heard`: its channels are the hub's). */
+  private decide(lend: Lend, f: Found | undefined, heard: boolean) {
     const { host, pin } = this
     host.verifying--
     if (host.lend === lend) {
       const stays = f && this.state.learn(f)
       const statements = statementsOn(lend.backend, this.statementsPerBackend).held.size
-      // (A session listening through the hub leaves its channels to it.)
-      const left = f ? (f.left.find((l) => l !== 'listen' || !host.listening) ?? stays ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
+      const left = f ? (f.left.find((l) => l !== 'listen' || !heard) ?? stays ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
       if (left) pin.pin(left)
       else pin.unpin(), this.afterOwn(lend)
     }

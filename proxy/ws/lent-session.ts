@@ -447,9 +447,10 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
     const lend: Lend = (this.lend = { backend, lender, onReplica, delivered: 0, positionDue: 0, relay, watch: watch ?? new IdleWatch(), effects: NOTHING })
     lend.watch.framer = relay
     const listening = this.listening
-    // (A session that listens hears others' notifications from the hub; its own, from its backend. A standby refuses LISTEN.)
+    // (A session that listens hears others' notifications from the hub; its own, from its backend. A standby refuses LISTEN.
+    // Any transaction that may have changed its channels ends once they are the hub's: a token session's always, its policy decides.)
     relay.onNotification = listening && ((msg) => (listening.channels.size ? listening.fromBackend(msg, backend.key.pid) : msg))
-    relay.holdsAtIdle = listening && !onReplica ? () => listening.channels.size > 0 && !(lend.effects.plain && !relay.unusual) : undefined
+    relay.holdsAtIdle = listening && !onReplica ? () => (listening.channels.size > 0 || listening.guarded) && !(lend.effects.plain && !relay.unusual) : undefined
     backend.upstream.onDrain = this.resumeClient
     backend.upstream.onClose = this.onBackendClose
     const early = backend.upstream.relay(this.fromBackend)
