@@ -192,7 +192,7 @@ test('Chromium runs dist/index.mjs with its own WebSocket and fetch: Client, Poo
     assert.ok(env.WebSocket === 'function' && env.fetch === 'function', `the browser's own WebSocket and fetch: ${JSON.stringify(env)}`)
     assert.equal(env.checks, 'function', `checks.js loaded as a plain script; ${report()}`)
 
-    const { proxy: byToken } = await proxyFor({ allowedOrigins: [origin], tokens: fixture.options })
+    const { proxy: byToken } = await proxyFor({ allowedOrigins: [origin], tokens: fixture.options, pool: { listenPolicy: fixture.listenPolicy } })
     const tokens = { proxyPort: byToken.port, table: TABLE, alice: await token('alice', { seconds: 600 }), bob: await token('bob', { seconds: 600 }) }
     const { proxy: withReplica } = await proxyFor({ allowedOrigins: [origin], upstream: replicas.upstream, replicas: replicas.replicas })
     const run = inPage(page, RUN_CHECKS, { url: `${origin}/dist/index.mjs`, options: checkOptions(proxy.port, tokens, replicas.checks(withReplica.port)) })

@@ -44,7 +44,7 @@ before(async () => {
   // Session mode: the checks compare processID with pg_backend_pid(), which transaction mode shares among a key's sessions.
   proxy = await startProxy({ pool: { mode: 'session' } })
   fixture = await tokenFixture(TABLE)
-  byToken = await startProxy({ tokens: fixture.options })
+  byToken = await startProxy({ tokens: fixture.options, pool: { listenPolicy: fixture.listenPolicy } })
   tokens = { proxyPort: byToken.port, table: TABLE, alice: await token('alice', { seconds: 600 }), bob: await token('bob', { seconds: 600 }) }
   replicas = await replicaFixture('runtimes-primary')
   withReplica = await startProxy({ upstream: replicas.upstream, replicas: replicas.replicas })

@@ -73,11 +73,20 @@ export class Listener {
   }
 
   private async run(sql: string): Promise<void> {
-    const upstream = await (this.upstream ??= this.open())
+    const upstream = await (this.upstream ??= this.opening())
     return new Promise((resolve, reject) => {
       this.sent.push({ done: (err) => (err ? reject(err) : resolve()) })
       upstream.write(serialize.query(sql))
     })
+  }
+
+  /** A backend for a command: if Postgres refuses it, the next command tries again. */
+  private opening(): Promise<Upstream> {
+    const opening: Promise<Upstream> = this.open().catch((err) => {
+      if (this.upstream === opening) this.upstream = undefined
+      throw err
+    })
+    return opening
   }
 
   private async open(): Promise<Upstream> {

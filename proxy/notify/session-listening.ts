@@ -73,7 +73,8 @@ export class SessionListening implements Subscriber {
           if (allowed !== true) return void refusals.push({ channel, code: '42501', message: allowed })
           try {
             await this.hub.subscribe(this, channel)
-            this.hubChannels.add(channel)
+            if (this.over) this.hub.unsubscribe(this, channel) // (the session ended meanwhile)
+            else this.hubChannels.add(channel)
           } catch (err) {
             const { code = '08006', message } = err as Error & { code?: string }
             refusals.push({ channel, code, message: `edgepg-proxy could not listen on "${channel}": ${message}` })
@@ -145,8 +146,11 @@ export class SessionListening implements Subscriber {
     this.host.toClient(errorResponse('00000', `edgepg-proxy listens again on ${[...this.hubChannels].join(', ')}: notifications committed from now on are delivered`, 'NOTICE'))
   }
 
+  private over = false
+
   /** The session is over. */
   end() {
+    this.over = true
     for (const channel of this.hubChannels) this.hub.unsubscribe(this, channel)
     this.hubChannels.clear()
     this.notes = []

@@ -168,14 +168,13 @@ export class LentHandover {
   /** The question's answer is in: the backend stays with the session for what is left, or goes on (`heard`: its channels are the hub's). */
   private decide(lend: Lend, f: Found | undefined, heard: boolean) {
     const { host, pin } = this
+    if (host.lend !== lend) return pin.mayLeave(false) // (its backend went, and the count of answers due with it)
     host.verifying--
-    if (host.lend === lend) {
-      const stays = f && this.state.learn(f)
-      const statements = statementsOn(lend.backend, this.statementsPerBackend).held.size
-      const left = f ? (f.left.find((l) => l !== 'listen' || !heard) ?? stays ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
-      if (left) pin.pin(left)
-      else pin.unpin(), this.afterOwn(lend)
-    }
+    const stays = f && this.state.learn(f)
+    const statements = statementsOn(lend.backend, this.statementsPerBackend).held.size
+    const left = f ? (f.left.find((l) => l !== 'listen' || !heard) ?? stays ?? (f.statements > statements ? 'statements' : undefined)) : 'unverified'
+    if (left) pin.pin(left)
+    else pin.unpin(), this.afterOwn(lend)
     pin.mayLeave(host.lend === lend && lend.watch.pending > 0)
   }
 

@@ -603,6 +603,8 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
     if (!lend) return
     if (lend.handover) return this.elsewhere(lend, lend.handover.sent) // (nothing of the session's ran there)
     if (lend.onReplica && this.reads.lost(lend)) return
+    // (A transaction's end held for its channels: it committed, but its LISTEN went with the backend.)
+    if (lend.relay.heldOut) this.release(lend, errorResponse('08006', 'edgepg-proxy: the connection to Postgres was lost before the LISTEN could be registered: run it again', 'ERROR'))
     this.detach(lend)
     lend.lender.lost(lend.backend)
     this.parked = false

@@ -27,7 +27,8 @@ export function assertChecks(out: any, runtime: string, context = '', endToEnd =
   )
   same(out.http, { template: [{ ten: 10, s: 'a b' }], query: [{ joined: 'edgepg' }] }, `${runtime}: httpSql over POST /sql${more}`)
   const as = (sub: string) => [{ sub, who: WEB_USER, owners: [sub] }]
-  same(out.tokens, { alice: as('alice'), bob: as('bob'), http: as('bob') }, `${runtime}: logins by token (Client and httpSql), each user their own rows${more}`)
+  const listen = { heard: { channel: 'user:alice', payload: 'for alice' }, refused: '42501' }
+  same(out.tokens, { alice: as('alice'), bob: as('bob'), http: as('bob'), listen }, `${runtime}: logins by token (Client and httpSql), each user their own rows; LISTEN where the policy allows${more}`)
   if (replica) assertReplicaReads(out.replica, runtime, more)
 }
 

@@ -95,6 +95,20 @@ globalThis.edgepgChecks = async function edgepgChecks(mod, { proxyPort, host, po
     }
     const byToken = httpSql(`postgresql://${host}:${port}/${database}`, { fetchEndpoint: `http://127.0.0.1:${tokens.proxyPort}/sql`, authToken: tokens.bob })
     out.tokens.http = plain(await byToken.query(probe))
+
+    // LISTEN by token through transaction pooling: where the proxy's --listen-policy allows, a NOTIFY
+    // sent by another connection is heard; elsewhere the LISTEN is refused.
+    const listener = new Client({ host, port, database, authToken: () => Promise.resolve(tokens.alice), wsProxy: () => `ws://127.0.0.1:${tokens.proxyPort}/v2` })
+    await listener.connect()
+    const heard = new Promise((resolve) => listener.once('notification', ({ channel, payload }) => resolve({ channel, payload })))
+    await listener.query('LISTEN "user:alice"')
+    const refused = await listener.query('LISTEN "user:bob"').then(() => 'no error', (err) => err.code)
+    const sender = new Client({ host, port, database, user: 'scram_user', password, wsProxy: () => `ws://127.0.0.1:${proxyPort}/v2` })
+    await sender.connect()
+    await sender.query(`NOTIFY "user:bob", 'for bob'; NOTIFY "user:alice", 'for alice'`)
+    await sender.end()
+    out.tokens.listen = { heard: await heard, refused }
+    await listener.end()
   }
 
   // Reads from a replica that lags (a proxy with --replica, before a primary of its own): a read

@@ -58,6 +58,9 @@ export async function tokenFixture(table: string, db: PgInfo = testPostgres()) {
   await admin.query(`GRANT SELECT, INSERT, UPDATE, DELETE ON ${table} TO ${WEB_USER}, ${WEB_ADMIN}`)
   await admin.query(`GRANT USAGE ON SEQUENCE ${table}_id_seq TO ${WEB_USER}, ${WEB_ADMIN}`)
   await admin.query(`INSERT INTO ${table} (owner, body) VALUES ('alice', 'alice''s note'), ('bob', 'bob''s note')`)
+  // --listen-policy: each user may hear "user:<their sub>" (docs/realtime.md).
+  const listenPolicy = `public.${table}_may_listen`
+  await admin.query(`CREATE FUNCTION ${listenPolicy}(channel text) RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT channel = 'user:' || (edgepg.claims() ->> 'sub') $$`)
   const dir = await mkdtemp(join(tmpdir(), 'edgepg-passfile-'))
   const passfile = join(dir, 'pgpass')
   await writeFile(passfile, `${db.host}:${db.port}:*:${WEB_USER}:${ROLE_PASSWORD}\n${db.host}:${db.port}:*:${WEB_ADMIN}:${ROLE_PASSWORD}\n`)
@@ -67,8 +70,10 @@ export async function tokenFixture(table: string, db: PgInfo = testPostgres()) {
     admin,
     passfile,
     options,
+    listenPolicy,
     async teardown() {
       await admin.query(`DROP TABLE IF EXISTS ${table}`).catch(() => {})
+      await admin.query(`DROP FUNCTION IF EXISTS ${listenPolicy}`).catch(() => {})
       await admin.query(`ALTER ROLE ${WEB_USER} RESET ALL`).catch(() => {})
       await admin.end()
       await rm(dir, { recursive: true, force: true })
