@@ -3,6 +3,7 @@
 import { Client, httpSql } from '/dist/index.mjs'
 import { recorder } from './record.js'
 import { flightsOf, renderRuns } from './waterfall.js'
+import { live } from './live.js'
 
 const { connection } = await (await fetch('/config.json')).json()
 const { host, port, user, password, database } = connection
@@ -53,6 +54,7 @@ const KEEP = 6
 let nextId = 1
 
 $('#connection').textContent = connectionString
+live({ connection: { host, port, user, password, database }, wsProxy: () => netUrl(0, 'v2') })
 
 async function run(transport) {
   const text = $('#sql').value

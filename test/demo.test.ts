@@ -294,6 +294,17 @@ test("a Postgres error is shown with its SQLSTATE, and the waterfall still draws
   assert.ok(r.flights.some((f) => names(f).has('ErrorResponse')), `the flight back should hold the ErrorResponse: ${JSON.stringify(r.flights)}`)
 })
 
+test('live notifications: the page LISTENs, and a NOTIFY run in the console arrives in its list', async () => {
+  await page.fill('#channel', 'orders')
+  await page.click('#listen')
+  await page.waitForSelector('#live[data-listening="orders"]', { timeout: 15_000 })
+  const r = await runQuery("NOTIFY orders, 'order 42 shipped'", 'ws')
+  assert.equal(r.state, 'done', `the NOTIFY failed: ${r.error}`)
+  await page.waitForFunction(() => document.querySelector('#notifications li.notification'), undefined, { timeout: 15_000 })
+  const first = await page.evaluate(() => Array.from(document.querySelectorAll('#notifications li.notification:first-child span'), (s) => [s.className, s.textContent]))
+  same(first.filter(([c]) => c === 'channel' || c === 'payload'), [['channel', 'orders'], ['payload', 'order 42 shipped']], 'the notification shown')
+})
+
 test('signed-in users: no database password in the page; each sees their own orders by token, over a WebSocket and over HTTP', async () => {
   const context = await browser!.newContext()
   const p = await context.newPage()
