@@ -12,6 +12,8 @@ import { WebSocket } from 'ws'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { Client } from '../src/index'
 import { startChildProxy } from '../test/support/child-proxy'
+import { offeredLogin } from '../test/support/raw-session'
+import { backendReader, queryMessage, TERMINATE } from '../test/support/protocol'
 import { PASSWORD } from '../test/support/stack'
 import { ms, percentile, printTable, type Row, type Section } from './lib'
 
@@ -110,13 +112,50 @@ const FAN_SECONDS = 5
 const LOSS_SECONDS = Number(process.env.EDGEPG_BENCH_LISTEN_SECONDS ?? 50)
 const ONE_CHANNEL_DELIVERIES = 20_000
 
-type Notice = { code?: string }
-type Session = Client & { got: Map<string, number>; notices: Notice[] }
+/**
+ * A lean listening session: a bare WebSocket that logs in in the upgrade as an edgepg Client does
+ * (its subprotocols), sends simple Queries, and reads NotificationResponses and notices, nothing
+ * more: so that 10,000 of them in this process measure the proxy, not pg's parser.
+ */
+class Lean {
+  private readonly readies: (() => void)[] = []
+  notices: string[] = []
+  onNotification?: (payload: string) => void
+
+  private constructor(private readonly ws: WebSocket) {
+    const read = backendReader((type, body) => {
+      if (type === 'A') this.onNotification?.(body.toString('utf8', body.indexOf(0, 4) + 1, body.length - 1))
+      else if (type === 'N') this.notices.push(/\0C([^\0]*)\0/.exec(body.toString('latin1'))?.[1] ?? '')
+      else if (type === 'Z') this.readies.shift()?.()
+    })
+    ws.on('message', (data, binary) => binary && read(data as Buffer))
+    ws.on('error', () => {})
+  }
+
+  static async open(url: string, protocols: string[]): Promise<Lean> {
+    const lean = new Lean(new WebSocket(url, protocols))
+    const ready = new Promise<void>((resolve) => lean.readies.push(resolve)) // (the login's)
+    await new Promise((resolve, reject) => lean.ws.once('open', resolve).once('error', reject))
+    await ready
+    return lean
+  }
+
+  query(sql: string): Promise<void> {
+    const done = new Promise<void>((resolve) => this.readies.push(resolve))
+    this.ws.send(queryMessage(sql))
+    return done
+  }
+
+  end() {
+    this.ws.send(TERMINATE)
+    this.ws.close()
+  }
+}
 
 /**
- * `n` WebSocket sessions through a transaction-mode proxy: first PER_CHANNEL to a channel with the
- * writers at FAN_RATE, then all on one channel at ONE_CHANNEL_DELIVERIES / n NOTIFYs a second; then the
- * listening backend is killed.
+ * `n` lean WebSocket sessions through a transaction-mode proxy: first PER_CHANNEL to a channel with
+ * the writers at FAN_RATE, then all on one channel at ONE_CHANNEL_DELIVERIES / n NOTIFYs a second;
+ * then the listening backend is killed.
  */
 async function fanOut(n: number, target: { host: string; port: number; database: string }, admin: pg.Client, writer: pg.ClientConfig): Promise<Row[]> {
   const { host, port, database } = target
@@ -125,28 +164,18 @@ async function fanOut(n: number, target: { host: string; port: number; database:
   const rows: Row[] = []
   const at = `${n.toLocaleString()} listeners`
   try {
+    const config = { host, port, database, user: 'scram_user', password: PASSWORD, application_name: app, wsProxy: () => p.url }
+    const protocols = await offeredLogin((extra) => ((c) => c.connect().then(() => c))(new Client({ ...config, webSocketConstructor: WebSocket as any, ...extra } as any)))
     const before = p.rss()
-    const sessions: Session[] = []
-    for (let i = 0; i < n; i += 250) {
-      const batch = await Promise.all(
-        Array.from({ length: Math.min(250, n - i) }, async () => {
-          const c = new Client({ host, port, database, user: 'scram_user', password: PASSWORD, application_name: app, webSocketConstructor: WebSocket as any, wsProxy: () => p.url } as any) as Session
-          c.got = new Map()
-          c.notices = []
-          c.on('notice', (m: Notice) => c.notices.push(m))
-          await c.connect()
-          return c
-        })
-      )
-      sessions.push(...batch)
-    }
+    const sessions: Lean[] = []
+    for (let i = 0; i < n; i += 250) sessions.push(...(await Promise.all(Array.from({ length: Math.min(250, n - i) }, () => Lean.open(p.url, protocols)))))
     const channels = n / PER_CHANNEL
     await Promise.all(sessions.map((c, i) => c.query(`LISTEN bench_${i % channels}`)))
     await sleep(500)
     const rssPer = (p.rss() - before) / n
     const held = await admin.query("SELECT count(*) FILTER (WHERE application_name = $1)::int AS pool, count(*) FILTER (WHERE application_name = 'edgepg-proxy listener: ' || $1)::int AS listening FROM pg_stat_activity", [app])
     rows.push(
-      { metric: `transaction mode, ${at}: Postgres backends held (listening + pool)`, edgepg: `${held.rows[0].listening} + ${held.rows[0].pool}`, baseline: '' },
+      { metric: `transaction mode, ${at}: Postgres backends for listening (and idle in the pool)`, edgepg: `${held.rows[0].listening} (${held.rows[0].pool})`, baseline: '' },
       { metric: `transaction mode, ${at}: proxy RSS per idle listener`, edgepg: `${(rssPer / 1024).toFixed(1)} KiB`, baseline: '' }
     )
     const seconds = n >= 10_000 ? LOSS_SECONDS : FAN_SECONDS
@@ -157,8 +186,7 @@ async function fanOut(n: number, target: { host: string; port: number; database:
       { metric: `transaction mode, ${at}: of ${many.sent.toLocaleString()} NOTIFYs, deliveries lost / duplicated`, edgepg: `${many.lost} / ${many.duplicated}`, baseline: '' }
     )
     await Promise.all(sessions.map((c) => c.query('UNLISTEN *; LISTEN bench_all')))
-    const rate = ONE_CHANNEL_DELIVERIES / n
-    const one = await deliver(sessions, writer, () => 'bench_all', rate, FAN_SECONDS, n)
+    const one = await deliver(sessions, writer, () => 'bench_all', ONE_CHANNEL_DELIVERIES / n, FAN_SECONDS, n)
     rows.push(
       { metric: `transaction mode, ${at}, one channel, ${ONE_CHANNEL_DELIVERIES.toLocaleString()} deliveries/s: p50`, edgepg: ms(one.p50), baseline: '' },
       { metric: `transaction mode, ${at}, one channel: p99`, edgepg: ms(one.p99), baseline: '' }
@@ -169,7 +197,7 @@ async function fanOut(n: number, target: { host: string; port: number; database:
     const told = await allHave(sessions, '08006', killed)
     const again = await allHave(sessions, '00000', killed)
     rows.push({ metric: `transaction mode, ${at}: listener killed → every session told / listening again`, edgepg: `${ms(told)} / ${ms(again)}`, baseline: '' })
-    await Promise.all(sessions.map((c) => c.end()))
+    for (const c of sessions) c.end()
   } finally {
     await p.stop()
   }
@@ -177,28 +205,26 @@ async function fanOut(n: number, target: { host: string; port: number; database:
 }
 
 /** Until every session has a notice with `code`: the time from `since` (Infinity if some never do, within 10 s). */
-async function allHave(sessions: Session[], code: string, since: number): Promise<number> {
+async function allHave(sessions: Lean[], code: string, since: number): Promise<number> {
   for (let waited = 0; waited < 10_000; waited += 2) {
-    if (sessions.every((c) => c.notices.some((m) => m.code === code))) return performance.now() - since
+    if (sessions.every((c) => c.notices.includes(code))) return performance.now() - since
     await sleep(2)
   }
   return Infinity
 }
 
 /** WRITERS writers at `rate` NOTIFYs a second for `seconds`, on `channel(i)` for the i-th: delays, and each session's count against what its channels were sent. */
-async function deliver(sessions: Session[], writer: pg.ClientConfig, channel: (i: number) => string, rate: number, seconds: number, perChannel: number) {
+async function deliver(sessions: Lean[], writer: pg.ClientConfig, channel: (i: number) => string, rate: number, seconds: number, perChannel: number) {
   const delays: number[] = []
   const seen = sessions.map(() => new Set<string>())
   let duplicated = 0
-  const handlers = sessions.map((c, k) => {
-    const f = (msg: { payload?: string }) => {
-      const [id, stamp] = msg.payload!.split(' ')
+  sessions.forEach((c, k) => {
+    c.onNotification = (payload) => {
+      const [id, stamp] = payload.split(' ')
       if (seen[k].has(id)) duplicated++
       seen[k].add(id)
       delays.push(performance.now() - Number(stamp))
     }
-    c.on('notification', f)
-    return f
   })
   const clients = await Promise.all(
     Array.from({ length: WRITERS }, async () => {
@@ -213,14 +239,13 @@ async function deliver(sessions: Session[], writer: pg.ClientConfig, channel: (i
     clients.map(async (w, k) => {
       for (let i = k; i < sends; i += WRITERS) {
         await w.query('SELECT pg_notify($1, $2)', [channel(i), `${i} ${performance.now()}`])
-        const due = start + ((i + WRITERS) / rate) * 1000
-        await sleep(Math.max(0, due - performance.now()))
+        await sleep(Math.max(0, start + ((i + WRITERS) / rate) * 1000 - performance.now()))
       }
     })
   )
   const expected = sends * perChannel
   for (let waited = 0; delays.length < expected && waited < 10_000; waited += 50) await sleep(50)
   await Promise.all(clients.map((w) => w.end()))
-  sessions.forEach((c, k) => c.off('notification', handlers[k]))
+  for (const c of sessions) c.onNotification = undefined
   return { sent: sends, lost: expected - (delays.length - duplicated), duplicated, p50: percentile(delays, 50), p99: percentile(delays, 99) }
 }

@@ -41,7 +41,7 @@ const TABLE = {
   maxLoginsPerIp: { group: 'limits', flag: 'max-logins-per-ip', arg: 'n', kind: 'count', default: '8', help: 'logins waiting on Postgres at once from one client address; more wait their turn' },
   maxCancelsPerIp: { group: 'limits', flag: 'max-cancels-per-ip', arg: 'n', kind: 'count', default: '20', help: 'CancelRequests a second from one client address; more are dropped' },
   handshakeTimeout: { group: 'limits', flag: 'handshake-timeout', arg: 'duration', kind: 'ms', default: '10s', help: 'time a client has from connecting to finishing its Postgres startup' },
-  idleTimeout: { group: 'limits', flag: 'idle-timeout', arg: 'duration', kind: 'ms', default: '15m', help: 'close a session with no traffic either way for this long (0: never)' },
+  idleTimeout: { group: 'limits', flag: 'idle-timeout', arg: 'duration', kind: 'ms', default: '15m', help: 'close a session with no traffic either way for this long (0: never); a session that LISTENs through the proxy waits as long as it likes' },
   maxMessageBytes: { group: 'limits', flag: 'max-message-bytes', arg: 'size', kind: 'bytes', default: '64MiB', help: 'largest WebSocket message accepted from a logged-in client (before login: 64 KiB)' },
   maxClientBuffer: { group: 'limits', flag: 'max-client-buffer', arg: 'size', kind: 'bytes', default: '256MiB', help: "bytes all clients' unfinished messages and /sql bodies may hold; a message that does not fit is refused (1009)" },
   shutdownGrace: { group: 'limits', flag: 'shutdown-grace', arg: 'duration', kind: 'ms', default: '10s', help: 'on SIGTERM, time running sessions get to finish before close code 1001' },

@@ -294,6 +294,22 @@ async function listening(p: Awaited<ReturnType<typeof txProxy>>): Promise<number
   return (await p.metrics.registry.getSingleMetric('edgepg_proxy_listening_sessions')!.get()).values[0].value
 }
 
+test('a listening session is not idle: --idle-timeout closes the quiet session that does not listen, not the one that does', async () => {
+  const p = await txProxy(2, { idleTimeoutMs: 200 })
+  const [listening, quiet] = [await session(p.port), await session(p.port)]
+  const ended = new Promise((resolve) => quiet.once('end', resolve))
+  try {
+    await listening.query('LISTEN notify_idle')
+    await within(3000, 'the quiet session closed for idleness', ended)
+    await new Promise((r) => setTimeout(r, 600)) // (three idle timeouts more, hearing nothing)
+    await notify('notify_idle', 'still here')
+    await hears(listening, 'notify_idle', 'still here')
+  } finally {
+    await listening.end()
+    await p.close()
+  }
+})
+
 test('the proxy closes its listening backend when it closes', async () => {
   const p = await txProxy(1)
   const a = await session(p.port)

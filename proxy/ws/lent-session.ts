@@ -176,6 +176,10 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
     closeWebSocket(this.ws, code, reason)
   }
 
+  get listens(): boolean {
+    return !!this.listening?.channels.size
+  }
+
   private end(kind: OutcomeKind, outcome: string) {
     this.kind = kind
     this.outcome = outcome

@@ -373,7 +373,11 @@ export class WebSocketRoutes {
         req = head = undefined as never // (the closures made here live as long as the session: the request, its headers and head go now)
         this.upgrading.delete(socket)
         metrics.sessionOpened()
-        const idle = timer(this.o.idleTimeoutMs ?? 900_000, () => this.sessions.get(session)?.close('timeout', 1001, 'edgepg-proxy: idle timeout'))
+        const idle = timer(this.o.idleTimeoutMs ?? 900_000, () => {
+          const running = this.sessions.get(session)
+          if (running?.listens) return true // (waiting for notifications is what it is for)
+          running?.close('timeout', 1001, 'edgepg-proxy: idle timeout')
+        })
         session.once('close', () => {
           this.sessions.delete(session)
           leaveOutside()
@@ -511,11 +515,12 @@ function relogin(target: HostPort, upstreamTls: UpstreamTls | undefined, login: 
 }
 
 /**
- * Fires `ms` after the last touch (0 ms: never). Touching only records the time, so it costs
- * nothing per message; when the timer comes due early it re-arms for what is left.
+ * Fires `ms` after the last touch (0 ms: never), and again `ms` later if `fire` says to keep
+ * watching. Touching only records the time, so it costs nothing per message; when the timer comes
+ * due early it re-arms for what is left.
  */
 type Timer = { touch(): void; stop(): void }
-function timer(ms: number, fire: () => void): Timer {
+function timer(ms: number, fire: () => boolean | void): Timer {
   let handle: NodeJS.Timeout | undefined
   let last = Date.now()
   const arm = (delay: number) => {
@@ -523,7 +528,8 @@ function timer(ms: number, fire: () => void): Timer {
   }
   const check = () => {
     const left = last + ms - Date.now()
-    left > 0 ? arm(left) : fire()
+    if (left > 0) arm(left)
+    else if (fire()) (last = Date.now()), arm(ms)
   }
   arm(ms)
   return {

@@ -106,6 +106,8 @@ export function runSession(ws: WebSocket, o: SessionOptions): RunningSession {
 export interface RunningSession {
   /** The proxy ends the session (a time limit, a shutdown, an expired token): closed with `code`, the client told why (`last`: a message sent first). */
   close(kind: 'timeout' | 'shutdown' | 'token_expired', code: number, reason: string, last?: Buffer): void
+  /** It waits for notifications (LISTEN through the proxy's hub): quiet, but not idle. */
+  readonly listens?: boolean
 }
 
 class Session implements RunningSession {
