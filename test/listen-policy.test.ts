@@ -21,6 +21,11 @@ before(async () => {
   await fx.admin.query(`CREATE SEQUENCE ${SCHEMA}.calls`)
   await fx.admin.query(`CREATE FUNCTION ${SCHEMA}.may_listen(channel text) RETURNS boolean LANGUAGE sql AS $$
     SELECT nextval('${SCHEMA}.calls') > 0 AND (channel = 'news' OR channel = 'user:' || (edgepg.claims() ->> 'sub')) AND current_user = '${WEB_USER}' $$`)
+  // One that fails until a row says it may decide.
+  await fx.admin.query(`CREATE TABLE ${SCHEMA}.ready (ok boolean)`)
+  await fx.admin.query(`CREATE FUNCTION ${SCHEMA}.flaky(channel text) RETURNS boolean LANGUAGE plpgsql AS $$
+    BEGIN IF NOT EXISTS (SELECT FROM ${SCHEMA}.ready) THEN RAISE EXCEPTION 'not ready'; END IF; RETURN true; END $$`)
+  await fx.admin.query(`GRANT SELECT ON ${SCHEMA}.ready TO ${WEB_USER}`)
   await fx.admin.query(`GRANT USAGE ON SCHEMA ${SCHEMA} TO ${WEB_USER}`)
   await fx.admin.query(`GRANT USAGE ON SEQUENCE ${SCHEMA}.calls TO ${WEB_USER}`)
 })
@@ -112,6 +117,25 @@ test('without --listen-policy a token session may not LISTEN; a password session
     await eventually(() => alice.heard.length === 1, 'the password session hears')
     assert.equal(await calls(), before)
     await password.end()
+  } finally {
+    await alice.end()
+    await p.close()
+  }
+})
+
+test('a policy that fails refuses that LISTEN, and is asked again next time: no failure is kept as its decision', async () => {
+  const p = await policyProxy(`${SCHEMA}.flaky`)
+  const alice = await as(p, 'alice')
+  try {
+    await assert.rejects(alice.query('LISTEN news'), (err: Error & { code?: string }) => {
+      assert.equal(err.code, '42501')
+      assert.match(err.message, new RegExp(`permission denied to listen on "news": the listen policy "${SCHEMA}"."flaky" failed: not ready`))
+      return true
+    })
+    await fx.admin.query(`INSERT INTO ${SCHEMA}.ready VALUES (true)`)
+    await alice.query('LISTEN news')
+    await notify('news', 'now')
+    await eventually(() => alice.heard.length === 1, 'heard')
   } finally {
     await alice.end()
     await p.close()

@@ -136,7 +136,8 @@ export function found(rows: string[]): Found | undefined {
  * its settings, then its role, by pg_catalog.set_config, names and values passed as one JSON
  * parameter (nothing read as SQL); then its SQL prepared statements, each by the PREPARE that made
  * it; then a LISTEN for each channel it listens on (proxy/notify/), so that pg_listening_channels()
- * answers for the session wherever it runs (notifications come to it from the hub, not from there). In a transaction block of its own, as extended messages: what Postgres refuses makes it skip
+ * answers for the session wherever it runs (notifications come to it from the hub, not from there).
+ * In a transaction block of its own, as extended messages: what Postgres refuses makes it skip
  * the rest of the group, the session's messages with it, which then go to another backend; and the
  * block's COMMIT leaves no transaction open under what follows (a statement outside a block would
  * leave the implicit one of extended messages open through the session's). Each part answers with

@@ -27,7 +27,7 @@ export class PolicyChecks {
 
   constructor(private readonly login: () => Promise<Upstream>) {}
 
-  /** True, or why not: the function's false (or NULL), or Postgres's error. */
+  /** True, or why not (the function said false, or NULL); rejects when it could not say (Postgres's error, a lost connection). */
   ask(fn: string, claims: string, channel: string): Promise<true | string> {
     clearTimeout(this.quiet)
     this.asked++
@@ -46,8 +46,8 @@ export class PolicyChecks {
     await setClaims(upstream, claims)
     const call = Buffer.concat([serialize.parse({ text: `SELECT ${fn}($1::pg_catalog.text)::pg_catalog.bool` }), serialize.bind({ values: [channel] }), serialize.execute({}), serialize.sync()])
     const answer = await exchange(upstream, call)
-    if (!answer) throw new Error('the connection to Postgres closed')
-    if (answer.error) return `permission denied to listen on "${channel}": the listen policy ${fn} failed: ${answer.error.message}`
+    if (!answer) throw new Error(`the listen policy ${fn} could not be asked: the connection to Postgres closed`)
+    if (answer.error) throw new Error(`the listen policy ${fn} failed: ${answer.error.message}`)
     return answer.first === 't' || `permission denied to listen on "${channel}": the listen policy ${fn} does not allow it for this token`
   }
 

@@ -84,11 +84,18 @@ export class SessionListening implements Subscriber {
     return refusals
   }
 
+  /** The policy's decision, kept for the session; a policy that could not decide refuses this once. */
   private async allowed(channel: string): Promise<true | string> {
     if (!this.policy) return true
-    let decision = this.decided.get(channel)
-    if (decision === undefined) this.decided.set(channel, (decision = await this.policy(channel).catch((err: Error) => `the listen policy failed: ${err.message}`)))
-    return decision
+    const known = this.decided.get(channel)
+    if (known !== undefined) return known
+    try {
+      const decision = await this.policy(channel)
+      this.decided.set(channel, decision)
+      return decision
+    } catch (err) {
+      return `permission denied to listen on "${channel}": ${(err as Error).message}`
+    }
   }
 
   /**
