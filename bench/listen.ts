@@ -118,15 +118,18 @@ const ONE_CHANNEL_DELIVERIES = 20_000
  * more: so that 10,000 of them in this process measure the proxy, not pg's parser.
  */
 class Lean {
-  private readonly readies: (() => void)[] = []
+  private readonly readies: ((error?: string) => void)[] = []
+  /** The SQLSTATE of the error the query under way got, if any. */
+  private error?: string
   notices: string[] = []
   onNotification?: (payload: string) => void
 
   private constructor(private readonly ws: WebSocket) {
     const read = backendReader((type, body) => {
       if (type === 'A') this.onNotification?.(body.toString('utf8', body.indexOf(0, 4) + 1, body.length - 1))
-      else if (type === 'N') this.notices.push(/\0C([^\0]*)\0/.exec(body.toString('latin1'))?.[1] ?? '')
-      else if (type === 'Z') this.readies.shift()?.()
+      else if (type === 'N') this.notices.push(code(body))
+      else if (type === 'E') this.error ??= code(body)
+      else if (type === 'Z') this.readies.shift()?.(this.error), (this.error = undefined)
     })
     ws.on('message', (data, binary) => binary && read(data as Buffer))
     ws.on('error', () => {})
@@ -134,14 +137,15 @@ class Lean {
 
   static async open(url: string, protocols: string[]): Promise<Lean> {
     const lean = new Lean(new WebSocket(url, protocols))
-    const ready = new Promise<void>((resolve) => lean.readies.push(resolve)) // (the login's)
+    const ready = new Promise<void>((resolve) => lean.readies.push(() => resolve())) // (the login's)
     await new Promise((resolve, reject) => lean.ws.once('open', resolve).once('error', reject))
     await ready
     return lean
   }
 
+  /** Rejects with the SQLSTATE of Postgres's error, if any. */
   query(sql: string): Promise<void> {
-    const done = new Promise<void>((resolve) => this.readies.push(resolve))
+    const done = new Promise<void>((resolve, reject) => this.readies.push((error) => (error ? reject(new Error(`${sql}: ${error}`)) : resolve())))
     this.ws.send(queryMessage(sql))
     return done
   }
@@ -150,6 +154,14 @@ class Lean {
     this.ws.send(TERMINATE)
     this.ws.close()
   }
+}
+
+/** A notice's or error's SQLSTATE. */
+const code = (body: Buffer) => /\0C([^\0]*)\0/.exec(body.toString('latin1'))?.[1] ?? ''
+
+/** Each session's `sql`, 500 sessions at a time (the pool's backends take them in turn). */
+async function inTurn(sessions: Lean[], sql: (i: number) => string) {
+  for (let i = 0; i < sessions.length; i += 500) await Promise.all(sessions.slice(i, i + 500).map((c, k) => c.query(sql(i + k))))
 }
 
 /**
@@ -170,7 +182,7 @@ async function fanOut(n: number, target: { host: string; port: number; database:
     const sessions: Lean[] = []
     for (let i = 0; i < n; i += 250) sessions.push(...(await Promise.all(Array.from({ length: Math.min(250, n - i) }, () => Lean.open(p.url, protocols)))))
     const channels = n / PER_CHANNEL
-    await Promise.all(sessions.map((c, i) => c.query(`LISTEN bench_${i % channels}`)))
+    await inTurn(sessions, (i) => `LISTEN bench_${i % channels}`)
     await sleep(500)
     const rssPer = (p.rss() - before) / n
     const held = await admin.query("SELECT count(*) FILTER (WHERE application_name = $1)::int AS pool, count(*) FILTER (WHERE application_name = 'edgepg-proxy listener: ' || $1)::int AS listening FROM pg_stat_activity", [app])
@@ -185,7 +197,7 @@ async function fanOut(n: number, target: { host: string; port: number; database:
       { metric: `transaction mode, ${at}, ${channels} channels: p99`, edgepg: ms(many.p99), baseline: '' },
       { metric: `transaction mode, ${at}: of ${many.sent.toLocaleString()} NOTIFYs, deliveries lost / duplicated`, edgepg: `${many.lost} / ${many.duplicated}`, baseline: '' }
     )
-    await Promise.all(sessions.map((c) => c.query('UNLISTEN *; LISTEN bench_all')))
+    await inTurn(sessions, () => 'UNLISTEN *; LISTEN bench_all')
     const one = await deliver(sessions, writer, () => 'bench_all', ONE_CHANNEL_DELIVERIES / n, FAN_SECONDS, n)
     rows.push(
       { metric: `transaction mode, ${at}, one channel, ${ONE_CHANNEL_DELIVERIES.toLocaleString()} deliveries/s: p50`, edgepg: ms(one.p50), baseline: '' },
