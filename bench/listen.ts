@@ -11,7 +11,7 @@ import pg from 'pg'
 import { WebSocket } from 'ws'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { Client } from '../src/index'
-import { startChildProxy } from '../test/support/child-proxy'
+import { startChildProxy, startGcProxy } from '../test/support/child-proxy'
 import { offeredLogin } from '../test/support/raw-session'
 import { backendReader, queryMessage, TERMINATE } from '../test/support/protocol'
 import { PASSWORD } from '../test/support/stack'
@@ -111,6 +111,8 @@ const FAN_SECONDS = 5
 /** At 10,000 listeners the first workload runs this long: 100,000 NOTIFYs, each listener's counted. */
 const LOSS_SECONDS = Number(process.env.EDGEPG_BENCH_LISTEN_SECONDS ?? 50)
 const ONE_CHANNEL_DELIVERIES = 20_000
+/** Listeners opened before the proxy's memory is first measured. */
+const WARM = 200
 
 /**
  * A lean listening session: a bare WebSocket that logs in in the upgrade as an edgepg Client does
@@ -172,23 +174,31 @@ async function inTurn(sessions: Lean[], sql: (i: number) => string) {
 async function fanOut(n: number, target: { host: string; port: number; database: string }, admin: pg.Client, writer: pg.ClientConfig): Promise<Row[]> {
   const { host, port, database } = target
   const app = `${APP}-tx`
-  const p = await startChildProxy(`${host}:${port}`, { built: true, flags: ['--pool-mode', 'transaction', '--max-sessions', '100000', '--max-sessions-per-ip', '100000', '--max-logins-per-ip', '100000', '--shutdown-grace', '0'] })
+  const flags = ['--pool-mode', 'transaction', '--max-sessions', '100000', '--max-sessions-per-ip', '100000', '--max-logins-per-ip', '100000', '--shutdown-grace', '0']
+  const p = await startGcProxy(`${host}:${port}`, flags, undefined, true)
   const rows: Row[] = []
   const at = `${n.toLocaleString()} listeners`
   try {
     const config = { host, port, database, user: 'scram_user', password: PASSWORD, application_name: app, wsProxy: () => p.url }
     const protocols = await offeredLogin((extra) => ((c) => c.connect().then(() => c))(new Client({ ...config, webSocketConstructor: WebSocket as any, ...extra } as any)))
-    const before = p.rss()
-    const sessions: Lean[] = []
-    for (let i = 0; i < n; i += 250) sessions.push(...(await Promise.all(Array.from({ length: Math.min(250, n - i) }, () => Lean.open(p.url, protocols)))))
     const channels = n / PER_CHANNEL
-    await inTurn(sessions, (i) => `LISTEN bench_${i % channels}`)
+    const sessions: Lean[] = []
+    const open = async (upTo: number) => {
+      const from = sessions.length
+      for (let i = from; i < upTo; i += 250) sessions.push(...(await Promise.all(Array.from({ length: Math.min(250, upTo - i) }, () => Lean.open(p.url, protocols)))))
+      await inTurn(sessions.slice(from), (i) => `LISTEN bench_${(from + i) % channels}`)
+    }
+    // Per idle listener: the proxy's RSS after a full GC, from WARM listeners to n (what the first ones cost once, the heap's growth, is not theirs).
+    await open(WARM)
     await sleep(500)
-    const rssPer = (p.rss() - before) / n
+    const before = (await p.memoryAfterGc()).rss
+    await open(n)
+    await sleep(500)
+    const rssPer = ((await p.memoryAfterGc()).rss - before) / (n - WARM)
     const held = await admin.query("SELECT count(*) FILTER (WHERE application_name = $1)::int AS pool, count(*) FILTER (WHERE application_name = 'edgepg-proxy listener: ' || $1)::int AS listening FROM pg_stat_activity", [app])
     rows.push(
       { metric: `transaction mode, ${at}: Postgres backends for listening (and idle in the pool)`, edgepg: `${held.rows[0].listening} (${held.rows[0].pool})`, baseline: '' },
-      { metric: `transaction mode, ${at}: proxy RSS per idle listener`, edgepg: `${(rssPer / 1024).toFixed(1)} KiB`, baseline: '' }
+      { metric: `transaction mode, ${at}: proxy RSS per idle listener (after GC, past the first ${WARM})`, edgepg: `${(rssPer / 1024).toFixed(1)} KiB`, baseline: '' }
     )
     const seconds = n >= 10_000 ? LOSS_SECONDS : FAN_SECONDS
     const many = await deliver(sessions, writer, (i) => `bench_${i % channels}`, FAN_RATE, seconds, PER_CHANNEL)

@@ -42,7 +42,7 @@ export class SessionListening implements Subscriber {
   private noted = 0
   private readonly echoes: Notification[] = []
   /** Channels the policy allowed (true) or refused (why), per session. */
-  private readonly decided = new Map<string, true | string>()
+  private decided?: Map<string, true | string>
 
   /** `limit`: the bytes of notifications a session may fall behind by before it is closed (--listen-buffer). */
   constructor(private readonly hub: Hub, private readonly host: ListeningHost, private readonly limit: number, private readonly policy?: ListenPolicy) {}
@@ -51,10 +51,6 @@ export class SessionListening implements Subscriber {
     return this.hubChannels
   }
 
-  /** Its channels are a policy's to allow (a token session): whatever changes them, LISTEN or database code, goes through the hub. */
-  get guarded(): boolean {
-    return this.policy !== undefined
-  }
 
   /**
    * Postgres's account of the session's channels after a transaction (pg_listening_channels()):
@@ -87,11 +83,11 @@ export class SessionListening implements Subscriber {
   /** The policy's decision, kept for the session; a policy that could not decide refuses this once. */
   private async allowed(channel: string): Promise<true | string> {
     if (!this.policy) return true
-    const known = this.decided.get(channel)
+    const known = this.decided?.get(channel)
     if (known !== undefined) return known
     try {
       const decision = await this.policy(channel)
-      this.decided.set(channel, decision)
+      ;(this.decided ??= new Map()).set(channel, decision)
       return decision
     } catch (err) {
       return `permission denied to listen on "${channel}": ${(err as Error).message}`

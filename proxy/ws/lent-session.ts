@@ -127,8 +127,8 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
   private readonly state: SessionState
   /** Its backend changing hands, and the question after each transaction (proxy/ws/lent-handover.ts). */
   private readonly handovers: LentHandover
-  /** Its LISTEN channels, through its key's one listening backend (proxy/notify/). */
-  readonly listening?: SessionListening
+  /** Its LISTEN channels, through its key's one listening backend (proxy/notify/): made when it first may have some. */
+  private listened?: SessionListening
 
   constructor(private readonly ws: WebSocket, private readonly o: LentSessionOptions) {
     this.bytesIn = o.loginBytes
@@ -153,12 +153,6 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
     this.unfollow = o.follow(() => (this.lend && !this.parked ? this.lend.backend.key : undefined))
     this.state = new SessionState(loginReports(o.answer))
     this.handovers = new LentHandover(this, this.pin, this.state, o.statementsPerBackend)
-    const hub = o.lender.notifications
-    if (hub) {
-      const { claims, listenPolicy: fn } = o
-      const policy: ListenPolicy | undefined = claims === undefined ? undefined : fn ? (channel) => hub.checks.ask(fn, claims, channel) : noPolicy
-      this.listening = new SessionListening(hub, this.listeningHost(), o.listenBuffer ?? DEFAULT_LISTEN_BUFFER, policy)
-    }
     this.reading = new SessionReading(o.lender.read, this.statements)
     this.toClient(o.answer)
     ws.on('message', this.onClientMessage)
@@ -177,7 +171,16 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
   }
 
   get listens(): boolean {
-    return !!this.listening?.channels.size
+    return !!this.listened?.channels.size
+  }
+
+  /** Its channels, made the first time a transaction may have changed them (most sessions never LISTEN). */
+  get listening(): SessionListening | undefined {
+    const hub = this.o.lender.notifications
+    if (this.listened || !hub) return this.listened
+    const { claims, listenPolicy: fn } = this.o
+    const policy: ListenPolicy | undefined = claims === undefined ? undefined : fn ? (channel) => hub.checks.ask(fn, claims, channel) : noPolicy
+    return (this.listened = new SessionListening(hub, this.listeningHost(), this.o.listenBuffer ?? DEFAULT_LISTEN_BUFFER, policy))
   }
 
   private end(kind: OutcomeKind, outcome: string) {
@@ -450,11 +453,12 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
     relay.onParameter = this.parameter
     const lend: Lend = (this.lend = { backend, lender, onReplica, delivered: 0, positionDue: 0, relay, watch: watch ?? new IdleWatch(), effects: NOTHING })
     lend.watch.framer = relay
-    const listening = this.listening
     // (A session that listens hears others' notifications from the hub; its own, from its backend. A standby refuses LISTEN.
     // Any transaction that may have changed its channels ends once they are the hub's: a token session's always, its policy decides.)
-    relay.onNotification = listening && ((msg) => (listening.channels.size ? listening.fromBackend(msg, backend.key.pid) : msg))
-    relay.holdsAtIdle = listening && !onReplica ? () => (listening.channels.size > 0 || listening.guarded) && !(lend.effects.plain && !relay.unusual) : undefined
+    const hub = this.o.lender.notifications
+    relay.onNotification = hub && ((msg) => (this.listened?.channels.size ? this.listened.fromBackend(msg, backend.key.pid) : msg))
+    const guarded = this.o.claims !== undefined
+    relay.holdsAtIdle = hub && !onReplica ? () => (guarded || !!this.listened?.channels.size) && !(lend.effects.plain && !relay.unusual) : undefined
     backend.upstream.onDrain = this.resumeClient
     backend.upstream.onClose = this.onBackendClose
     const early = backend.upstream.relay(this.fromBackend)
@@ -478,7 +482,7 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
       if (this.reads.answered(lend, visible)) return
     } else if (visible.length) this.reads.deliver(lend, visible)
     this.signalsDue.send(this.readies)
-    this.listening?.flush()
+    this.listened?.flush()
     // A parked backend speaks only to say it is going away (a FATAL): it stays with this session
     // (which ends as it closes), and no other may take it meanwhile.
     if (this.parked && lend.watch.last === ServerMessage.ErrorResponse) return lend.lender.unpark(lend.backend), void (this.parked = false)
@@ -537,7 +541,7 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
   release(lend: Lend, first?: Buffer) {
     const held = lend.relay.releaseOut()
     if (!this.ended) this.deliver(lend, first ? Buffer.concat([first, held]) : held)
-    this.listening?.flush()
+    this.listened?.flush()
   }
 
   private listeningHost(): ListeningHost {
@@ -637,7 +641,7 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
     this.waiting = []
     this.leaveLine?.(new Error('the session ended'))
     this.unfollow()
-    this.listening?.end()
+    this.listened?.end()
     const lend = this.lend
     if (!lend) return
     this.detach(lend)

@@ -146,12 +146,13 @@ export interface GcProxy extends ChildProxy {
  * A proxy child whose memory can be measured after a full GC, without changing the proxy: it runs
  * with --expose-gc and a preload (a data: URL) that answers SIGUSR2.
  */
-export async function startGcProxy(upstream: string, flags: string[], env?: Record<string, string>): Promise<GcProxy> {
+export async function startGcProxy(upstream: string, flags: string[], env?: Record<string, string>, built?: boolean): Promise<GcProxy> {
   const gcWaiters: Array<(m: MemoryUsage) => void> = []
   const proxy = await startChildProxy(upstream, {
     nodeArgs: ['--expose-gc', '--import', GC_PRELOAD],
     flags,
     env,
+    built,
     onStderrLine(line) {
       if (!line.startsWith('{"memoryAfterGc"')) return false
       gcWaiters.shift()?.(JSON.parse(line).memoryAfterGc)
