@@ -5,7 +5,8 @@
  * (proxy/pool/session-state.ts); Postgres's answer decides what follows (a refused reset: the
  * messages go elsewhere; its state refused twice: the session ends). After a transaction that did
  * more than plain reads and writes, the backend is asked what is left, and the session keeps it
- * (proxy/pool/pin.ts) while anything is that cannot move.
+ * (proxy/pool/pin.ts) while anything is that cannot move; where the transaction may have changed
+ * its LISTEN channels, the client's last ReadyForQuery waits until they are the hub's (proxy/notify/).
  */
 import type { Backend } from '../pool/backends'
 import type { Ending } from '../pool/idle-watch'
@@ -14,14 +15,13 @@ import type { SessionPin } from '../pool/pin'
 import { statementsOn, type Own } from '../pool/prepared'
 import type { SessionState } from '../pool/session-state'
 import { NOTHING } from '../isolation/reader'
-import { found, handoverReset, HANDOVER_ENDS, type Carried, type Found } from '../isolation/verify'
+import { found, handoverReset, HANDOVER_ENDS, quoted, type Carried, type Found } from '../isolation/verify'
 import { REPLICA_CLAIMS_ENDS } from '../auth/claims'
 import { EMPTY } from '../wire/bytes'
 import { TxStatus } from '../wire/codes'
 import type { OutcomeKind } from './session'
 import type { Lend } from './lend'
 import type { Refusals, SessionListening } from '../notify/session-listening'
-import { quoted } from '../isolation/verify'
 import { errorResponse } from '../wire/startup'
 import { serialize } from 'pg-protocol'
 
@@ -143,8 +143,9 @@ export class LentHandover {
 
   /**
    * Asks the backend what the transaction left, in messages of the proxy's own behind the client's
-   * answer (no round trip of its own). The session keeps the backend meanwhile; the transaction is
-   * then decided on the answer (or, if the session has begun another, with it).
+   * answer (no round trip of its own; but where the relay holds that answer back, its channels are
+   * registered with the hub first, then it goes). The session keeps the backend meanwhile; the
+   * transaction is then decided on the answer (or, if the session has begun another, with it).
    */
   private question(lend: Lend): Own {
     const { host, pin } = this
@@ -154,13 +155,16 @@ export class LentHandover {
       const f = status === TxStatus.Idle ? found(rows) : undefined
       if (!lend.relay.heldOut || !host.listening) return this.decide(lend, f, false)
       // The transaction's end waits for its channels: registered, the client hears of it.
-      host.listening.update(f?.channels ?? [...host.listening.channels]).then((refusals) => {
-        this.state.listenOn([...host.listening!.channels])
-        if (!refusals.length || host.lend !== lend) return host.release(lend), this.decide(lend, f, true)
-        // (Refused ones are the session's no more, on its backend either.)
-        const unlisten = serialize.query(refusals.map((r) => `UNLISTEN ${quoted(r.channel)}`).join('; '))
-        lend.relay.ownQuery({ query: unlisten, ready: () => (host.release(lend, refused(refusals)), this.decide(lend, f, true)) })
-      })
+      host.listening
+        .update(f?.channels ?? [...host.listening.channels])
+        .then((refusals) => {
+          this.state.listenOn([...host.listening!.channels])
+          if (!refusals.length || host.lend !== lend) return host.release(lend), this.decide(lend, f, true)
+          // (Refused ones are the session's no more, on its backend either.)
+          const unlisten = serialize.query(refusals.map((r) => `UNLISTEN ${quoted(r.channel)}`).join('; '))
+          lend.relay.ownQuery({ query: unlisten, ready: () => (host.release(lend, refused(refusals)), this.decide(lend, f, true)) })
+        })
+        .catch((err: Error) => host.evict('upstream_error', 'XX000', `edgepg-proxy: the session's LISTEN channels could not be registered: ${err.message}`))
     }
     return { query: host.lender.verification, onRow: (value) => rows.push(value), ready }
   }

@@ -547,17 +547,17 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
   private listeningHost(): ListeningHost {
     const session = this
     return {
-      pid: this.o.pid,
+      pid: session.o.pid,
       idle: () => {
         const lend = session.lend
         return !lend || session.parked || (lend.watch.pending === 0 && lend.watch.status === TxStatus.Idle && !lend.relay.heldOut)
       },
-      toClient: (bytes) => this.toClient(bytes),
+      toClient: (bytes) => session.toClient(bytes),
       get unsent() {
         return session.ws.bufferedAmount
       },
       // (Behind what it has yet to read: a slow client is given time to reach why.)
-      evict: (code, message) => this.evict('over_budget', code, message, SLOW_READER_GRACE_MS),
+      evict: (code, message) => session.evict('over_budget', code, message, SLOW_READER_GRACE_MS),
     }
   }
 
