@@ -7,8 +7,9 @@ import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import pg from 'pg'
 import { Client } from '../src/index'
-import { startProxy, edgeClient, eventually, within, scratchTable } from './support/helpers'
-import { pgConfig } from './support/stack'
+import { startProxy, edgeClient, edgeConfig, eventually, within, scratchTable } from './support/helpers'
+import { PASSWORD } from './support/stack'
+import { superuserUrl } from './support/tokens'
 import { RawSession, offeredLogin, errorCode } from './support/raw-session'
 import { queryMessage } from './support/protocol'
 
@@ -310,6 +311,35 @@ test('a listening session is not idle: --idle-timeout closes the quiet session t
   }
 })
 
+test("a listening backend Postgres refuses (the role's connection limit): the LISTEN fails with Postgres's reason, the session goes on, and listens once it may", async () => {
+  const role = `notify_limited_${process.pid}`
+  const admin = new pg.Client(superuserUrl())
+  await admin.connect()
+  await admin.query(`CREATE ROLE ${role} LOGIN PASSWORD '${PASSWORD}' CONNECTION LIMIT 1`)
+  const p = await txProxy(1)
+  const c = Object.assign(new Client(edgeConfig(p.port, 'scram_user', { user: role, application_name: APP })), { heard: [] as Heard[] })
+  c.on('notification', ({ processId, channel, payload }) => c.heard.push({ processId, channel, payload }))
+  try {
+    await c.connect()
+    await assert.rejects(c.query('LISTEN notify_limited'), (err: Error & { code?: string }) => {
+      assert.equal(err.code, '53300')
+      assert.match(err.message, new RegExp(`could not listen on "notify_limited": too many connections for role "${role}"`))
+      return true
+    })
+    assert.equal((await c.query('SELECT count(*)::int AS n FROM pg_listening_channels()')).rows[0].n, 0, 'not listening, on its backend either')
+    await admin.query(`ALTER ROLE ${role} CONNECTION LIMIT 2`)
+    await c.query('LISTEN notify_limited')
+    await notify('notify_limited', 'now')
+    await hears(c, 'notify_limited', 'now')
+  } finally {
+    await c.end().catch(() => {})
+    await p.close()
+    await eventually(async () => (await admin.query('SELECT count(*)::int AS n FROM pg_stat_activity WHERE usename = $1', [role])).rows[0].n === 0, 'its backends gone')
+    await admin.query(`DROP ROLE ${role}`)
+    await admin.end()
+  }
+})
+
 test('the proxy closes its listening backend when it closes', async () => {
   const p = await txProxy(1)
   const a = await session(p.port)
@@ -319,7 +349,3 @@ test('the proxy closes its listening backend when it closes', async () => {
   await p.close()
   await eventually(async () => (await held()).listening === 0, 'no listening backend')
 })
-
-// (pg over TCP, for what the proxy is measured against.)
-void pg
-void pgConfig
