@@ -124,6 +124,7 @@ export class WebSocketRoutes {
     // Any other offered subprotocol is declined (ws would otherwise select the first one offered).
     this.wss = new WebSocketServer({
       noServer: true,
+      clientTracking: false, // (the sessions are this.sessions: no Set of ws's own, nor a close listener each)
       maxPayload: FIRST_FLIGHT_BYTES, // until the login is in (proxy/ws/budget.ts)
       perMessageDeflate: false,
       handleProtocols: (offered, req) =>
