@@ -174,6 +174,19 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
     return !!this.listened?.channels.size
   }
 
+  /** A session that listens hears others' notifications from the hub; its own, from its backend. */
+  private readonly heardOnBackend = (msg: Buffer): Buffer | false => (this.listened?.channels.size ? this.listened.fromBackend(msg, this.lend!.backend.key.pid) : msg)
+
+  /**
+   * Whether the transaction that just ended may have changed its channels, so that it ends once they
+   * are the hub's: it listens already, or is a token session's (its policy decides), and it did more
+   * than plain reads and writes. (A standby refuses LISTEN: not asked there.)
+   */
+  private readonly holdsAtIdle = (): boolean => {
+    const lend = this.lend!
+    return (this.o.claims !== undefined || !!this.listened?.channels.size) && !(lend.effects.plain && !lend.relay.unusual)
+  }
+
   /** Its channels, made the first time a transaction may have changed them (most sessions never LISTEN). */
   get listening(): SessionListening | undefined {
     const hub = this.o.lender.notifications
@@ -453,12 +466,9 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
     relay.onParameter = this.parameter
     const lend: Lend = (this.lend = { backend, lender, onReplica, delivered: 0, positionDue: 0, relay, watch: watch ?? new IdleWatch(), effects: NOTHING })
     lend.watch.framer = relay
-    // (A session that listens hears others' notifications from the hub; its own, from its backend. A standby refuses LISTEN.
-    // Any transaction that may have changed its channels ends once they are the hub's: a token session's always, its policy decides.)
     const hub = this.o.lender.notifications
-    relay.onNotification = hub && ((msg) => (this.listened?.channels.size ? this.listened.fromBackend(msg, backend.key.pid) : msg))
-    const guarded = this.o.claims !== undefined
-    relay.holdsAtIdle = hub && !onReplica ? () => (guarded || !!this.listened?.channels.size) && !(lend.effects.plain && !relay.unusual) : undefined
+    relay.onNotification = hub && this.heardOnBackend
+    relay.holdsAtIdle = hub && !onReplica ? this.holdsAtIdle : undefined
     backend.upstream.onDrain = this.resumeClient
     backend.upstream.onClose = this.onBackendClose
     const early = backend.upstream.relay(this.fromBackend)
