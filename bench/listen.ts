@@ -5,7 +5,8 @@
  * listener) beside pg over TCP (a connection each). Postgres backends held, the proxy's RSS per idle
  * listener, and the delay from a writer's NOTIFY (autocommit, stamped as it is sent) to the
  * listener's `notification` event, p50 and p99; notifications lost or duplicated; and, with the
- * listening backend killed, how long until every session is told, and listens again.
+ * listening backend killed, how long until every session is told, and listens again. All on one
+ * channel, beside the floor for a fan-out: a bare WebSocket server broadcasting to as many sessions.
  */
 import pg from 'pg'
 import { WebSocket } from 'ws'
@@ -15,6 +16,7 @@ import { startChildProxy, startGcProxy } from '../test/support/child-proxy'
 import { offeredLogin } from '../test/support/raw-session'
 import { backendReader, queryMessage, TERMINATE } from '../test/support/protocol'
 import { PASSWORD } from '../test/support/stack'
+import { startWsBroadcast } from './proxy'
 import { ms, percentile, printTable, type Row, type Section } from './lib'
 
 const APP = 'bench-listen'
@@ -55,8 +57,9 @@ export const listen: Section = {
     } finally {
       await admin.end()
     }
-    printTable(`Listening sessions through edgepg-proxy: transaction mode (one listening backend), then session mode (a backend each) beside pg; ${WRITERS} writers`, rows, 'pg (TCP)', [
-      `Transaction mode: ${FAN_RATE} NOTIFY/s on ${PER_CHANNEL} listeners a channel (${LOSS_SECONDS} s at 10,000: the loss count), then ${ONE_CHANNEL_DELIVERIES.toLocaleString()} deliveries/s to all on one channel. Session mode: ${RATE} NOTIFY/s; it stops at Postgres max_connections.`,
+    printTable(`Listening sessions through edgepg-proxy: transaction mode (one listening backend), then session mode (a backend each) beside pg; ${WRITERS} writers`, rows, 'floor / pg (TCP)', [
+      `Transaction mode: ${FAN_RATE} NOTIFY/s on ${PER_CHANNEL} listeners a channel (${LOSS_SECONDS} s at 10,000: the loss count), then ${ONE_CHANNEL_DELIVERIES.toLocaleString()} deliveries/s to all on one channel,`,
+      `beside the floor: a bare ws server (bench/ws-broadcast.ts) sending each notification to as many lean sessions. Session mode: ${RATE} NOTIFY/s beside pg over TCP; it stops at Postgres max_connections.`,
     ])
     return rows
   },
@@ -178,9 +181,11 @@ async function fanOut(n: number, target: { host: string; port: number; database:
   const p = await startGcProxy(`${host}:${port}`, flags, undefined, true)
   const rows: Row[] = []
   const at = `${n.toLocaleString()} listeners`
+  let one: Awaited<ReturnType<typeof deliver>> | undefined
+  let protocols: string[] = []
   try {
     const config = { host, port, database, user: 'scram_user', password: PASSWORD, application_name: app, wsProxy: () => p.url }
-    const protocols = await offeredLogin((extra) => ((c) => c.connect().then(() => c))(new Client({ ...config, webSocketConstructor: WebSocket as any, ...extra } as any)))
+    protocols = await offeredLogin((extra) => ((c) => c.connect().then(() => c))(new Client({ ...config, webSocketConstructor: WebSocket as any, ...extra } as any)))
     const channels = n / PER_CHANNEL
     const sessions: Lean[] = []
     const open = async (upTo: number) => {
@@ -208,11 +213,7 @@ async function fanOut(n: number, target: { host: string; port: number; database:
       { metric: `transaction mode, ${at}: of ${many.sent.toLocaleString()} NOTIFYs, deliveries lost / duplicated`, edgepg: `${many.lost} / ${many.duplicated}`, baseline: '' }
     )
     await inTurn(sessions, () => 'UNLISTEN *; LISTEN bench_all')
-    const one = await deliver(sessions, writer, () => 'bench_all', ONE_CHANNEL_DELIVERIES / n, FAN_SECONDS, n)
-    rows.push(
-      { metric: `transaction mode, ${at}, one channel, ${ONE_CHANNEL_DELIVERIES.toLocaleString()} deliveries/s: p50`, edgepg: ms(one.p50), baseline: '' },
-      { metric: `transaction mode, ${at}, one channel: p99`, edgepg: ms(one.p99), baseline: '' }
-    )
+    one = await deliver(sessions, writer, () => 'bench_all', ONE_CHANNEL_DELIVERIES / n, FAN_SECONDS, n)
     // The listening backend killed: how long until every session is told, and until it listens again.
     const killed = performance.now()
     await admin.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'edgepg-proxy listener: ' || $1", [app])
@@ -223,7 +224,29 @@ async function fanOut(n: number, target: { host: string; port: number; database:
   } finally {
     await p.stop()
   }
+  const floor = await broadcastFloor(n, protocols)
+  rows.splice(
+    -1,
+    0,
+    { metric: `transaction mode, ${at}, one channel, ${ONE_CHANNEL_DELIVERIES.toLocaleString()} deliveries/s: p50`, edgepg: ms(one!.p50), baseline: ms(floor.p50), ratio: one!.p50 / floor.p50 },
+    { metric: `transaction mode, ${at}, one channel: p99`, edgepg: ms(one!.p99), baseline: ms(floor.p99), ratio: one!.p99 / floor.p99 }
+  )
   return rows
+}
+
+/** The same one-channel workload from a bare WebSocket server that broadcasts (bench/ws-broadcast.ts) to `n` lean sessions. */
+async function broadcastFloor(n: number, protocols: string[]) {
+  const server = await startWsBroadcast()
+  const url = `ws://127.0.0.1:${server.port}`
+  const all: Lean[] = []
+  try {
+    for (let i = 0; i < n + WRITERS; i += 250) all.push(...(await Promise.all(Array.from({ length: Math.min(250, n + WRITERS - i) }, () => Lean.open(url, protocols)))))
+    const writers = all.slice(n).map((w) => (_: number, payload: string) => w.query(`NOTIFY_ALL ${payload}`))
+    return await paced(all.slice(0, n), writers, ONE_CHANNEL_DELIVERIES / n, FAN_SECONDS, n)
+  } finally {
+    for (const c of all) c.end()
+    await server.stop()
+  }
 }
 
 /** Until every session has a notice with `code`: the time from `since` (Infinity if some never do, within 10 s). */
@@ -237,6 +260,22 @@ async function allHave(sessions: Lean[], code: string, since: number): Promise<n
 
 /** WRITERS writers at `rate` NOTIFYs a second for `seconds`, on `channel(i)` for the i-th: delays, and each session's count against what its channels were sent. */
 async function deliver(sessions: Lean[], writer: pg.ClientConfig, channel: (i: number) => string, rate: number, seconds: number, perChannel: number) {
+  const clients = await Promise.all(
+    Array.from({ length: WRITERS }, async () => {
+      const w = new pg.Client(writer)
+      await w.connect()
+      return w
+    })
+  )
+  try {
+    return await paced(sessions, clients.map((w) => (i: number, payload: string) => w.query('SELECT pg_notify($1, $2)', [channel(i), payload])), rate, seconds, perChannel)
+  } finally {
+    await Promise.all(clients.map((w) => w.end()))
+  }
+}
+
+/** `writers` sending notification `i` in turn at `rate` a second for `seconds`; what `deliver` answers. */
+async function paced(sessions: Lean[], writers: ((i: number, payload: string) => Promise<unknown>)[], rate: number, seconds: number, perChannel: number) {
   const delays: number[] = []
   const seen = sessions.map(() => new Set<string>())
   let duplicated = 0
@@ -248,26 +287,18 @@ async function deliver(sessions: Lean[], writer: pg.ClientConfig, channel: (i: n
       delays.push(performance.now() - Number(stamp))
     }
   })
-  const clients = await Promise.all(
-    Array.from({ length: WRITERS }, async () => {
-      const w = new pg.Client(writer)
-      await w.connect()
-      return w
-    })
-  )
   const sends = Math.round(rate * seconds)
   const start = performance.now()
   await Promise.all(
-    clients.map(async (w, k) => {
-      for (let i = k; i < sends; i += WRITERS) {
-        await w.query('SELECT pg_notify($1, $2)', [channel(i), `${i} ${performance.now()}`])
-        await sleep(Math.max(0, start + ((i + WRITERS) / rate) * 1000 - performance.now()))
+    writers.map(async (send, k) => {
+      for (let i = k; i < sends; i += writers.length) {
+        await send(i, `${i} ${performance.now()}`)
+        await sleep(Math.max(0, start + ((i + writers.length) / rate) * 1000 - performance.now()))
       }
     })
   )
   const expected = sends * perChannel
   for (let waited = 0; delays.length < expected && waited < 10_000; waited += 50) await sleep(50)
-  await Promise.all(clients.map((w) => w.end()))
   for (const c of sessions) c.onNotification = undefined
   return { sent: sends, lost: expected - (delays.length - duplicated), duplicated, p50: percentile(delays, 50), p99: percentile(delays, 99) }
 }

@@ -78,6 +78,11 @@ export function startWsEcho(): Promise<RunningRelay> {
   return startChild(['bench/ws-echo.ts'], 'ws echo')
 }
 
+/** A bare WebSocket server broadcasting each notification it is sent (bench/ws-broadcast.ts): the floor for fan-out. */
+export function startWsBroadcast(): Promise<RunningRelay> {
+  return startChild(['bench/ws-broadcast.ts'], 'ws broadcast')
+}
+
 /** A bare HTTP server (bench/http-floor.ts) answering every request with `body`: the floor for /sql. */
 export function startHttpFloor(body: string): Promise<RunningRelay> {
   return startChild(['bench/http-floor.ts', body], 'http floor')

@@ -20,7 +20,8 @@ export interface ListeningHost {
   readonly pid: number
   /** Nothing of the session's runs, and it is not inside a transaction: Postgres would deliver now. */
   idle(): boolean
-  toClient(bytes: Buffer): void
+  /** `shared`: the same Buffer goes to other sessions too. */
+  toClient(bytes: Buffer, shared?: boolean): void
   /** Bytes the client has still to take. */
   readonly unsent: number
   evict(code: string, message: string): void
@@ -114,7 +115,7 @@ export class SessionListening implements Subscriber {
     const echo = this.echoes.findIndex((e) => same(e, n))
     if (echo >= 0) return void this.echoes.splice(echo, 1)
     const msg = (n.bytes ??= message(0, n.channel, n.payload)) // (made once for all its listeners)
-    if (!this.notes.length && this.host.idle()) return this.send(msg)
+    if (!this.notes.length && this.host.idle()) return this.send(msg, true)
     this.notes.push({ n, msg })
     this.noted += msg.length
     this.bounded()
@@ -129,8 +130,8 @@ export class SessionListening implements Subscriber {
     this.send(msgs.length === 1 ? msgs[0] : Buffer.concat(msgs))
   }
 
-  private send(bytes: Buffer) {
-    this.host.toClient(bytes)
+  private send(bytes: Buffer, shared = false) {
+    this.host.toClient(bytes, shared)
     this.bounded()
   }
 

@@ -31,6 +31,7 @@ import { POSITION_MESSAGE, SUBPROTOCOL_POSITIONS } from '../../src/config'
 import { READY_IDLE, type Lend } from './lend'
 import { LentReads, waitsOnReplica, type ReadsHost } from './lent-reads'
 import { LentHandover, type HandoverHost } from './lent-handover'
+import { sendShared } from './shared-frames'
 import { SessionListening, type ListeningHost, type ListenPolicy } from '../notify/session-listening'
 
 export interface LentSessionOptions {
@@ -536,9 +537,10 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
   }
 
   private readonly resumeBackend = () => this.lend?.backend.upstream.resume()
-  private toClient(chunk: Buffer) {
+  private toClient(chunk: Buffer, shared = false) {
     this.o.onActivity?.()
     this.bytesOut += chunk.length
+    if (shared) return sendShared(this.ws, chunk) // (a notification: no backend of the session's to hold back)
     const congested = this.ws.bufferedAmount + chunk.length > HIGH_WATER
     this.ws.send(chunk, congested ? this.resumeBackend : undefined)
     if (congested) this.lend?.backend.upstream.pause()
@@ -562,7 +564,7 @@ class LentSession implements RunningSession, ReadsHost, HandoverHost {
         const lend = session.lend
         return !lend || session.parked || (lend.watch.pending === 0 && lend.watch.status === TxStatus.Idle && !lend.relay.heldOut)
       },
-      toClient: (bytes) => session.toClient(bytes),
+      toClient: (bytes, shared) => session.toClient(bytes, shared),
       get unsent() {
         return session.ws.bufferedAmount
       },
