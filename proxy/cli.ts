@@ -89,7 +89,7 @@ const ended = <T extends { kind?: string; status?: number }>(entry: T) => line(e
 
 const { listen, adminListen, shutdownGraceMs, readTls, workers } = config
 if (workers > 1 && cluster.isPrimary) {
-  runPrimary({ workers, log: line })
+  runPrimary({ workers, log: line, upstreamTls: config.options.upstreamTls })
 } else await serve()
 
 /** One proxy: the whole of it, or a worker of --workers n (its part of the limits the workers do not share). */

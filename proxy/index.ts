@@ -20,6 +20,7 @@ import { Cancels } from './ws/cancels'
 import { TokenLogins, type TokenLoginOptions } from './auth/token-login'
 import { ClientAddresses, isLoopback } from './listen/client-address'
 import type { ClusterLink } from './cluster/worker'
+import type { ListenerEvents } from './notify/listener'
 import { localPlaces, type PlacesOf } from './cluster/places'
 import { read } from './isolation/reader'
 import { warmUp } from './warm-up'
@@ -128,6 +129,9 @@ export interface Proxy {
 }
 
 /** A request's path: cut at the query, cheaply (requests are mostly origin-form); URL for the rest. */
+/** --workers: each key's sessions listen through the primary's one backend (proxy/cluster/listening.ts). */
+const listenThrough = (cluster?: ClusterLink) => cluster && ((key: string, events: ListenerEvents) => cluster.listening.through(key, events))
+
 function pathOf(url = '/'): string {
   if (url[0] !== '/') return new URL(url, 'http://proxy').pathname
   const query = url.indexOf('?')
@@ -150,7 +154,7 @@ export function createProxy(options: ProxyOptions): Proxy {
   // and others' sessions go first once a client holds a quarter (the share orders the line; it idles no backend).
   const places: PlacesOf = options.cluster?.places ?? localPlaces
   const shares = { perClient: options.pool?.maxPerClient ?? Math.ceil(size / 4), pinned: options.pool?.maxPinned ?? pinnedCap(size) }
-  const lenders = mode === 'transaction' && enabled ? new Lenders(pool, { size, timeoutMs, statements, lifetimeMs, reader, shares, pins: places('pinned', shares.pinned) }, metrics.lending, options.cluster?.moves) : undefined
+  const lenders = mode === 'transaction' && enabled ? new Lenders(pool, { size, timeoutMs, statements, lifetimeMs, reader, shares, pins: places('pinned', shares.pinned), listenThrough: listenThrough(options.cluster) }, metrics.lending, options.cluster?.moves) : undefined
   const tokens = options.tokens && new TokenLogins(options.tokens)
   const replicas = options.replicas?.addresses.length && lenders ? new Replicas(options.replicas, metrics.replicas) : undefined
   const addresses = new ClientAddresses(options.trustProxy ?? [])

@@ -345,6 +345,55 @@ test('--workers 2: a worker killed with SIGKILL is replaced; the sessions on the
   }
 })
 
+test('--workers 2, transaction pooling: one listening backend for the whole proxy; sessions on both workers hear each notification once, are told when it is lost, and a killed worker gives up its channels', async () => {
+  const p = await clusterProxy(['--pool-mode', 'transaction'])
+  const app = `${APP}-listen`
+  const channel = `cluster_listen_${process.pid}`
+  const admin = new pg.Client(pgConfig('trust_user'))
+  await admin.connect()
+  const listeners = async () => (await admin.query("SELECT array_agg(pid) AS pids FROM pg_stat_activity WHERE application_name = 'edgepg-proxy listener: ' || $1", [app])).rows[0].pids ?? []
+  type Heard = Client & { heard: string[]; notices: string[] }
+  const by = (await sessionsByWorker(appSession(p, app), (w) => w[0].length >= 2 && w[1].length >= 2)) as Heard[][]
+  const all = by.flat()
+  const allHear = (payload: string, who = all) => eventually(() => who.every((c) => c.heard.includes(payload)), `"${payload}" heard by all`, 5000)
+  try {
+    for (const c of all) {
+      Object.assign(c, { heard: [], notices: [] })
+      c.on('notification', (n) => c.heard.push(n.payload!))
+      c.on('notice', (n) => c.notices.push(n.code!))
+      await c.query(`LISTEN ${channel}`)
+    }
+    assert.equal((await listeners()).length, 1, 'one listening backend for both workers')
+    await admin.query('SELECT pg_notify($1, $2), pg_notify($1, $3)', [channel, 'one', 'two'])
+    await allHear('two')
+    // Lost: every session on either worker is told, and hears again, through one new backend.
+    const [lost] = await listeners()
+    await admin.query('SELECT pg_terminate_backend($1)', [lost])
+    await eventually(() => all.every((c) => c.notices.includes('08006') && c.notices.includes('00000')), 'every session told, then listening again', 5000)
+    await admin.query('SELECT pg_notify($1, $2)', [channel, 'three'])
+    await allHear('three')
+    const [again] = await listeners()
+    assert.ok(again !== undefined && again !== lost, 'a new listening backend')
+    // A worker killed: the sessions on the other hear on; once they end, nothing of the dead one's is listened for.
+    const pids = listening(p)
+    const victim = ownerOf(p.port, (by[0][0] as any).connection.stream.ws._socket.localPort, pids)
+    const survivors = all.filter((c) => ownerOf(p.port, (c as any).connection.stream.ws._socket.localPort, pids) !== victim)
+    assert.ok(survivors.length >= 2 && survivors.length < all.length, `sessions on both workers: ${survivors.length} of ${all.length} survive`)
+    process.kill(victim!, 'SIGKILL')
+    await eventually(() => p.lines.some((l) => l.exited?.pid === victim), 'the worker gone', 15_000)
+    await admin.query('SELECT pg_notify($1, $2)', [channel, 'four'])
+    await allHear('four', survivors)
+    for (const c of all) assert.deepEqual(c.heard, survivors.includes(c) ? ['one', 'two', 'three', 'four'] : ['one', 'two', 'three'], 'each notification once, in order')
+    assert.deepEqual(await listeners(), [again], 'the same listening backend')
+    await Promise.all(survivors.map((c) => c.end()))
+    await eventually(async () => (await listeners()).length === 0, 'the listening backend closed with the last channel', 5000)
+  } finally {
+    await Promise.all(all.map((c) => c.end().catch(() => {})))
+    await admin.end()
+    await p.stop()
+  }
+})
+
 /** Which of `pids` holds the proxy's side of the TCP connection from the client's `clientPort` (Linux /proc). */
 function ownerOf(serverPort: number, clientPort: number | undefined, pids: number[]): number | undefined {
   if (!clientPort) return undefined // (not connected yet: port 0 would name the listening socket, which every worker shares)

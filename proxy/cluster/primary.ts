@@ -3,18 +3,23 @@
  * port (node:cluster hands each connection to one), replaces one that dies, passes SIGTERM and
  * SIGHUP on to all, replaces them one at a time on SIGUSR2 (a handover), answers /metrics for the
  * whole proxy (prom-client's cluster aggregation), keeps the counts of the limits a worker has
- * filled its share of (proxy/cluster/places.ts), and passes the keys a worker logs in on to the
- * others, each keying its pool with the same secret.
+ * filled its share of (proxy/cluster/places.ts), passes the keys a worker logs in on to the
+ * others, each keying its pool with the same secret, and holds each key's one listening backend
+ * for every worker's sessions (proxy/cluster/listening.ts).
  */
 import cluster, { type Worker } from 'node:cluster'
 import { randomBytes } from 'node:crypto'
 import { AggregatorRegistry } from 'prom-client'
 import { PlacesKeeper } from './places'
+import { ListeningKeeper } from './listening'
+import type { UpstreamTls } from '../upstream/connection'
 import type { ToPrimary, ToWorker } from './worker'
 import type { Socket } from 'node:net'
 
 export interface PrimaryOptions {
   workers: number
+  /** For the listening backends it holds (proxy/cluster/listening.ts). */
+  upstreamTls?: UpstreamTls
   log: (entry: object) => void
 }
 
@@ -27,6 +32,11 @@ export function runPrimary(o: PrimaryOptions) {
 
   const send = (worker: Worker, message: ToWorker) => worker.isConnected() && worker.send(message)
   const places = new PlacesKeeper(o.workers, (index, m) => {
+    const worker = live.get(index)
+    if (worker) send(worker, m)
+  })
+
+  const listening = new ListeningKeeper(o.upstreamTls, (index, m) => {
     const worker = live.get(index)
     if (worker) send(worker, m)
   })
@@ -49,7 +59,10 @@ export function runPrimary(o: PrimaryOptions) {
         if (m.op === 'hello') send(worker, { edgepg: 'pool', secret: poolSecret })
         places.hear(index, m)
       } else if (m?.edgepg === 'key') {
+        listening.known(m)
         for (const [other, w] of live) if (other !== index) send(w, m)
+      } else if (m?.edgepg === 'listen') {
+        listening.hear(index, m)
       } else if (m?.edgepg === 'signal') {
         const to = live.get(m.to)
         if (to) send(to, m)
@@ -64,9 +77,10 @@ export function runPrimary(o: PrimaryOptions) {
     worker.once('exit', (code, signal) => {
       live.delete(index)
       places.gone(index)
+      listening.gone(index)
       // Exit code 2 is the CLI's own refusal (it cannot listen, say): a replacement would fail alike.
       if (code === 2 && !stopping) stop(2)
-      if (stopping) return void (live.size === 0 && process.exit(exitCode))
+      if (stopping) return void (live.size === 0 && (listening.close(), process.exit(exitCode)))
       const next = fork(index)
       o.log({ worker: index, exited: { pid: worker.process.pid, code, signal }, replacedBy: next.process.pid })
       next.once('listening', () => replaced.get(index)?.())

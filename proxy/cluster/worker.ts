@@ -9,6 +9,11 @@ import type { SignalMessage } from '../ws/signals'
 import type { HostPort } from '../upstream/address'
 import type { Socket } from 'node:net'
 import type { BackendMoves } from '../pool/lenders'
+import type { ClientTls } from '../upstream/connection'
+import type { Login } from '../login/in-upgrade'
+import { parseStartupPacket } from '../wire/startup'
+import { EMPTY } from '../wire/bytes'
+import { SharedListening, type ListenToPrimary, type ListenToWorker } from './listening'
 
 /**
  * A key a worker's session has just logged in with, for the other workers to log a backend in ahead
@@ -23,6 +28,11 @@ export interface KeyMessage {
   password?: string
   tls?: unknown
   client: string
+}
+
+/** The login a key's message carries (throws on a packet that does not parse). */
+export function keyLogin(m: KeyMessage): Login {
+  return { bytes: 0, first: parseStartupPacket(Buffer.from(m.packet, 'base64')), password: m.password, rest: EMPTY, tls: m.tls as ClientTls | undefined }
 }
 
 /**
@@ -42,8 +52,8 @@ export type GiveMessage = { edgepg: 'backend'; op: 'give'; id: string; key: stri
 export type FreedMessage = { edgepg: 'backend'; op: 'freed'; id: string; to: number }
 type BackendMessage = WantMessage | GiveMessage | FreedMessage
 
-export type ToPrimary = PlacesToPrimary | { edgepg: 'metrics'; id: number } | SignalMessage | KeyMessage | BackendMessage
-export type ToWorker = PlacesToWorker | { edgepg: 'metrics'; id: number; body?: string; error?: string } | SignalMessage | { edgepg: 'retire' } | { edgepg: 'pool'; secret: string } | KeyMessage | BackendMessage
+export type ToPrimary = PlacesToPrimary | { edgepg: 'metrics'; id: number } | SignalMessage | KeyMessage | BackendMessage | ListenToPrimary
+export type ToWorker = PlacesToWorker | { edgepg: 'metrics'; id: number; body?: string; error?: string } | SignalMessage | { edgepg: 'retire' } | { edgepg: 'pool'; secret: string } | KeyMessage | BackendMessage | ListenToWorker
 
 /** What a proxy in a worker asks its primary for. */
 export interface ClusterLink {
@@ -71,6 +81,8 @@ export interface ClusterLink {
   onWanted?: (key: string, from: number) => void
   /** A backend another worker handed over: its socket (none: it could not move). */
   onGiven?: (m: GiveMessage, socket?: Socket) => void
+  /** Where this worker's sessions listen: the primary's one backend per key. */
+  listening: SharedListening
 }
 
 /** This worker's link, once the primary has told it what a replacement worker needs to know. */
@@ -95,7 +107,8 @@ export async function workerLink(workers: number, index: number) {
         arriving.delete(m.id)
         if (give) link.onGiven ? link.onGiven(give, socket) : socket?.destroy()
       }
-    } else if (m?.edgepg === 'pool') poolSecret = Buffer.from(m.secret, 'base64')
+    } else if (m?.edgepg === 'listen') link.listening.hear(m)
+    else if (m?.edgepg === 'pool') poolSecret = Buffer.from(m.secret, 'base64')
     else if (m?.edgepg === 'key') link.onKey?.(m)
     else if (m?.edgepg === 'metrics') {
       metricsWaiting.get(m.id)?.(m)
@@ -116,6 +129,7 @@ export async function workerLink(workers: number, index: number) {
     index,
     signal: send,
     poolSecret,
+    listening: new SharedListening(send),
     announce: send,
     moves: {
       want: (key) => send({ edgepg: 'backend', op: 'want', key }),

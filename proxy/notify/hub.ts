@@ -3,7 +3,7 @@
  * them all: a channel is LISTENed there while any session wants it, and each notification goes to
  * every session that does. The backend is opened with the first channel and closed with the last.
  */
-import { Listener, type Notification } from './listener'
+import { Listener, type ListenerEvents, type ListeningBackend, type Notification } from './listener'
 import type { Upstream } from '../upstream/connection'
 import { PolicyChecks } from './policy'
 
@@ -15,14 +15,17 @@ export interface Subscriber {
   restored(): void
 }
 
+/** Where a hub listens: `login` a backend of its own by default; with --workers, the primary's (proxy/cluster/listening.ts). */
+export type ListenThrough = (events: ListenerEvents) => ListeningBackend
+
 export class Hub {
-  private listener?: Listener
+  private listener?: ListeningBackend
   private readonly channels = new Map<string, Set<Subscriber>>()
 
   /** --listen-policy's questions, on a connection of their own. */
   readonly checks: PolicyChecks
 
-  constructor(private readonly login: () => Promise<Upstream>) {
+  constructor(login: () => Promise<Upstream>, private readonly through: ListenThrough = (events) => new Listener(login, events)) {
     this.checks = new PolicyChecks(login)
   }
 
@@ -36,7 +39,7 @@ export class Hub {
     let subs = this.channels.get(channel)
     if (subs) return subs.add(sub), this.registered(channel)
     this.channels.set(channel, (subs = new Set([sub])))
-    const listener = (this.listener ??= new Listener(this.login, this))
+    const listener = (this.listener ??= this.through(this))
     const registering = listener.listen(channel).catch((err) => {
       if (this.channels.get(channel) === subs) this.channels.delete(channel), this.idle()
       throw err

@@ -25,6 +25,14 @@ export interface Notification {
   bytes?: Buffer
 }
 
+/** What a hub listens through: a Listener here, or with --workers the primary's (proxy/notify/shared-listener.ts). */
+export interface ListeningBackend {
+  /** Resolves once Postgres has `channel` registered; rejects with its error (a `code` on it). */
+  listen(channel: string): Promise<void>
+  unlisten(channel: string): Promise<void>
+  close(): void
+}
+
 export interface ListenerEvents {
   onNotification(n: Notification): void
   onLost(err: Error): void
@@ -40,7 +48,7 @@ interface Command {
 /** The listener's name in pg_stat_activity: its login's application_name, behind what it is. */
 const NAMED = serialize.query("SELECT pg_catalog.set_config('application_name', 'edgepg-proxy listener: ' OPERATOR(pg_catalog.||) pg_catalog.current_setting('application_name'), false)")
 
-export class Listener {
+export class Listener implements ListeningBackend {
   private upstream?: Promise<Upstream>
   /** The channels wanted, registered on every backend this listener has. */
   private readonly channels = new Set<string>()

@@ -14,6 +14,7 @@ import type { PinCount } from './pin'
 import { parseStartupPacket } from '../wire/startup'
 import type { Reading } from '../isolation/reader'
 import { Hub } from '../notify/hub'
+import type { ListenerEvents, ListeningBackend } from '../notify/listener'
 
 export interface LendingOptions {
   /** Backends per key, idle or lent (--pool-size). */
@@ -29,6 +30,8 @@ export interface LendingOptions {
   shares: Shares
   /** Where pinned sessions are counted, by key (with --workers, over all of them). */
   pins: PinCount
+  /** --workers: where a key's sessions listen (the primary's one backend, proxy/cluster/listening.ts); else a backend of the worker's own. */
+  listenThrough?: (key: string, events: ListenerEvents) => ListeningBackend
 }
 
 /** --workers: how a key's backends travel to the worker whose sessions wait for one (proxy/cluster/worker.ts carries them). */
@@ -52,6 +55,14 @@ export interface KeyBackends {
 }
 
 type Login = () => Promise<{ upstream: Upstream; outcome: LoginOutcome }>
+
+/** A backend logged in and ready for a query, else Postgres's refusal (a LoginRefused). */
+export const ready = (login: Login) => async (): Promise<Upstream> => {
+  const { upstream, outcome } = await login()
+  if (outcome.kind === 'ready') return upstream
+  upstream.close()
+  throw new LoginRefused(outcome.kind === 'refused' ? outcome.message : 'Postgres did not take the login', outcome.kind === 'refused' ? outcome.code : '08006')
+}
 /** A login that gave no backend (refused, or the pool had no room): the caller's to answer. */
 export type Unlent = { upstream: Upstream; backend?: Backend; outcome: LoginOutcome }
 
@@ -101,16 +112,8 @@ export class Lenders {
   private readonly hubs = new Map<string, Hub>()
   private hubOf(key: string, relogin: Login): Hub {
     let hub = this.hubs.get(key)
-    if (!hub)
-      this.hubs.set(
-        key,
-        (hub = new Hub(async () => {
-          const { upstream, outcome } = await relogin()
-          if (outcome.kind === 'ready') return upstream
-          upstream.close()
-          throw new LoginRefused(outcome.kind === 'refused' ? outcome.message : 'Postgres did not take the login', outcome.kind === 'refused' ? outcome.code : '08006')
-        }))
-      )
+    const { listenThrough } = this.o
+    if (!hub) this.hubs.set(key, (hub = new Hub(ready(relogin), listenThrough && ((events) => listenThrough(key, events)))))
     return hub
   }
 

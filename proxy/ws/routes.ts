@@ -30,7 +30,7 @@ import type { SessionReplicas } from '../replicas/session-reads'
 import { isLoopback, limitKey } from '../listen/client-address'
 import { Refusals } from './refusals'
 import { giveAll, takeAll, type Places, type PlacesOf, type Wanted } from '../cluster/places'
-import type { KeyMessage } from '../cluster/worker'
+import { keyLogin, type KeyMessage } from '../cluster/worker'
 import { EMPTY } from '../wire/bytes'
 
 /** A token's subject (its claims' `sub`), or its claims whole where it names none. */
@@ -258,13 +258,12 @@ export class WebSocketRoutes {
   prelogin(m: KeyMessage) {
     const { lenders, pool, upstreamTls } = this.o
     if (!lenders || lenders.get(m.key) || pool.full || this.prelogging >= PRELOGINS_MAX || this.closing) return
-    let first
+    let login
     try {
-      first = parseStartupPacket(Buffer.from(m.packet, 'base64'))
+      login = keyLogin(m)
     } catch {
       return
     }
-    const login: Login = { bytes: 0, first, password: m.password, rest: EMPTY, tls: m.tls as ClientTls | undefined }
     const there = relogin(m.target, upstreamTls, login)
     // (The backend is the announcing client's, as its own would be: held to its share of keys kept warm.)
     const open = () => pool.open(m.key, there).then((opened) => (opened.backend && (opened.backend.client = m.client), opened))
