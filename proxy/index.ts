@@ -128,10 +128,10 @@ export interface Proxy {
   readonly metrics: Metrics
 }
 
-/** A request's path: cut at the query, cheaply (requests are mostly origin-form); URL for the rest. */
 /** --workers: each key's sessions listen through the primary's one backend (proxy/cluster/listening.ts). */
 const listenThrough = (cluster?: ClusterLink) => cluster && ((key: string, events: ListenerEvents) => cluster.listening.through(key, events))
 
+/** A request's path: cut at the query, cheaply (requests are mostly origin-form); URL for the rest. */
 function pathOf(url = '/'): string {
   if (url[0] !== '/') return new URL(url, 'http://proxy').pathname
   const query = url.indexOf('?')

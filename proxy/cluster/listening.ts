@@ -10,10 +10,10 @@
  */
 import { Hub, type Subscriber } from '../notify/hub'
 import type { ListenerEvents, ListeningBackend, Notification } from '../notify/listener'
-import { loginAs } from '../login/in-upgrade'
+import { loginAs, passedLogin } from '../login/in-upgrade'
 import { ready } from '../pool/lenders'
 import type { UpstreamTls } from '../upstream/connection'
-import { keyLogin, type KeyMessage } from './worker'
+import type { HostPort } from '../upstream/address'
 
 export type ListenToPrimary =
   | { edgepg: 'listen'; op: 'listen'; key: string; channel: string; id: number }
@@ -27,12 +27,15 @@ export type ListenToWorker =
   | { edgepg: 'listen'; op: 'lost'; key: string; message: string }
   | { edgepg: 'listen'; op: 'restored'; key: string }
 
+/** A key's login, as a worker passes it on (its KeyMessage, proxy/cluster/worker.ts). */
+type KeyLogin = { key: string; target: HostPort } & Parameters<typeof passedLogin>[0]
+
 /** Logins of keys no hub uses that the primary keeps (a key's first login in any worker names it again). */
 const LOGINS_KEPT = 1000
 
 /** The primary's part: each key's hub, with a subscriber for each worker listening through it. */
 export class ListeningKeeper {
-  private readonly logins = new Map<string, KeyMessage>()
+  private readonly logins = new Map<string, KeyLogin>()
   private readonly hubs = new Map<string, Hub>()
   /** By worker, its subscriber to each key's hub. */
   private readonly workers = new Map<number, Map<string, WorkerSubscriber>>()
@@ -40,7 +43,7 @@ export class ListeningKeeper {
   constructor(private readonly upstreamTls: UpstreamTls | undefined, private readonly send: (index: number, m: ListenToWorker) => void) {}
 
   /** A key's first login in some worker: what its listening backend logs in with. */
-  known(m: KeyMessage) {
+  known(m: KeyLogin) {
     this.logins.delete(m.key)
     this.logins.set(m.key, m)
     for (const key of this.logins.keys()) {
@@ -101,7 +104,7 @@ export class ListeningKeeper {
     if (known) return known
     const m = this.logins.get(key)
     if (!m) return undefined
-    const hub = new Hub(ready(() => loginAs(m.target, this.upstreamTls, keyLogin(m))))
+    const hub = new Hub(ready(() => loginAs(m.target, this.upstreamTls, passedLogin(m))))
     this.hubs.set(key, hub)
     return hub
   }

@@ -9,10 +9,6 @@ import type { SignalMessage } from '../ws/signals'
 import type { HostPort } from '../upstream/address'
 import type { Socket } from 'node:net'
 import type { BackendMoves } from '../pool/lenders'
-import type { ClientTls } from '../upstream/connection'
-import type { Login } from '../login/in-upgrade'
-import { parseStartupPacket } from '../wire/startup'
-import { EMPTY } from '../wire/bytes'
 import { SharedListening, type ListenToPrimary, type ListenToWorker } from './listening'
 
 /**
@@ -28,11 +24,6 @@ export interface KeyMessage {
   password?: string
   tls?: unknown
   client: string
-}
-
-/** The login a key's message carries (throws on a packet that does not parse). */
-export function keyLogin(m: KeyMessage): Login {
-  return { bytes: 0, first: parseStartupPacket(Buffer.from(m.packet, 'base64')), password: m.password, rest: EMPTY, tls: m.tls as ClientTls | undefined }
 }
 
 /**

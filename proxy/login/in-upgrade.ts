@@ -13,7 +13,7 @@
  */
 import type { TLSSocket } from 'node:tls'
 import type { ByteQueue } from '../wire/bytes'
-import { FramingError, ProtocolError } from '../wire/bytes'
+import { EMPTY, FramingError, ProtocolError } from '../wire/bytes'
 import { authenticate, checkPasswordsAllowed, type Routed } from './in-band'
 import {
   cString,
@@ -184,6 +184,11 @@ export async function runLogin(io: LoginIO, login: Login): Promise<LoginOutcome>
     else if (!(err instanceof FramingError)) throw err
     return { kind: 'relay', answer: done() }
   }
+}
+
+/** A key's login as the workers pass it to each other (proxy/cluster/worker.ts): its startup packet (base64); throws if that does not parse. */
+export function passedLogin(m: { packet: string; password?: string; tls?: unknown }): Login {
+  return { bytes: 0, first: parseStartupPacket(Buffer.from(m.packet, 'base64')), password: m.password, rest: EMPTY, tls: m.tls as ClientTls | undefined }
 }
 
 /**

@@ -25,7 +25,7 @@ export interface Notification {
   bytes?: Buffer
 }
 
-/** What a hub listens through: a Listener here, or with --workers the primary's (proxy/notify/shared-listener.ts). */
+/** What a hub listens through: a Listener here, or with --workers the primary's (proxy/cluster/listening.ts). */
 export interface ListeningBackend {
   /** Resolves once Postgres has `channel` registered; rejects with its error (a `code` on it). */
   listen(channel: string): Promise<void>

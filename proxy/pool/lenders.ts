@@ -63,6 +63,7 @@ export const ready = (login: Login) => async (): Promise<Upstream> => {
   upstream.close()
   throw new LoginRefused(outcome.kind === 'refused' ? outcome.message : 'Postgres did not take the login', outcome.kind === 'refused' ? outcome.code : '08006')
 }
+
 /** A login that gave no backend (refused, or the pool had no room): the caller's to answer. */
 export type Unlent = { upstream: Upstream; backend?: Backend; outcome: LoginOutcome }
 

@@ -12,10 +12,10 @@ import type { Signals } from './signals'
 import { Lender, LoginRefused } from '../pool/lender'
 import type { Lenders } from '../pool/lenders'
 import { Upstream, type ClientTls, type UpstreamTls } from '../upstream/connection'
-import { loginAs, redactLogin, runLogin, takeLogin, type Login, type LoginOutcome } from '../login/in-upgrade'
+import { loginAs, passedLogin, redactLogin, runLogin, takeLogin, type Login, type LoginOutcome } from '../login/in-upgrade'
 import { passwordsRefused } from '../login/in-band'
 import { UNUSED, type Backend, type BackendPool } from '../pool/backends'
-import { errorResponse, parseStartupPacket, UpstreamError, type BackendKey } from '../wire/startup'
+import { errorResponse, UpstreamError, type BackendKey } from '../wire/startup'
 import type { TokenLogins } from '../auth/token-login'
 import type { Identity } from '../auth/tokens'
 import { setClaims, type ClaimsError } from '../auth/claims'
@@ -30,8 +30,7 @@ import type { SessionReplicas } from '../replicas/session-reads'
 import { isLoopback, limitKey } from '../listen/client-address'
 import { Refusals } from './refusals'
 import { giveAll, takeAll, type Places, type PlacesOf, type Wanted } from '../cluster/places'
-import { keyLogin, type KeyMessage } from '../cluster/worker'
-import { EMPTY } from '../wire/bytes'
+import type { KeyMessage } from '../cluster/worker'
 
 /** A token's subject (its claims' `sub`), or its claims whole where it names none. */
 function subjectOf(claims: string): string {
@@ -260,7 +259,7 @@ export class WebSocketRoutes {
     if (!lenders || lenders.get(m.key) || pool.full || this.prelogging >= PRELOGINS_MAX || this.closing) return
     let login
     try {
-      login = keyLogin(m)
+      login = passedLogin(m)
     } catch {
       return
     }
