@@ -224,6 +224,7 @@ async function fanOut(n: number, target: { host: string; port: number; database:
   } finally {
     await p.stop()
   }
+  // (The floor runs once the proxy's sessions are gone; its rows go ahead of the kill's.)
   const floor = await broadcastFloor(n, protocols)
   rows.splice(
     -1,
