@@ -60,10 +60,6 @@ export class Listener implements ListeningBackend {
   /** `login`: a backend logged in and ready for a query. */
   constructor(private readonly login: () => Promise<Upstream>, private readonly on: ListenerEvents) {}
 
-  get listening(): ReadonlySet<string> {
-    return this.channels
-  }
-
   listen(channel: string): Promise<void> {
     this.channels.add(channel)
     return this.run(`LISTEN ${quoted(channel)}`)

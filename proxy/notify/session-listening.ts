@@ -52,7 +52,6 @@ export class SessionListening implements Subscriber {
     return this.hubChannels
   }
 
-
   /**
    * Postgres's account of the session's channels after a transaction (pg_listening_channels()):
    * the new ones registered with the hub (their LISTEN answered there) or refused, the gone ones
